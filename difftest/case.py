@@ -1,0 +1,195 @@
+"""The canonical paged MQA logits problem, independent of any kernel's encoding or device.
+
+A Case holds the physical key pool exactly as a paged KV cache holds it (so shared blocks, stale
+block-table entries and canary blocks are part of the problem), the one true causal limit of every
+query row, and nothing that depends on a backend: no length encoding, no byte layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from difftest.errors import SpecError, require
+from difftest.fp8 import Fp8Flavour, decode
+
+
+def row_limits(seq_lens: torch.Tensor, next_n: int) -> torch.Tensor:
+    """(B, next_n) causal limits: row j of sequence b sees max(L_b - next_n + j + 1, 0) keys."""
+    offsets = torch.arange(next_n, device=seq_lens.device) - next_n + 1
+    return (seq_lens.to(torch.int64)[:, None] + offsets).clamp(min=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One problem. Row r = b * next_n + j is draft position j of sequence b."""
+
+    name: str
+    q: torch.Tensor  # uint8 [B, next_n, H, D]: fp8 bytes
+    k_pool: torch.Tensor  # uint8 [num_blocks, block_size, D]: fp8 bytes of every physical slot
+    scale_pool: torch.Tensor  # float32 [num_blocks, block_size]: per-token dequant scales
+    weights: torch.Tensor  # float32 [B * next_n, H]
+    block_table: torch.Tensor  # int32 [B, W]: physical block of each logical block
+    seq_lens: torch.Tensor  # int64 [B]: L_b, tokens of sequence b including its next_n queries
+    max_model_len: int
+    fp8: Fp8Flavour = Fp8Flavour.E4M3FN
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def batch(self) -> int:
+        return self.q.shape[0]
+
+    @property
+    def next_n(self) -> int:
+        return self.q.shape[1]
+
+    @property
+    def heads(self) -> int:
+        return self.q.shape[2]
+
+    @property
+    def head_dim(self) -> int:
+        return self.q.shape[3]
+
+    @property
+    def block_size(self) -> int:
+        return self.k_pool.shape[1]
+
+    @property
+    def rows(self) -> int:
+        return self.batch * self.next_n
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+    def row_lens(self) -> torch.Tensor:
+        """(B, next_n) int64: the truth every length encoding is derived from."""
+        return row_limits(self.seq_lens, self.next_n)
+
+    def used_blocks(self) -> torch.Tensor:
+        """(B,) number of block-table columns each sequence actually uses."""
+        return (self.seq_lens + self.block_size - 1) // self.block_size
+
+    def q_values(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        return decode(self.q, self.fp8, dtype)
+
+    def k_values(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        return decode(self.k_pool, self.fp8, dtype)
+
+    def to(self, device: str | torch.device) -> Case:
+        """The same case with every tensor on `device`."""
+        moved = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
+                 if isinstance(getattr(self, f.name), torch.Tensor)}
+        return dataclasses.replace(self, **moved)
+
+    def describe(self) -> str:
+        """One line: the structure a kernel engineer reads first."""
+        lens = self.seq_lens.tolist()
+        shown = lens if len(lens) <= 8 else lens[:8] + ["..."]
+        return (f"B={self.batch} next_n={self.next_n} H={self.heads} D={self.head_dim} "
+                f"block={self.block_size} max_model_len={self.max_model_len} fp8={self.fp8.value} "
+                f"L={shown}")
+
+    def validate(self) -> Case:
+        """Check every field against the others; SpecError names the first one that is impossible."""
+        _validate_shapes(self)
+        _validate_lengths(self)
+        _validate_used_slots(self)
+        return self
+
+    def save(self, path: str | Path) -> Path:
+        """Write the case as an .npz in the golden-file format (block-split bytes plus a JSON meta)."""
+        from difftest.encode import CacheLayout, pack_cache
+
+        path = Path(path)
+        meta = {**self.meta, "name": self.name, "B": self.batch, "next_n": self.next_n,
+                "H": self.heads, "D": self.head_dim, "block_size": self.block_size,
+                "max_model_len": self.max_model_len, "layout": CacheLayout.BLOCK_SPLIT.value,
+                "fp8": self.fp8.value, "seq_lens": self.seq_lens.tolist()}
+        case = self.to("cpu")
+        np.savez_compressed(
+            path, q=case.q.numpy(), weights=case.weights.numpy(),
+            kv_cache=pack_cache(case.k_pool, case.scale_pool, CacheLayout.BLOCK_SPLIT).numpy(),
+            context_lens=case.row_lens().to(torch.int32).numpy(),
+            block_table=case.block_table.numpy(), meta=np.array(json.dumps(meta)))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Case:
+        """Read a case written by save(), or one of shared/golden's files."""
+        from difftest.encode import CacheLayout, unpack_cache
+
+        with np.load(path) as z:
+            arrays = {k: torch.from_numpy(z[k].copy()) for k in z.files if k != "meta"}
+            meta = json.loads(str(z["meta"]))
+        head_dim = int(meta["D"])
+        k_pool, scale_pool = unpack_cache(arrays["kv_cache"], head_dim, CacheLayout(meta["layout"]))
+        known = {"name", "B", "next_n", "H", "D", "block_size", "max_model_len", "layout", "fp8",
+                 "seq_lens"}
+        case = cls(name=meta["name"], q=arrays["q"], k_pool=k_pool, scale_pool=scale_pool,
+                   weights=arrays["weights"], block_table=arrays["block_table"],
+                   seq_lens=torch.tensor(meta["seq_lens"], dtype=torch.int64),
+                   max_model_len=int(meta["max_model_len"]), fp8=Fp8Flavour(meta["fp8"]),
+                   meta={k: v for k, v in meta.items() if k not in known})
+        stored = arrays["context_lens"].to(torch.int64)
+        require(torch.equal(stored, case.row_lens()), "context_lens", stored.tolist(),
+                f"the per-row limits of seq_lens {meta['seq_lens']}")
+        return case.validate()
+
+
+def _validate_shapes(case: Case) -> None:
+    require(case.q.dim() == 4, "q.shape", tuple(case.q.shape), "[B, next_n, H, D]")
+    require(case.q.dtype == torch.uint8, "q.dtype", case.q.dtype, "torch.uint8 (fp8 bytes)")
+    require(case.next_n >= 1, "next_n", case.next_n, "an integer >= 1")
+    require(case.head_dim % 16 == 0 and case.head_dim > 0, "D", case.head_dim,
+            "a positive multiple of 16")
+    require(case.k_pool.dim() == 3 and case.k_pool.shape[2] == case.head_dim, "k_pool.shape",
+            tuple(case.k_pool.shape), f"[num_blocks, block_size, D={case.head_dim}]")
+    require(case.k_pool.dtype == torch.uint8, "k_pool.dtype", case.k_pool.dtype, "torch.uint8")
+    require(case.scale_pool.shape == case.k_pool.shape[:2], "scale_pool.shape",
+            tuple(case.scale_pool.shape), f"{tuple(case.k_pool.shape[:2])}")
+    require(case.scale_pool.dtype == torch.float32, "scale_pool.dtype", case.scale_pool.dtype,
+            "torch.float32")
+    require(tuple(case.weights.shape) == (case.rows, case.heads), "weights.shape",
+            tuple(case.weights.shape), f"[B * next_n, H] = {(case.rows, case.heads)}")
+    require(case.weights.dtype == torch.float32, "weights.dtype", case.weights.dtype,
+            "torch.float32")
+    require(case.block_table.dim() == 2 and case.block_table.shape[0] == case.batch,
+            "block_table.shape", tuple(case.block_table.shape), f"[B={case.batch}, W]")
+    require(tuple(case.seq_lens.shape) == (case.batch,), "seq_lens.shape",
+            tuple(case.seq_lens.shape), f"[B] = ({case.batch},)")
+
+
+def _validate_lengths(case: Case) -> None:
+    lens = case.seq_lens
+    require(case.max_model_len >= 1, "max_model_len", case.max_model_len, "an integer >= 1")
+    require(bool((lens >= 0).all()), "seq_lens", lens.tolist(), "every length >= 0")
+    require(bool((lens <= case.max_model_len).all()), "seq_lens", lens.tolist(),
+            f"every length <= max_model_len = {case.max_model_len}")
+    width = case.block_table.shape[1] * case.block_size
+    longest = int(lens.max()) if lens.numel() else 0
+    require(longest <= width, "block_table.shape", tuple(case.block_table.shape),
+            f"at least {-(-longest // case.block_size)} columns for a length of {longest} "
+            f"with block_size {case.block_size}")
+
+
+def _validate_used_slots(case: Case) -> None:
+    """Every block a sequence uses exists, and every key it can see has a positive finite scale."""
+    used = torch.arange(case.block_table.shape[1], device=case.device)[None, :] < case.used_blocks()[:, None]
+    ids = case.block_table[used]
+    num_blocks = case.k_pool.shape[0]
+    require(bool(((ids >= 0) & (ids < num_blocks)).all()), "block_table", ids.tolist()[:16],
+            f"block ids in [0, {num_blocks}) for every used column")
+    positions = torch.arange(case.block_table.shape[1] * case.block_size, device=case.device)
+    visible = positions[None, :] < case.seq_lens[:, None]
+    blocks = case.block_table.clamp(0, num_blocks - 1).repeat_interleave(case.block_size, dim=1)
+    scales = case.scale_pool[blocks, positions % case.block_size][visible]
+    require(bool(((scales > 0) & torch.isfinite(scales)).all()), "scale_pool",
+            scales[~((scales > 0) & torch.isfinite(scales))][:4].tolist(),
+            "positive finite scales for every visible key")
