@@ -1,0 +1,33 @@
+"""`torch`: the oracle run as a backend. It decodes the bytes it is handed, so it checks the encoders."""
+
+from __future__ import annotations
+
+import torch
+
+from difftest.contract import CacheLayout, Contract, LengthEncoding, MaskConvention
+from difftest.encode import KernelInputs, decode_row_lens, unpack_cache
+from difftest.fp8 import decode
+from oracles.paged_mqa_logits import paged_mqa_logits
+
+
+class TorchBackend:
+    """Reads per-row lengths and block-split bytes like DeepGEMM; computes in float64 on the CPU."""
+
+    name = "torch"
+    contract = Contract(length_encoding=LengthEncoding.PER_ROW, cache_layout=CacheLayout.BLOCK_SPLIT,
+                        mask=MaskConvention.TAIL_NEG_INF, rtol=1e-9,
+                        library=f"torch {torch.__version__}")
+
+    def unavailable_reason(self, device: str) -> str | None:
+        if device == "cuda" and not torch.cuda.is_available():
+            return "torch.cuda.is_available() is False"
+        return None
+
+    def __call__(self, inputs: KernelInputs, out: torch.Tensor | None) -> torch.Tensor:
+        dtype = torch.float64 if inputs.q.device.type == "cpu" else torch.float32
+        batch, next_n, _, head_dim = inputs.q.shape
+        k_pool, scales = unpack_cache(inputs.kv_cache, head_dim, inputs.layout)
+        q = inputs.q.view(torch.uint8)
+        return paged_mqa_logits(decode(q, inputs.fp8, dtype), decode(k_pool, inputs.fp8, dtype), scales,
+                                inputs.weights, inputs.block_table,
+                                decode_row_lens(inputs, batch, next_n), inputs.max_model_len)

@@ -1,0 +1,41 @@
+"""Which cases: the curated edge list and the default random suite (DOMAIN.md section 6)."""
+
+from __future__ import annotations
+
+from difftest.fp8 import Fp8Flavour
+from generators.spec import CaseSpec, LengthDist, Stale, Values
+
+_BASE = CaseSpec(heads=32, head_dim=64, block_size=16, max_model_len=128)
+
+
+def edge_cases() -> list[CaseSpec]:
+    """Named specs that sit on the edges where these kernels have broken before."""
+    bs = _BASE.block_size
+    return [
+        _BASE.replace(name="all-padding", lengths=(0, 0, 0), next_n=2),
+        _BASE.replace(name="length-one", lengths=(1, 1), next_n=1),
+        _BASE.replace(name="shorter-than-next-n", lengths=(0, 1, 2, 3, 4), next_n=4),
+        _BASE.replace(name="block-boundaries", next_n=2,
+                      lengths=(bs - 1, bs, bs + 1, 2 * bs - 1, 2 * bs, 2 * bs + 1)),
+        _BASE.replace(name="max-model-len", length_dist=LengthDist.FULL, batch=2, next_n=3),
+        _BASE.replace(name="padding-requests", batch=3, next_n=2, padding=3, stale=Stale.OTHER),
+        _BASE.replace(name="shared-prefix-blocks", lengths=(70, 70, 45, 100), next_n=2, shared_blocks=True),
+        _BASE.replace(name="stale-canary-table", batch=4, next_n=3, extra_columns=1, stale=Stale.CANARY),
+        _BASE.replace(name="mtp-overhang-column", lengths=(128, 127), next_n=4, extra_columns=1),
+        _BASE.replace(name="heavy-tailed-values", batch=4, next_n=2, values=Values.HEAVY),
+        _BASE.replace(name="integer-exact", batch=4, next_n=2, values=Values.INTEGER),
+        _BASE.replace(name="e4m3fnuz-flavour", batch=3, next_n=1, fp8=Fp8Flavour.E4M3FNUZ),
+        _BASE.replace(name="block-size-64", block_size=64, max_model_len=256, next_n=2,
+                      length_dist=LengthDist.EDGES, batch=6),
+        _BASE.replace(name="deepseek-heads", heads=64, head_dim=128, block_size=64, max_model_len=256,
+                      next_n=2, batch=2),
+    ]
+
+
+def default_specs() -> list[CaseSpec]:
+    """The random suite `difftest run` draws from when no spec is given: one spec per next_n."""
+    return [
+        _BASE.replace(name=f"random-mtp{n}", next_n=n, length_dist=dist, batch=4)
+        for n, dist in ((1, LengthDist.UNIFORM), (2, LengthDist.EDGES), (3, LengthDist.UNIFORM),
+                        (4, LengthDist.EDGES))
+    ]
