@@ -1,0 +1,22 @@
+"""difftest: proves or disproves, row by row, that a paged MQA logits kernel computes what it should.
+
+Cases (generators) go through the oracle and every backend; the comparison reports, per row, a
+wrong -inf mask, NaN, unwritten output or a value error, under each backend's declared contract.
+"""
+
+from difftest.backends import Backend, get_backends, load_backend
+from difftest.backends.user import backend
+from difftest.case import Case
+from difftest.compare import Comparison, compare
+from difftest.contract import CacheLayout, Contract, LengthEncoding, MaskConvention
+from difftest.encode import KernelInputs, encode
+from difftest.errors import SpecError
+from difftest.fp8 import Fp8Flavour
+from difftest.runner import CaseResult, RunConfig, run
+from difftest.verdict import Verdict
+
+__version__ = "0.1.0"
+
+__all__ = ["Backend", "CacheLayout", "Case", "CaseResult", "Comparison", "Contract", "Fp8Flavour",
+           "KernelInputs", "LengthEncoding", "MaskConvention", "RunConfig", "SpecError", "Verdict",
+           "backend", "compare", "encode", "get_backends", "load_backend", "run"]

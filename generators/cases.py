@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from difftest.errors import SpecError
 from difftest.fp8 import Fp8Flavour
 from generators.spec import CaseSpec, LengthDist, Stale, Values
 
@@ -35,7 +36,45 @@ def edge_cases() -> list[CaseSpec]:
 def default_specs() -> list[CaseSpec]:
     """The random suite `difftest run` draws from when no spec is given: one spec per next_n."""
     return [
-        _BASE.replace(name=f"random-mtp{n}", next_n=n, length_dist=dist, batch=4)
+        _BASE.replace(name=f"random-mtp{n}-{dist.value}", next_n=n, length_dist=dist, batch=4)
         for n, dist in ((1, LengthDist.UNIFORM), (2, LengthDist.EDGES), (3, LengthDist.UNIFORM),
                         (4, LengthDist.EDGES))
     ]
+
+
+
+SUITES = ("random", "edges", "all")
+
+
+def suite(kind: str = "all", count: int = 6, seed: int = 0, next_n: tuple[int, ...] | None = None,
+          block_sizes: tuple[int, ...] | None = None, **overrides: object) -> list[tuple[CaseSpec, int]]:
+    """(spec, seed) pairs of a named suite: `count` seeds of each default spec, and/or the edges.
+
+    next_n and block_sizes multiply the specs (one copy per value); overrides (batch, heads,
+    head_dim, max_model_len, ...) replace fields of the random specs only, since the edge specs'
+    fields are what makes them edges. Seeds differ per spec so no two specs share lengths.
+    """
+    if kind not in SUITES:
+        raise SpecError("--cases", kind, f"one of {list(SUITES)}")
+    randoms = [s.replace(**overrides) for s in default_specs()] if kind != "edges" else []
+    randoms = _vary(_vary(randoms, "next_n", next_n), "block_size", block_sizes)
+    edges = _vary(_vary(edge_cases(), "next_n", next_n), "block_size", block_sizes) if kind != "random" else []
+    pairs = [(spec.validate(), seed + 1000 * index + i)
+             for index, spec in enumerate(randoms) for i in range(count)]
+    return pairs + [(spec.validate(), seed + 1000 * (len(randoms) + index)) for index, spec in enumerate(edges)]
+
+
+def _vary(specs: list[CaseSpec], field: str, values: tuple[int, ...] | None) -> list[CaseSpec]:
+    """One copy of each spec per value of `field`, named after it; duplicates dropped."""
+    if not values:
+        return specs
+    short = {"next_n": "mtp", "block_size": "bs"}[field]
+    varied = [s.replace(**{field: v}, name=f"{s.name.split(f'-{short}')[0]}-{short}{v}{_rest(s.name, short)}")
+              for s in specs for v in values]
+    return list(dict.fromkeys(varied))
+
+
+def _rest(name: str, short: str) -> str:
+    """What follows '-<short><number>' in a spec name, so renaming keeps the other parts."""
+    head, sep, tail = name.partition(f"-{short}")
+    return "-" + tail.split("-", 1)[1] if sep and "-" in tail else ""

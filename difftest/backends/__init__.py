@@ -59,7 +59,7 @@ def as_backend(obj: object, field: str, target: str) -> Backend:
     """A Backend from an instance, a class or factory returning one, or a decorated function."""
     from difftest.backends.user import FunctionBackend
 
-    if isinstance(obj, Backend):
+    if isinstance(obj, Backend) and not isinstance(obj, type):
         return obj
     if isinstance(getattr(obj, "difftest_contract", None), Contract):
         return FunctionBackend.from_function(obj)  # type: ignore[arg-type]

@@ -1,0 +1,29 @@
+# Quick start: `make run` (difftest run on the embedded default) and `make test` (the suite).
+# Both create .venv and install everything on a fresh machine first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+AITER := amd-aiter==0.1.7.post2.dev18
+
+.PHONY: run test lint bench clean
+
+$(BIN)/difftest: pyproject.toml requirements-ci.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements-ci.txt
+	# amd-aiter's declared requirements are ROCm tooling its Triton kernels do not use.
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(AITER)
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
+run: $(BIN)/difftest
+	$(BIN)/difftest run --report reports/cpu/default.json
+
+test: $(BIN)/difftest
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench: $(BIN)/difftest
+	$(BIN)/python bench/oracle_vs_loop.py
+
+clean:
+	rm -rf $(VENV) reports/cpu

@@ -1,0 +1,158 @@
+"""`difftest run` and `difftest backends`: a thin shell over generators, runner and report."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import shlex
+import sys
+import time
+from typing import Sequence
+
+from difftest.errors import SpecError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="difftest", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run cases through backends and compare with the oracle")
+    run.add_argument("--backends", help="comma-separated backend names (default: every registered one)")
+    run.add_argument("--backend-module", action="append", default=[], metavar="PKG.MOD:OBJ",
+                     help="a user backend: a Backend, a factory, or a difftest.backend-decorated function")
+    run.add_argument("--cases", default="all", help="random, edges or all (default: all)")
+    run.add_argument("--count", type=int, default=6, help="seeds per random spec (default: 6)")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--next-n", type=_int_list, help="e.g. 1,2,4: one copy of every spec per value")
+    run.add_argument("--block-sizes", type=_int_list, help="e.g. 1,64: one copy of every spec per value")
+    run.add_argument("--batch", type=int, help="B of the random specs")
+    run.add_argument("--max-model-len", type=int, help="max_model_len of the random specs")
+    run.add_argument("--heads", type=int, help="H of the random specs")
+    run.add_argument("--head-dim", type=int, help="D of the random specs")
+    run.add_argument("--encoding", help="what-if: hand every backend this length encoding instead")
+    run.add_argument("--layout", help="what-if: hand every backend this cache layout instead")
+    run.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    run.add_argument("--report", metavar="PATH", help="write the JSON report here")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    backends = commands.add_parser("backends", help="list backends and whether each can run here")
+    backends.add_argument("--device", default="cpu")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"run": cmd_run, "backends": cmd_backends}[args.command](args)
+    except SpecError as exc:
+        print(f"difftest: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def cmd_backends(args: argparse.Namespace) -> int:
+    from difftest.backends import available_names, load_backend
+
+    for name, target in available_names().items():
+        try:
+            backend = load_backend(target, f"backend {name!r}")
+            reason = backend.unavailable_reason(args.device)
+            contract = backend.contract
+            detail = (f"{contract.length_encoding.value}, {contract.cache_layout.value}, "
+                      f"{contract.mask.value}, {contract.library}")
+        except SpecError as exc:
+            reason, detail = str(exc), ""
+        status = "available" if reason is None else f"unavailable: {reason}"
+        print(f"{name:<28} {status}" + (f"  [{detail}]" if detail else ""))
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from difftest import report
+    from difftest.backends import get_backends
+    from difftest.contract import CacheLayout, LengthEncoding
+    from difftest.runner import RunConfig, run
+    from generators import build_case
+    from generators.cases import suite
+
+    config = RunConfig(device=_device(args.device), encoding=_enum(LengthEncoding, args.encoding, "--encoding"),
+                       layout=_enum(CacheLayout, args.layout, "--layout"))
+    names = args.backends.split(",") if args.backends else None
+    backends = get_backends(names, tuple(args.backend_module))
+    overrides = {k: v for k, v in dict(batch=args.batch, max_model_len=args.max_model_len, heads=args.heads,
+                                       head_dim=args.head_dim).items() if v is not None}
+    pairs = suite(args.cases, args.count, args.seed, args.next_n, args.block_sizes, **overrides)
+    progress = _Progress(len(pairs) * len(backends), enabled=not args.no_progress and sys.stderr.isatty())
+    started = time.time()
+    cases = (build_case(spec, seed, name=f"{spec.name}-s{seed}") for spec, seed in pairs)
+    results = run(backends, cases, config, on_result=progress.step)
+    progress.close()
+    summaries = report.summarize(results)
+    print(report.render_table(summaries))
+    failures = report.render_failures(results)
+    if failures:
+        print("\n" + failures)
+    if args.report:
+        info = _run_info(args, config, started, len(pairs))
+        print(f"\nreport: {report.write_json(args.report, results, info)}")
+    return EXIT_FAILED if any(r.verdict.failed for r in results) else EXIT_OK
+
+
+def _device(name: str) -> str:
+    import torch
+
+    if name not in ("cpu", "cuda"):
+        raise SpecError("--device", name, "cpu or cuda")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SpecError("--device", name, "a device torch can see (torch.cuda.is_available() is False)")
+    return name
+
+
+def _enum(kind: type, value: str | None, field: str):  # noqa: ANN202 - returns a member of `kind`
+    if value is None:
+        return None
+    try:
+        return kind(value)
+    except ValueError:
+        raise SpecError(field, value, f"one of {[m.value for m in kind]}") from None
+
+
+def _run_info(args: argparse.Namespace, config: object, started: float, cases: int) -> dict[str, object]:
+    import torch
+
+    import difftest
+
+    gpu = torch.cuda.get_device_name() if args.device == "cuda" else None
+    return {"command": "difftest " + shlex.join(sys.argv[1:]), "seed": args.seed, "cases": cases,
+            "device": args.device, "gpu": gpu, "torch": torch.__version__, "difftest": difftest.__version__,
+            "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "seconds": round(time.time() - started, 3), "encoding_override": args.encoding,
+            "layout_override": args.layout}
+
+
+class _Progress:
+    """A one-line progress bar on stderr, drawn only on a terminal."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.done, self.enabled = total, 0, enabled
+
+    def step(self, result: object) -> None:
+        self.done += 1
+        if self.enabled:
+            filled = 30 * self.done // max(self.total, 1)
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total}")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

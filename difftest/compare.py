@@ -1,0 +1,127 @@
+"""Row-by-row comparison of a backend's logits with the oracle's, under the backend's contract."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from difftest.contract import Contract, MaskConvention
+from difftest.poison import is_poison
+from difftest.verdict import Mismatch, Verdict, worst
+
+TOPK = 2048
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """Everything the report says about one backend on one case."""
+
+    rows: int
+    mask_rows: list[int]  # rows with a wrong -inf pattern: the headline
+    nan_rows: list[int]
+    unwritten_rows: list[int]
+    value_rows: list[int]
+    positions_differing: int
+    max_abs_err: float
+    max_rel_err: float  # error over the row's largest |expected| in the window
+    topk_overlap: float  # mean over rows with a window, tie-aware
+    first_mismatch: Mismatch | None
+    verdict: Verdict
+
+
+def compare(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, contract: Contract,
+            bound: torch.Tensor | None = None) -> Comparison:
+    """Compare logits [rows, max_model_len]; row_lens (rows,) are the true causal limits.
+
+    Inside a row's window every value must be finite and within max(rtol * row scale, bound);
+    past it, -inf is required under TAIL_NEG_INF and anything goes under TAIL_UNSPECIFIED.
+    `bound` (rows,) is the oracle's float32 rounding bound per row (fp32_error_bound).
+    """
+    rows, width = expected.shape
+    if tuple(got.shape) != (rows, width):
+        raise ValueError(f"backend returned logits of shape {tuple(got.shape)}, expected {(rows, width)}")
+    poison = is_poison(got)
+    got = got.to(expected.device, torch.float64)
+    expected = expected.to(torch.float64)
+    inside = torch.arange(width, device=expected.device)[None, :] < row_lens.to(expected.device)[:, None]
+    kinds = _position_kinds(expected, got, inside, poison.to(expected.device), contract, bound)
+    errors = torch.where(inside & torch.isfinite(got), (got - expected).abs(), 0.0).nan_to_num(0.0)
+    scale = _row_scale(expected, inside)
+    bad_rows = {kind: _rows_with(mask) for kind, mask in kinds.items()}
+    any_bad = torch.stack(list(kinds.values())).any(dim=0)
+    return Comparison(
+        rows=rows, mask_rows=bad_rows[Verdict.FAIL_MASK], nan_rows=bad_rows[Verdict.FAIL_NAN],
+        unwritten_rows=bad_rows[Verdict.FAIL_UNWRITTEN], value_rows=bad_rows[Verdict.FAIL_VALUE],
+        positions_differing=int(any_bad.sum()), max_abs_err=float(errors.max()) if errors.numel() else 0.0,
+        max_rel_err=float((errors / scale[:, None]).max()) if errors.numel() else 0.0,
+        topk_overlap=topk_overlap(expected, got, row_lens),
+        first_mismatch=_first_mismatch(expected, got, kinds),
+        verdict=worst([k for k, rows_ in bad_rows.items() if rows_]))
+
+
+def _position_kinds(expected: torch.Tensor, got: torch.Tensor, inside: torch.Tensor, poison: torch.Tensor,
+                    contract: Contract, bound: torch.Tensor | None) -> dict[Verdict, torch.Tensor]:
+    """Boolean [rows, width] masks of each kind of wrong position; a position counts once, worst kind."""
+    checked = inside | (contract.mask == MaskConvention.TAIL_NEG_INF)
+    unwritten = poison & checked
+    nan = torch.isnan(got) & inside & ~unwritten
+    neg_inf_inside = inside & torch.isneginf(got)
+    not_inf_outside = ~inside & ~torch.isneginf(got) & (contract.mask == MaskConvention.TAIL_NEG_INF) & ~unwritten
+    mask = neg_inf_inside | not_inf_outside
+    tol = contract.rtol * _row_scale(expected, inside)
+    if bound is not None:
+        tol = torch.maximum(tol, bound.to(tol))
+    finite = inside & torch.isfinite(got)
+    value = finite & ((got - expected).abs() > tol[:, None])
+    return {Verdict.FAIL_UNWRITTEN: unwritten, Verdict.FAIL_NAN: nan, Verdict.FAIL_MASK: mask & ~nan,
+            Verdict.FAIL_VALUE: value}
+
+
+def _row_scale(expected: torch.Tensor, inside: torch.Tensor) -> torch.Tensor:
+    """(rows,) largest |expected| inside each window; 1 where the window is empty or all zero."""
+    mags = torch.where(inside, expected.abs(), 0.0).nan_to_num(0.0).amax(dim=1)
+    return torch.where(mags > 0, mags, torch.ones_like(mags))
+
+
+def _rows_with(mask: torch.Tensor) -> list[int]:
+    return torch.nonzero(mask.any(dim=1)).flatten().tolist()
+
+
+def _first_mismatch(expected: torch.Tensor, got: torch.Tensor,
+                    kinds: dict[Verdict, torch.Tensor]) -> Mismatch | None:
+    """The lowest (row, position) that is wrong in any way, with the kind that position shows."""
+    for row, position in _first_positions(torch.stack(list(kinds.values())).any(dim=0)):
+        kind = worst([k for k, m in kinds.items() if m[row, position]])
+        return Mismatch(row, position, float(expected[row, position]), float(got[row, position]), kind)
+    return None
+
+
+def _first_positions(bad: torch.Tensor) -> list[tuple[int, int]]:
+    found = torch.nonzero(bad)
+    return [tuple(found[0].tolist())] if len(found) else []  # type: ignore[list-item]
+
+
+def topk_overlap(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor) -> float:
+    """Mean over rows of |top-k(got) among the true top-k| / k, k = min(2048, length).
+
+    Ties are honoured: a position counts as a hit when its expected value is at least the k-th
+    largest expected value of the row, so integer-valued cases with many equal logits score 1.0
+    when the backend is exact. NaN and -inf in `got` rank last.
+    """
+    lens = row_lens.to(expected.device)
+    active = lens > 0
+    if not bool(active.any()):
+        return 1.0
+    exp, out, lens = expected[active], got[active], lens[active]
+    k_max = min(TOPK, int(lens.max()))
+    inside = torch.arange(exp.shape[1], device=exp.device)[None, :] < lens[:, None]
+    ranked_exp = torch.where(inside, exp, -math.inf)
+    ranked_got = torch.where(inside & ~torch.isnan(out), out, -math.inf)
+    ks = lens.clamp(max=TOPK)
+    kth = ranked_exp.topk(k_max, dim=1).values.gather(1, (ks - 1)[:, None])  # (rows, 1)
+    picked = ranked_got.topk(k_max, dim=1).indices  # (rows, k_max)
+    counted = torch.arange(k_max, device=exp.device)[None, :] < ks[:, None]
+    hits = (ranked_exp.gather(1, picked) >= kth) & counted & inside.gather(1, picked)
+    return float((hits.sum(dim=1).double() / ks.double()).mean())
