@@ -12,7 +12,7 @@ $(BIN)/difftest: pyproject.toml requirements-ci.txt
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements-ci.txt
 	# amd-aiter's declared requirements are ROCm tooling its Triton kernels do not use.
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(AITER)
-	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
 	touch $@
 
 run: $(BIN)/difftest

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from difftest.errors import SpecError, require
+from difftest.errors import require
 from difftest.fp8 import Fp8Flavour, decode
 
 
@@ -91,7 +91,7 @@ class Case:
     def describe(self) -> str:
         """One line: the structure a kernel engineer reads first."""
         lens = self.seq_lens.tolist()
-        shown = lens if len(lens) <= 8 else lens[:8] + ["..."]
+        shown = lens if len(lens) <= 8 else [*lens[:8], "..."]
         return (f"B={self.batch} next_n={self.next_n} H={self.heads} D={self.head_dim} "
                 f"block={self.block_size} max_model_len={self.max_model_len} fp8={self.fp8.value} "
                 f"L={shown}")

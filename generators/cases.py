@@ -50,15 +50,18 @@ def suite(kind: str = "all", count: int = 6, seed: int = 0, next_n: tuple[int, .
           block_sizes: tuple[int, ...] | None = None, **overrides: object) -> list[tuple[CaseSpec, int]]:
     """(spec, seed) pairs of a named suite: `count` seeds of each default spec, and/or the edges.
 
-    next_n and block_sizes multiply the specs (one copy per value); overrides (batch, heads,
-    head_dim, max_model_len, ...) replace fields of the random specs only, since the edge specs'
-    fields are what makes them edges. Seeds differ per spec so no two specs share lengths.
+    next_n and block_sizes multiply the specs (one copy per value); heads and head_dim replace
+    those of every spec; other overrides (batch, max_model_len, ...) replace fields of the random
+    specs only, since the edge specs' lengths and tables are what makes them edges. Seeds differ
+    per spec so no two specs share lengths.
     """
     if kind not in SUITES:
         raise SpecError("--cases", kind, f"one of {list(SUITES)}")
-    randoms = [s.replace(**overrides) for s in default_specs()] if kind != "edges" else []
+    shape = {k: overrides.pop(k) for k in ("heads", "head_dim") if k in overrides}
+    randoms = [s.replace(**overrides, **shape) for s in default_specs()] if kind != "edges" else []
     randoms = _vary(_vary(randoms, "next_n", next_n), "block_size", block_sizes)
-    edges = _vary(_vary(edge_cases(), "next_n", next_n), "block_size", block_sizes) if kind != "random" else []
+    edges = [s.replace(**shape) for s in edge_cases()] if kind != "random" else []
+    edges = _vary(_vary(edges, "next_n", next_n), "block_size", block_sizes)
     pairs = [(spec.validate(), seed + 1000 * index + i)
              for index, spec in enumerate(randoms) for i in range(count)]
     return pairs + [(spec.validate(), seed + 1000 * (len(randoms) + index)) for index, spec in enumerate(edges)]
@@ -76,5 +79,5 @@ def _vary(specs: list[CaseSpec], field: str, values: tuple[int, ...] | None) -> 
 
 def _rest(name: str, short: str) -> str:
     """What follows '-<short><number>' in a spec name, so renaming keeps the other parts."""
-    head, sep, tail = name.partition(f"-{short}")
+    _head, sep, tail = name.partition(f"-{short}")
     return "-" + tail.split("-", 1)[1] if sep and "-" in tail else ""

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-from typing import Callable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -39,6 +40,9 @@ class Backend(Protocol):
 # name -> "module:factory"; imported only when asked for, so listing costs no kernel import.
 BUILTIN: dict[str, str] = {
     "torch": "difftest.backends.torch_ref:TorchBackend",
+    "deepgemm": "difftest.backends.deep_gemm:DeepGemmNative",
+    "deepgemm-flattened": "difftest.backends.deep_gemm:DeepGemmFlattened",
+    "deepgemm-varlen": "difftest.backends.deep_gemm:DeepGemmVarlen",
 }
 
 

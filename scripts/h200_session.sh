@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One visit to the GPU device: every command whose output backs a claim under reports/h200/.
+# Run from the repo root on the device (carry .device-deps): bash scripts/h200_session.sh OUTDIR
+# Writes OUTDIR/<step>.txt (the command line, then its output) and OUTDIR/<step>.json reports.
+set -uo pipefail
+out=${1:?usage: h200_session.sh OUTDIR}
+mkdir -p "$out" /tmp/site
+tar xzf .device-deps/deep_gemm.tgz -C /tmp/site && cp -r .device-deps/aiter /tmp/site/
+export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+dt="python3 -m difftest.cli"
+big="--block-sizes 64 --heads 64 --head-dim 128"
+
+step() {  # step NAME COMMAND...: record the command and its output, keep going on failure
+  local name=$1; shift
+  { echo "\$ $*"; echo; "$@" 2>&1; echo; echo "exit status: $?"; } > "$out/$name.txt"
+  tail -n 25 "$out/$name.txt"
+}
+
+step 00-environment bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_capability())"'
+step 01-backends $dt backends --device cuda
+step 02-suite-bs64 $dt run --device cuda --no-progress --next-n 1,2,3,4 $big --count 4 --report "$out/02-suite-bs64.json"
+step 03-suite-bs1 $dt run --device cuda --no-progress --next-n 1,2,3,4 --block-sizes 1 --heads 64 --head-dim 128 --count 2 --report "$out/03-suite-bs1.json"
+step 04-long-context $dt run --device cuda --no-progress --cases random --batch 64 --max-model-len 131072 --next-n 1,2,4 $big --count 1 --report "$out/04-long-context.json"
+step 05-vllm59420-declared $dt run --device cuda --no-progress --cases random --batch 16 --next-n 3 $big --count 1 --backends torch,aiter-triton-stage1,aiter-triton-fused,deepgemm-flattened --report "$out/05-vllm59420-declared.json"
+step 06-vllm59420-per-row $dt run --device cuda --no-progress --cases random --batch 16 --next-n 3 $big --count 1 --backends aiter-triton-stage1,aiter-triton-fused --encoding per-row --report "$out/06-vllm59420-per-row.json"
+step 07-native-vs-flattened python3 bench/deepgemm_native_vs_flattened.py --batch 40 --next-n 2 --context 120000 --repeats 50 --json "$out/07-native-vs-flattened.json"
+step 08-pytest python3 -m pytest -q -p no:cacheprovider tests
