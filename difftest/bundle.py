@@ -1,0 +1,79 @@
+"""Reproducer bundles: everything needed to re-run one failing (backend, case) bit for bit.
+
+A bundle is a folder holding case.npz (Case.save: the exact tensors) and bundle.json (backend,
+library versions, device, run config, verdict, first mismatch, and the command that replays it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from difftest.case import Case
+from difftest.contract import CacheLayout, LengthEncoding
+from difftest.errors import require
+from difftest.runner import CaseResult, RunConfig
+from difftest.verdict import Verdict
+
+CASE_FILE, INFO_FILE = "case.npz", "bundle.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Bundle:
+    """A loaded bundle: the case, how it was run, and what it gave then."""
+
+    path: Path
+    case: Case
+    backend: str
+    backend_module: str | None  # 'pkg.mod:obj' for a backend not in the registry
+    config: RunConfig
+    verdict: Verdict
+    info: dict[str, Any]
+
+
+def bundle_name(result: CaseResult) -> str:
+    """A folder name safe on every filesystem: backend and case."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{result.backend}--{result.case}")
+
+
+def write_bundle(directory: str | Path, case: Case, result: CaseResult, config: RunConfig,
+                 backend_module: str | None = None, library: str = "") -> Path:
+    """Write the bundle of `result` under `directory`; returns the bundle's folder."""
+    from difftest import __version__
+    from difftest.report import to_jsonable
+
+    folder = Path(directory) / bundle_name(result)
+    folder.mkdir(parents=True, exist_ok=True)
+    case.save(folder / CASE_FILE)
+    info = {
+        "backend": result.backend, "backend_module": backend_module, "library": library,
+        "device": config.device, "encoding_override": config.encoding.value if config.encoding else None,
+        "layout_override": config.layout.value if config.layout else None,
+        "verdict": result.verdict.value, "reason": result.reason,
+        "comparison": to_jsonable(result.comparison), "case": case.name, "description": case.describe(),
+        "torch": torch.__version__, "difftest": __version__, "python": platform.python_version(),
+        "gpu": torch.cuda.get_device_name() if config.device == "cuda" else None,
+        "replay": f"difftest replay {folder}",
+    }
+    (folder / INFO_FILE).write_text(json.dumps(info, indent=1) + "\n")
+    return folder
+
+
+def load_bundle(path: str | Path) -> Bundle:
+    """Read a bundle folder written by write_bundle."""
+    folder = Path(path)
+    require((folder / INFO_FILE).is_file() and (folder / CASE_FILE).is_file(), "bundle", str(folder),
+            f"a folder holding {CASE_FILE} and {INFO_FILE}")
+    info = json.loads((folder / INFO_FILE).read_text())
+    encoding, layout = info.get("encoding_override"), info.get("layout_override")
+    config = RunConfig(device=info["device"], encoding=LengthEncoding(encoding) if encoding else None,
+                       layout=CacheLayout(layout) if layout else None)
+    return Bundle(path=folder, case=Case.load(folder / CASE_FILE), backend=info["backend"],
+                  backend_module=info.get("backend_module"), config=config, verdict=Verdict(info["verdict"]),
+                  info=info)
