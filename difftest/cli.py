@@ -1,4 +1,4 @@
-"""`difftest run` and `difftest backends`: a thin shell over generators, runner and report."""
+"""`difftest run`, `backends`, `replay` and `shrink`: a thin shell over generators, runner and report."""
 
 from __future__ import annotations
 
@@ -42,6 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     run.add_argument("--report", metavar="PATH", help="write the JSON report here")
     run.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    run.add_argument("--repro-dir", metavar="DIR", help="write a reproducer bundle here for every failing result")
+    replay = commands.add_parser("replay", help="re-run a reproducer bundle; exit 1 if it still fails")
+    replay.add_argument("bundle", metavar="BUNDLE")
+    shrink = commands.add_parser("shrink", help="reduce a bundle's failing case and write it as a new bundle")
+    shrink.add_argument("bundle", metavar="BUNDLE")
+    shrink.add_argument("--seconds", type=float, default=30.0, help="time budget (default: 30)")
+    shrink.add_argument("--out", metavar="DIR", help="where the new bundle goes (default: beside BUNDLE)")
     backends = commands.add_parser("backends", help="list backends and whether each can run here")
     backends.add_argument("--device", default="cpu")
     return parser
@@ -50,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "backends": cmd_backends}[args.command](args)
+        commands = {"run": cmd_run, "backends": cmd_backends, "replay": cmd_replay, "shrink": cmd_shrink}
+        return commands[args.command](args)
     except SpecError as exc:
         print(f"difftest: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -77,7 +85,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from difftest import report
     from difftest.backends import get_backends
     from difftest.contract import CacheLayout, LengthEncoding
-    from difftest.runner import RunConfig, run
+    from difftest.replay import ReproWriter
+    from difftest.runner import CaseResult, RunConfig, run
     from generators import build_case
     from generators.cases import suite
 
@@ -93,7 +102,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Drawn on the run's device: a 128K-context batch would take seconds to draw on the CPU.
     # A seed reproduces its case on the same device type.
     cases = (build_case(spec, seed, config.device, name=f"{spec.name}-s{seed}") for spec, seed in pairs)
-    results = run(backends, cases, config, on_result=progress.step)
+    repro = ReproWriter(args.repro_dir, config, backends, tuple(args.backend_module)) if args.repro_dir else None
+
+    def on_result(result: CaseResult) -> None:
+        progress.step(result)
+        if repro:
+            repro.on_result(result)
+
+    results = run(backends, repro.track(cases) if repro else cases, config, on_result=on_result)
     progress.close()
     summaries = report.summarize(results)
     print(report.render_table(summaries))
@@ -103,7 +119,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.report:
         info = _run_info(args, config, started, len(pairs))
         print(f"\nreport: {report.write_json(args.report, results, info)}")
+    if repro and repro.written:
+        print(f"\nreproducers: {len(repro.written)} bundles under {args.repro_dir} (difftest replay BUNDLE)")
     return EXIT_FAILED if any(r.verdict.failed for r in results) else EXIT_OK
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from difftest.bundle import load_bundle
+    from difftest.replay import render_replay, replay
+
+    bundle = load_bundle(args.bundle)
+    _device(bundle.config.device)
+    result = replay(bundle)
+    print(render_replay(bundle, result))
+    return EXIT_FAILED if result.verdict.failed else EXIT_OK
+
+
+def cmd_shrink(args: argparse.Namespace) -> int:
+    from difftest.bundle import load_bundle, write_bundle
+    from difftest.replay import bundle_backend
+    from difftest.shrink import shrink
+
+    bundle = load_bundle(args.bundle)
+    _device(bundle.config.device)
+    backend = bundle_backend(bundle)
+    found = shrink(bundle, backend, bundle.config, args.seconds)
+    folder = write_bundle(args.out or bundle.path.parent, found.case, found.result, bundle.config,
+                          bundle.backend_module, backend.contract.library)
+    print(f"{found.summary()}\nbundle: {folder}")
+    return EXIT_OK
 
 
 def _device(name: str) -> str:

@@ -73,8 +73,8 @@ def _position_kinds(expected: torch.Tensor, got: torch.Tensor, inside: torch.Ten
     tol = contract.rtol * _row_scale(expected, inside)
     if bound is not None:
         tol = torch.maximum(tol, bound.to(tol))
-    finite = inside & torch.isfinite(got)
-    value = finite & ((got - expected).abs() > tol[:, None])
+    # +inf (an overflow) inside the window is a value error too, not a value that escapes every check.
+    value = inside & ~torch.isnan(got) & ~torch.isneginf(got) & ((got - expected).abs() > tol[:, None])
     return {Verdict.FAIL_UNWRITTEN: unwritten, Verdict.FAIL_NAN: nan, Verdict.FAIL_MASK: mask & ~nan,
             Verdict.FAIL_VALUE: value}
 
@@ -123,5 +123,7 @@ def topk_overlap(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tens
     kth = ranked_exp.topk(k_max, dim=1).values.gather(1, (ks - 1)[:, None])  # (rows, 1)
     picked = ranked_got.topk(k_max, dim=1).indices  # (rows, k_max)
     counted = torch.arange(k_max, device=exp.device)[None, :] < ks[:, None]
-    hits = (ranked_exp.gather(1, picked) >= kth) & counted & inside.gather(1, picked)
+    # A pick the backend scored -inf or NaN is no hit, whichever -inf tie torch.topk happened to take.
+    hits = (ranked_exp.gather(1, picked) >= kth) & counted & inside.gather(1, picked) \
+        & (ranked_got.gather(1, picked) > -math.inf)
     return float((hits.sum(dim=1).double() / ks.double()).mean())

@@ -50,5 +50,6 @@ class Contract:
     block_sizes: tuple[int, ...] | None = None  # a case of another block size is re-paged when 1 is listed
     head_dims: tuple[int, ...] | None = None
     heads_multiple_of: int = 1
+    heads_power_of_two: bool = False  # e.g. all heads as one tl.arange block
     writes_into_output: bool = False  # the backend fills a buffer the engine allocates (poisoned)
     library: str = ""  # distribution name and version actually loaded, for the report

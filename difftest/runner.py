@@ -88,6 +88,8 @@ def _contract_reason(contract: Contract, case: Case, device: str) -> str | None:
             return f"contract {field} {list(allowed)} excludes {value}"
     if case.heads % contract.heads_multiple_of:
         return f"heads={case.heads} is not a multiple of {contract.heads_multiple_of}"
+    if contract.heads_power_of_two and case.heads & (case.heads - 1):
+        return f"heads={case.heads} is not a power of two"
     try:
         adapt_block_size(case, contract)
     except SpecError as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import inspect
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
@@ -43,6 +44,10 @@ BUILTIN: dict[str, str] = {
     "deepgemm": "difftest.backends.deep_gemm:DeepGemmNative",
     "deepgemm-flattened": "difftest.backends.deep_gemm:DeepGemmFlattened",
     "deepgemm-varlen": "difftest.backends.deep_gemm:DeepGemmVarlen",
+    "aiter-triton-stage1": "difftest.backends.aiter_triton:AiterTritonStage1",
+    "aiter-triton-fused": "difftest.backends.aiter_triton:AiterTritonFused",
+    "aiter-triton-stage1-ragged": "difftest.backends.aiter_triton:AiterTritonStage1Ragged",
+    "aiter-triton-fused-ragged": "difftest.backends.aiter_triton:AiterTritonFusedRagged",
 }
 
 
@@ -67,12 +72,21 @@ def as_backend(obj: object, field: str, target: str) -> Backend:
         return obj
     if isinstance(getattr(obj, "difftest_contract", None), Contract):
         return FunctionBackend.from_function(obj)  # type: ignore[arg-type]
-    if callable(obj):
+    if callable(obj) and _takes_no_arguments(obj):
         made = obj()
         if isinstance(made, Backend):
             return made
     raise SpecError(field, target, "a Backend, a factory of one, or a function decorated with "
                     "difftest.backend(contract=...)")
+
+
+def _takes_no_arguments(obj: object) -> bool:
+    """Whether `obj()` is a valid call: a factory, not a kernel function missing its decorator."""
+    try:
+        inspect.signature(obj).bind()  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def load_backend(target: str, field: str = "--backend-module") -> Backend:

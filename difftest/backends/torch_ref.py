@@ -29,5 +29,23 @@ class TorchBackend:
         k_pool, scales = unpack_cache(inputs.kv_cache, head_dim, inputs.layout)
         q = inputs.q.view(torch.uint8)
         return paged_mqa_logits(decode(q, inputs.fp8, dtype), decode(k_pool, inputs.fp8, dtype), scales,
-                                inputs.weights, inputs.block_table,
+                                inputs.weights, _row_block_table(inputs),
                                 decode_row_lens(inputs, batch, next_n), inputs.max_model_len)
+
+
+def _row_block_table(inputs: KernelInputs) -> torch.Tensor:
+    """One block-table row per q row: the request's row under FLATTENED_INDICES, and under
+    PREFIX_SUM each sequence's slice of the flat token ids (block_size 1), padded with slot 0."""
+    table = inputs.block_table
+    if inputs.encoding == LengthEncoding.FLATTENED_INDICES:
+        return table[inputs.indices.long()]
+    if inputs.encoding != LengthEncoding.PREFIX_SUM:
+        return table
+    prefix = inputs.context_lens.to(torch.int64)
+    lens = prefix[1:] - prefix[:-1]
+    positions = torch.arange(max(int(lens.max()) if lens.numel() else 0, 1), device=table.device)
+    flat = prefix[:-1, None] + positions
+    inside = positions < lens[:, None]
+    if table.numel() == 0:
+        return torch.zeros(flat.shape, dtype=table.dtype, device=table.device)
+    return torch.where(inside, table[flat.clamp(max=table.numel() - 1)], 0)

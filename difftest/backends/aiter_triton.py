@@ -1,0 +1,406 @@
+"""AITER's Triton paged MQA logits kernels (amd-aiter 0.1.7.x), launched the way their callers launch them.
+
+Four backends, one per kernel in aiter/ops/triton/_triton_kernels/pa_mqa_logits.py:
+
+* `aiter-triton-stage1`: per-head scores into a [H, rows, max_model_len] float32 buffer that the
+  caller pre-fills with -inf; the caller then sums over heads (vLLM's `rocm_fp8_paged_mqa_logits`,
+  non-gfx94x branch: `out_qk.fill_(-inf)`, stage1, `out_qk.sum(dim=0)`).
+* `aiter-triton-fused`: the head sum inside the kernel, into a [rows, max_model_len] buffer that
+  AITER's own test pre-fills with -inf. (vLLM 0.33.0 calls a newer fused API, with Preshuffle and
+  KVBlockSize, into an unfilled workspace buffer; this AITER's wrappers lack those arguments, so
+  vLLM 0.33.0 takes its torch fallback with it, and its stage1 call needs a ChunkQ they lack too.)
+* `aiter-triton-stage1-ragged`, `aiter-triton-fused-ragged`: the same with prefix sums of the
+  sequence lengths and one flat list of token ids instead of a [B, W] token table.
+
+All four read one length L per sequence and derive each draft row's window themselves; all take a
+block-size-1 cache ([num_tokens, 1, 1, D + 4]: D fp8 key bytes, then one fp32 scale per token).
+
+The wrappers beside the kernels (aiter/ops/triton/pa_mqa_logits.py) import `aiter.dtypes`, which
+needs ROCm, so this module loads the kernel file by path and launches the raw @triton.jit functions
+with the wrappers' grids and config dicts. On the CPU the kernels run under the Triton interpreter:
+a second copy of the file is loaded with TRITON_INTERPRET=1 set only while it is executed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import importlib.metadata
+import importlib.util
+import math
+import os
+import re
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from difftest.contract import CacheLayout, Contract, LengthEncoding, MaskConvention
+from difftest.encode import KernelInputs
+from difftest.fp8 import Fp8Flavour
+
+DISTRIBUTION = "amd-aiter"
+# Where the kernels live inside the `aiter` package: 0.1.7.x first, then newer AITER's layout.
+KERNEL_FILES = ("ops/triton/_triton_kernels/pa_mqa_logits.py",
+                "ops/triton/_triton_kernels/attention/pa_mqa_logits.py")
+
+# The wrappers' config dicts (aiter/ops/triton/pa_mqa_logits.py, amd-aiter 0.1.7.post2.dev18).
+CHUNK_K = 64  # key positions per loop step; also the width of every (unmasked) store
+SPLIT_KV = 5  # programs per query row, each taking a contiguous share of the chunks
+STAGE1_CHUNK_Q = 32  # heads per stage1 program; the fused kernels take all heads at once
+HEAD_DIMS = (32, 64, 128, 256)  # tl.arange needs a power of two; an fp8 tl.dot on NVIDIA needs K >= 32
+
+# Launch arguments of each kernel, in order, as amd-aiter 0.1.7.x declares them; a kernel file
+# whose function takes other arguments is reported unavailable instead of being misfed.
+_COMMON_ARGS = ("batch_size", "next_n", "heads_num", "Q_buffer", "stride_q_batch", "stride_q_next_n",
+                "stride_q_heads", "KV_buffer", "stride_k_seq", "scale_buffer", "stride_scale_seq")
+_CONFIG_ARGS = ("ChunkQ", "ChunkK", "HiddenDim", "SplitKV")
+
+
+class OutOfBoundsWrite(UserWarning):
+    """The kernel stored values past the end of the output buffer its caller allocated."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Variant:
+    """One of the four kernels: its name in the file, what it reads and what it writes."""
+
+    kernel: str
+    ragged: bool  # prefix sums + flat token ids instead of lengths + a [B, W] token table
+    per_head: bool  # stage1: [H, rows, max_model_len] per-head scores, summed by the caller
+
+    @property
+    def arg_names(self) -> tuple[str, ...]:
+        lengths = ("prefix_sum_context_lens", "kv_indices") if self.ragged else ("context_len_ptr", "kv_indices")
+        out = ("Out_buffer", "stride_out_heads") if self.per_head else ("OutLogits_buffer",)
+        tail = ("stride_out_batch", "max_model_len") + (() if self.ragged else ("max_blk_len",))
+        return _COMMON_ARGS + lengths + ("weights", "stride_w_batch") + out + tail + _CONFIG_ARGS
+
+
+# --------------------------------------------------------------------------- locating and loading
+
+def aiter_version() -> str | None:
+    """The amd-aiter version: the distribution's metadata, else aiter/_version.py; None if neither.
+
+    A bare copy of the package tree (as shipped to the GPU machine) has no metadata, and its
+    __init__ cannot be imported without ROCm, so _version.py is read as text.
+    """
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    package = _aiter_dir()
+    version_file = package / "_version.py" if package else None
+    if version_file is None or not version_file.is_file():
+        return None
+    found = re.search(r"__version__\s*=\s*['\"]([^'\"]+)['\"]", version_file.read_text())
+    return found.group(1) if found else None
+
+
+def _aiter_dir() -> Path | None:
+    # find_spec of a top-level package locates it without running aiter/__init__.py (which needs ROCm).
+    spec = importlib.util.find_spec("aiter")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def kernel_file() -> Path | None:
+    """The kernel file of the installed AITER, or None when aiter or the file is missing."""
+    package = _aiter_dir()
+    if package is None:
+        return None
+    return next((package / rel for rel in KERNEL_FILES if (package / rel).is_file()), None)
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: str) -> Iterator[None]:
+    """`os.environ[name] = value` for the duration of the block only."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
+_MODULES: dict[bool, ModuleType] = {}
+
+
+def load_kernels(interpret: bool) -> ModuleType:
+    """The kernel file as a module: interpreted (CPU) or compiled (GPU); both may coexist.
+
+    triton.jit decides between InterpretedFunction and JITFunction when the decorator runs, so
+    each mode gets its own module object, executed with TRITON_INTERPRET set accordingly. Triton
+    itself (and gluon, imported lazily at the first launch) is imported first, without the
+    variable, so its standard library stays compiled-mode for GPU launches in the same process.
+    """
+    if interpret in _MODULES:
+        return _MODULES[interpret]
+    path = kernel_file()
+    if path is None:
+        raise FileNotFoundError(f"no {' or '.join(KERNEL_FILES)} under the aiter package")
+    importlib.import_module("triton.language")
+    with contextlib.suppress(ImportError):
+        importlib.import_module("triton.experimental.gluon")
+    name = f"difftest_aiter_pa_mqa_logits_{'interpreted' if interpret else 'compiled'}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    with _environ("TRITON_INTERPRET", "1" if interpret else "0"):
+        spec.loader.exec_module(module)
+    sys.modules[name] = module
+    _MODULES[interpret] = module
+    return module
+
+
+_MISSING = object()
+
+
+def _snapshot(objects: tuple[object, ...]) -> list[tuple[object, dict[str, object]]]:
+    return [(obj, dict(vars(obj))) for obj in objects]
+
+
+def _restore(snapshot: list[tuple[object, dict[str, object]]]) -> None:
+    """Put every attribute back as it was; drop those added since (submodules excepted)."""
+    for obj, before in snapshot:
+        now = dict(vars(obj))
+        for name, value in now.items():
+            if name not in before and not isinstance(value, ModuleType):
+                delattr(obj, name)
+        for name, value in before.items():
+            if now.get(name, _MISSING) is not value:
+                setattr(obj, name, value)
+
+
+
+@contextlib.contextmanager
+def _interpreter_compat() -> Iterator[None]:
+    """Let interpreted kernels run in a process whose Triton was imported in compiled mode.
+
+    Three things stand in the way, all in Triton's machinery, none in the kernel:
+    * tl.cdiv and the rest of Triton's standard library are JITFunctions, which the interpreter
+      refuses to call; they are swapped for InterpretedFunctions of the same Python code.
+    * The interpreter turns a scalar into a Python int with int() of a 1-element 1-D array, which
+      numpy >= 2.4 rejects (`range(...)` over loaded lengths fails); .item() does the same job.
+    * An interpreted device-function call (tl.cdiv, the kernels' _sum_combine) patches
+      triton.language's builtins with numpy ones and never restores them, which breaks every
+      later GPU compile in the process ("'block_argument' object has no attribute 'dtype'").
+    Everything the interpreter may patch is snapshotted before and put back on exit.
+    """
+    import triton.language as tl
+    from triton.runtime import interpreter
+    from triton.runtime.jit import JITFunction
+
+    patched = (tl, tl.core, tl.math, tl.core.tensor, tl.core.dtype, tl.core.tensor_descriptor_base)
+    snapshot = _snapshot(patched)
+    swapped = [(module, name, fn) for module in (tl, tl.standard)
+               for name, fn in list(vars(module).items()) if isinstance(fn, JITFunction)]
+    original_patch = interpreter._patch_lang_tensor
+
+    def patch_lang_tensor(tensor: type, scope: interpreter._LangPatchScope) -> None:
+        original_patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    try:
+        for module, name, fn in swapped:
+            setattr(module, name, interpreter.InterpretedFunction(fn.fn))
+        interpreter._patch_lang_tensor = patch_lang_tensor
+        yield
+    finally:
+        interpreter._patch_lang_tensor = original_patch
+        for module, name, fn in swapped:
+            setattr(module, name, fn)
+        _restore(snapshot)
+
+
+def _signature_reason(variant: _Variant) -> str | None:
+    """Why the installed kernel file cannot be launched as this adapter launches it, or None."""
+    try:
+        module = load_kernels(interpret=True)
+    except Exception as exc:  # a newer kernel file may import what this machine lacks
+        return f"loading {kernel_file()} failed: {type(exc).__name__}: {exc}"
+    fn = getattr(module, variant.kernel, None)
+    if fn is None:
+        return f"{kernel_file()} defines no {variant.kernel}"
+    found = tuple(getattr(fn, "arg_names", ()))
+    if found != variant.arg_names:
+        return (f"{variant.kernel} in {kernel_file()} takes {found}, not the amd-aiter 0.1.7 arguments "
+                f"{variant.arg_names} this adapter passes")
+    return None
+
+
+def _rocm_fnuz_reason() -> str | None:
+    """gfx942 reads e4m3fnuz; this adapter hands the kernels e4m3fn (NVIDIA, gfx950, CPU)."""
+    if torch.version.hip is None:
+        return None
+    arch = getattr(torch.cuda.get_device_properties(0), "gcnArchName", "")
+    if "gfx942" in arch:
+        return f"{arch} reads fp8 as e4m3fnuz; use AITER's own wrappers there"
+    return None
+
+
+# --------------------------------------------------------------------------- launching
+
+def _split_cache(kv_cache: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8 keys and fp32 scales as strided views of [N, 1, 1, D + 4] bytes, as the wrappers slice them."""
+    keys = kv_cache[..., :head_dim].view(torch.float8_e4m3fn)
+    scales = kv_cache[..., head_dim:].view(torch.float32)  # stride(0) = (D + 4) / 4 floats
+    return keys, scales
+
+
+def _guarded_full(shape: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A -inf buffer of `shape` as its caller allocates it, followed by CHUNK_K NaN guard floats.
+
+    The kernels store whole CHUNK_K-wide chunks without a bound, so the last row's last chunk can
+    land past the buffer's end. The guard takes those stores (instead of foreign memory: on the CPU
+    interpreter that is this process's heap) and makes them countable. Shape, strides and
+    contents of the buffer the kernel addresses are exactly the caller's.
+    """
+    numel = math.prod(shape)
+    storage = torch.full((numel + CHUNK_K,), -math.inf, dtype=torch.float32, device=device)
+    storage[numel:] = math.nan
+    return storage[:numel].view(shape), storage[numel:]
+
+
+def _launch(variant: _Variant, inputs: KernelInputs, out: torch.Tensor) -> None:
+    """One launch with the wrapper's grid and config; `out` is [H, rows, L] or [rows, L].
+
+    Lengths and token ids go in as encoded: (B,) lengths and the [B, W] token table, or (B + 1,)
+    prefix sums and the flat token ids for the ragged kernels.
+    """
+    q, weights = inputs.q, inputs.weights
+    batch, next_n, heads, head_dim = q.shape
+    keys, scales = _split_cache(inputs.kv_cache, head_dim)
+    chunk_q = STAGE1_CHUNK_Q if variant.per_head else heads
+    grid = (batch * next_n * (heads // chunk_q) * SPLIT_KV,)
+    out_strides = (out.stride(0), out.stride(1)) if variant.per_head else (out.stride(0),)
+    table_width = () if variant.ragged else (inputs.block_table.shape[1],)
+    interpret = q.device.type == "cpu"
+    fn = getattr(load_kernels(interpret), variant.kernel)
+    with _interpreter_compat() if interpret else contextlib.nullcontext():
+        fn[grid](batch, next_n, heads, q, q.stride(0), q.stride(1), q.stride(2),
+                 keys, keys.stride(0), scales, scales.stride(0), inputs.context_lens, inputs.block_table,
+                 weights, weights.stride(0), out, *out_strides, inputs.max_model_len, *table_width,
+                 ChunkQ=chunk_q, ChunkK=CHUNK_K, HiddenDim=head_dim, SplitKV=SPLIT_KV)
+
+
+# --------------------------------------------------------------------------- the backends
+
+def _contract(variant: _Variant) -> Contract:
+    version = aiter_version()
+    return Contract(
+        length_encoding=LengthEncoding.PREFIX_SUM if variant.ragged else LengthEncoding.PER_SEQUENCE,
+        # With block size 1 the two layouts coincide; the kernels slice each token's row into D
+        # key bytes and its 4 scale bytes, i.e. token-interleaved.
+        cache_layout=CacheLayout.TOKEN_INTERLEAVED,
+        # Every caller pre-fills the output with -inf, and the kernels are meant to store -inf past
+        # each row's window (they do not always: docs/findings/aiter-triton-mask.md).
+        mask=MaskConvention.TAIL_NEG_INF,
+        fp8=Fp8Flavour.E4M3FN,
+        output_dtype=torch.float32,
+        # tl.dot of fp8 accumulates in fp32: on the interpreter a float32 numpy matmul (2e-7 of the
+        # row's largest logit measured); on the H200 the fused kernels' 64-head fp8 MMA reached
+        # 3.4e-4 and stage1 2e-7 (2026-12-02). 1e-3 leaves three times that margin.
+        rtol=1e-3,
+        devices=("cpu", "cuda"),
+        block_sizes=(1,),
+        head_dims=HEAD_DIMS,
+        heads_multiple_of=STAGE1_CHUNK_Q if variant.per_head else 1,
+        heads_power_of_two=not variant.per_head,  # the fused kernels take all heads as one tl.arange block
+        writes_into_output=False,
+        library=f"{DISTRIBUTION} {version}" if version else f"{DISTRIBUTION} (version unknown or not installed)")
+
+
+class _AiterTritonBackend:
+    """Shared behaviour of the four kernels; subclasses name the kernel."""
+
+    name: str
+    variant: _Variant
+    contract: Contract
+
+    def __init__(self) -> None:
+        self.last_out_of_bounds = 0  # floats the last call stored past its buffer's end
+
+    def unavailable_reason(self, device: str) -> str | None:
+        """Why this kernel cannot run on `device`, most basic cause first; None when it can."""
+        if device not in ("cpu", "cuda"):
+            return f"device {device!r} is neither 'cpu' (Triton interpreter) nor 'cuda'"
+        if importlib.util.find_spec("aiter") is None:
+            return f"{DISTRIBUTION} is not installed (importlib.util.find_spec('aiter') is None)"
+        try:
+            importlib.import_module("triton")
+        except Exception as exc:
+            return f"triton is not importable: {type(exc).__name__}: {exc}"
+        if kernel_file() is None:
+            return f"neither {' nor '.join(KERNEL_FILES)} exists under {_aiter_dir()}"
+        if device == "cuda":
+            reason = self._cuda_reason()
+            if reason:
+                return reason
+        return _signature_reason(self.variant)
+
+    def _cuda_reason(self) -> str | None:
+        if not torch.cuda.is_available():
+            return "torch.cuda.is_available() is False"
+        if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+            return "TRITON_INTERPRET is set in the environment, so Triton compiles nothing for the GPU"
+        return _rocm_fnuz_reason()
+
+    def __call__(self, inputs: KernelInputs, out: torch.Tensor | None) -> torch.Tensor:
+        """Logits [rows, max_model_len] float32; `out` is unused (the backend allocates its caller's buffer)."""
+        batch, next_n, heads, _ = inputs.q.shape
+        rows = batch * next_n
+        shape = (heads, rows, inputs.max_model_len) if self.variant.per_head else (rows, inputs.max_model_len)
+        buffer, guard = _guarded_full(shape, inputs.q.device)
+        _launch(self.variant, inputs, buffer)
+        self._check_guard(guard, shape, inputs.max_model_len)
+        return buffer.sum(dim=0) if self.variant.per_head else buffer
+
+    def _check_guard(self, guard: torch.Tensor, shape: tuple[int, ...], max_model_len: int) -> None:
+        self.last_out_of_bounds = int((~torch.isnan(guard)).sum())
+        if self.last_out_of_bounds:
+            warnings.warn(
+                f"{self.name} stored {self.last_out_of_bounds} float32 values past the end of its "
+                f"{list(shape)} output: the last row's final {CHUNK_K}-position chunk is stored "
+                f"without a bound and max_model_len={max_model_len} is not a multiple of {CHUNK_K}",
+                OutOfBoundsWrite, stacklevel=2)
+
+
+class AiterTritonStage1(_AiterTritonBackend):
+    """`aiter-triton-stage1`: per-head scores into a -inf [H, rows, max_model_len] buffer, summed by the caller."""
+
+    name = "aiter-triton-stage1"
+    variant = _Variant("_deepgemm_fp8_paged_mqa_logits_stage1", ragged=False, per_head=True)
+    contract = _contract(variant)
+
+
+class AiterTritonFused(_AiterTritonBackend):
+    """`aiter-triton-fused`: the head sum in the kernel, into a -inf [rows, max_model_len] buffer."""
+
+    name = "aiter-triton-fused"
+    variant = _Variant("_deepgemm_fp8_paged_mqa_logits", ragged=False, per_head=False)
+    contract = _contract(variant)
+
+
+class AiterTritonStage1Ragged(_AiterTritonBackend):
+    """`aiter-triton-stage1-ragged`: stage1 reading prefix sums of the lengths and flat token ids."""
+
+    name = "aiter-triton-stage1-ragged"
+    variant = _Variant("_deepgemm_fp8_paged_mqa_logits_stage1_ragged_k", ragged=True, per_head=True)
+    contract = _contract(variant)
+
+
+class AiterTritonFusedRagged(_AiterTritonBackend):
+    """`aiter-triton-fused-ragged`: the fused kernel reading prefix sums of the lengths and flat token ids."""
+
+    name = "aiter-triton-fused-ragged"
+    variant = _Variant("_deepgemm_fp8_paged_mqa_logits_ragged_k", ragged=True, per_head=False)
+    contract = _contract(variant)

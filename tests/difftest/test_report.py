@@ -1,0 +1,56 @@
+"""Reports: per-backend summaries, the headline, the table, failure lines and JSON values."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from difftest.backends.torch_ref import TorchBackend
+from difftest.backends.user import FunctionBackend
+from difftest.report import headline, render_failures, render_table, summarize, to_jsonable, write_json
+from difftest.runner import RunConfig, run
+from difftest.verdict import Verdict
+from generators import build_case
+from tests import user_backends as ub
+from tests.support import TINY
+
+
+def _results():
+    cases = [build_case(TINY.replace(next_n=3, lengths=(5, 9, 0, 20)), s) for s in range(2)]
+    backends = [TorchBackend(), FunctionBackend.from_function(ub.sequence_length_for_every_row),
+                FunctionBackend.from_function(ub.raises), ub.DeclaresCudaOnly()]
+    return run(backends, cases, RunConfig())
+
+
+def test_summaries_count_rows_and_verdicts():
+    results = _results()
+    by_name = {s.backend: s for s in summarize(results)}
+    assert list(by_name) == ["torch", "sequence_length_for_every_row", "raises", "cuda-only"], f"{list(by_name)=}"
+    torch_s, mutant, raised, skipped = by_name.values()
+    assert (torch_s.cases, torch_s.rows, torch_s.mask_rows, torch_s.verdict) == (2, 24, 0, Verdict.PASS)
+    # 3 sequences with L > 0, next_n - 1 = 2 wrong rows each, in each of 2 cases.
+    assert (mutant.rows, mutant.mask_rows, mutant.verdict) == (24, 12, Verdict.FAIL_MASK), f"{mutant=}"
+    assert headline(mutant) == "12/24 rows with the wrong -inf mask"
+    assert raised.verdict == Verdict.ERROR and raised.counts == {"ERROR": 2} and raised.rows == 0, f"{raised=}"
+    assert skipped.verdict == Verdict.SKIP and skipped.cases == 0 and skipped.skipped == 2, f"{skipped=}"
+    assert skipped.skip_reasons == ["contract devices ['cuda'] exclude cpu"] and math.isnan(skipped.topk_overlap)
+
+
+def test_table_and_failures_text():
+    results = _results()
+    table = render_table(summarize(results)).splitlines()
+    assert len(table) == 5 and table[0].startswith("backend"), f"{table=}"
+    assert "12/24" in table[2] and "FAIL(mask)" in table[2], f"{table[2]=}"
+    assert "SKIP: contract devices" in table[4], f"{table[4]=}"
+    failures = render_failures(results)
+    assert "12/24" not in failures and "6/12 rows with the wrong -inf mask [0,1,3,4,9,10]" in failures, failures
+    assert "RuntimeError: kernel exploded at launch" in failures and "cuda-only" not in failures, failures
+    assert "... and 2 more failing results" in render_failures(results, limit=2)
+
+
+def test_json_values_are_plain(tmp_path):
+    assert to_jsonable({"a": (1, math.inf, -math.inf), "v": Verdict.PASS}) == {"a": [1, "inf", "-inf"], "v": "PASS"}
+    path = write_json(tmp_path / "r.json", _results(), {"seed": 0})
+    doc = json.loads(path.read_text())
+    assert len(doc["results"]) == 8 and len(doc["summaries"]) == 4, f"{doc.keys()=}"
+    assert doc["results"][1]["comparison"]["first_mismatch"]["kind"] == "FAIL(mask)"

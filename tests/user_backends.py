@@ -1,0 +1,107 @@
+"""User backends for the runner and CLI tests: `--backend-module tests.user_backends:<name>`.
+
+Each computes with the oracle's own formula on what it is handed, so only the way it reads the
+lengths (or fails to write) differs from the truth; the expected verdicts follow from that alone.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from difftest.backends.user import backend
+from difftest.contract import CacheLayout, Contract, LengthEncoding, MaskConvention
+from difftest.encode import KernelInputs, unpack_cache
+from difftest.fp8 import Fp8Flavour, decode
+from oracles.paged_mqa_logits import paged_mqa_logits
+
+PER_SEQUENCE = Contract(LengthEncoding.PER_SEQUENCE, CacheLayout.BLOCK_SPLIT, MaskConvention.TAIL_NEG_INF,
+                        rtol=1e-9, library="tests")
+PER_ROW = Contract(LengthEncoding.PER_ROW, CacheLayout.BLOCK_SPLIT, MaskConvention.TAIL_NEG_INF,
+                   rtol=1e-9, library="tests")
+
+
+def logits_with_limits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, row_lens: torch.Tensor,
+                       block_table: torch.Tensor, max_model_len: int) -> torch.Tensor:
+    """The formula on block-split e4m3fn inputs, with whatever (B, next_n) limits the caller derived."""
+    k_pool, scales = unpack_cache(kv_cache, q.shape[-1], CacheLayout.BLOCK_SPLIT)
+    return paged_mqa_logits(q.double(), decode(k_pool, Fp8Flavour.E4M3FN), scales, weights, block_table,
+                            row_lens, max_model_len)
+
+
+def per_sequence_limits(seq_lens: torch.Tensor, next_n: int) -> torch.Tensor:
+    """What a per-sequence kernel derives itself: max(L - next_n + j + 1, 0)."""
+    return (seq_lens.long()[:, None] + torch.arange(next_n) - next_n + 1).clamp(min=0)
+
+
+@backend(contract=PER_SEQUENCE)
+def per_sequence_reader(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Right under its contract. Like AITER it reads context_lens[b] from a flat pointer, so a
+    (B, next_n) table handed to it is misread as its first B entries (vllm#59420)."""
+    batch, next_n = q.shape[:2]
+    seq_lens = context_lens.reshape(-1)[:batch]
+    return logits_with_limits(q, kv_cache, weights, per_sequence_limits(seq_lens, next_n), block_table,
+                              max_model_len)
+
+
+@backend(contract=PER_SEQUENCE)
+def sequence_length_for_every_row(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Mutant: every row of sequence b sees L_b keys, the MTP offset L - next_n + j + 1 forgotten."""
+    batch, next_n = q.shape[:2]
+    rows = context_lens.long()[:, None].expand(batch, next_n)
+    return logits_with_limits(q, kv_cache, weights, rows, block_table, max_model_len)
+
+
+@backend(contract=PER_ROW, name="window-one-short")
+def window_one_short(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Mutant: off by one at the window end (the last visible key dropped)."""
+    rows = (context_lens.long() - 1).clamp(min=0)
+    return logits_with_limits(q, kv_cache, weights, rows, block_table, max_model_len)
+
+
+@backend(contract=PER_ROW)
+def raises(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    raise RuntimeError("kernel exploded at launch")
+
+
+@backend(contract=PER_ROW)
+def wrong_shape(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    return torch.zeros(weights.shape[0], max_model_len + 1)
+
+
+class LeavesLastRowUnwritten:
+    """Fills the engine's poisoned buffer like a kernel that never launches the last row's block."""
+
+    name = "leaves-last-row-unwritten"
+    contract = Contract(LengthEncoding.PER_ROW, CacheLayout.BLOCK_SPLIT, MaskConvention.TAIL_NEG_INF,
+                        writes_into_output=True, output_dtype=torch.float32)
+
+    def unavailable_reason(self, device: str) -> str | None:
+        return None
+
+    def __call__(self, inputs: KernelInputs, out: torch.Tensor | None) -> torch.Tensor:
+        assert out is not None, "writes_into_output promises a buffer"
+        full = logits_with_limits(inputs.q, inputs.kv_cache, inputs.weights, inputs.context_lens,
+                                  inputs.block_table, inputs.max_model_len)
+        out[:-1] = full[:-1].to(out.dtype)
+        return out
+
+
+class DeclaresCudaOnly:
+    """Available everywhere by its own account, but its contract lists only CUDA."""
+
+    name = "cuda-only"
+    contract = Contract(LengthEncoding.PER_ROW, CacheLayout.BLOCK_SPLIT, MaskConvention.TAIL_NEG_INF,
+                        devices=("cuda",))
+
+    def unavailable_reason(self, device: str) -> str | None:
+        return None
+
+    def __call__(self, inputs: KernelInputs, out: torch.Tensor | None) -> torch.Tensor:
+        raise AssertionError("must never be called on the CPU")
+
+
+def make_per_sequence_reader():
+    """A factory: `--backend-module tests.user_backends:make_per_sequence_reader`."""
+    from difftest.backends.user import FunctionBackend
+
+    return FunctionBackend.from_function(per_sequence_reader)
