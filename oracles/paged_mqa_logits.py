@@ -19,7 +19,7 @@ import torch
 from difftest.case import Case
 
 # Elements of the (sequences, next_n, H, positions) score tensor computed at once.
-_CHUNK_ELEMENTS = 1 << 26
+_CHUNK_ELEMENTS = 1 << 22
 
 
 def paged_mqa_logits(q: torch.Tensor, k_pool: torch.Tensor, scale_pool: torch.Tensor,
@@ -27,8 +27,8 @@ def paged_mqa_logits(q: torch.Tensor, k_pool: torch.Tensor, scale_pool: torch.Te
                      max_model_len: int) -> torch.Tensor:
     """Logits [B * next_n, max_model_len] of decoded inputs, in q's dtype; -inf past each limit.
 
-    q (B, next_n, H, D), k_pool (num_blocks, block_size, D) and scale_pool (num_blocks, block_size)
-    hold values (already decoded from fp8), weights (B * next_n, H), block_table (B, W) and
+    q (B, next_n, H, D) holds values; k_pool (num_blocks, block_size, D) values or fp8 keys (decoded
+    after the gather, so only visible blocks are widened); scale_pool (num_blocks, block_size), weights (B * next_n, H), block_table (B, W) and
     row_lens (B, next_n) the causal limit of every row.
     """
     batch, next_n, heads, _ = q.shape
@@ -37,10 +37,10 @@ def paged_mqa_logits(q: torch.Tensor, k_pool: torch.Tensor, scale_pool: torch.Te
     w = weights.to(q.dtype).reshape(batch, next_n, heads)
     for first, last in _sequence_chunks(batch, next_n * heads * max(visible, 1)):
         keys, scales = _gather(k_pool, scale_pool, block_table[first:last], visible)  # (b, P, D), (b, P)
-        scores = torch.einsum("bjhd,bpd->bjhp", q[first:last], keys.to(q.dtype)).relu()
-        logits = torch.einsum("bjh,bjhp->bjp", w[first:last], scores) * scales.to(q.dtype)[:, None, :]
-        inside = torch.arange(visible, device=q.device) < row_lens[first:last, :, None]  # (b, j, P)
-        out[first * next_n:last * next_n, :visible] = torch.where(inside, logits, -math.inf).flatten(0, 1)
+        scores = torch.einsum("bjhd,bpd->bjhp", q[first:last], keys.to(q.dtype)).relu_()
+        logits = torch.einsum("bjh,bjhp->bjp", w[first:last], scores).mul_(scales.to(q.dtype)[:, None, :])
+        outside = torch.arange(visible, device=q.device) >= row_lens[first:last, :, None]  # (b, j, P)
+        out[first * next_n:last * next_n, :visible] = logits.masked_fill_(outside, -math.inf).flatten(0, 1)
     return out
 
 
@@ -72,7 +72,7 @@ def fp32_error_bound(q: torch.Tensor, k_pool: torch.Tensor, scale_pool: torch.Te
 
 def reference(case: Case, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """paged_mqa_logits of a Case, on the case's device, in `dtype` (float64 unless on a GPU)."""
-    return paged_mqa_logits(case.q_values(dtype), case.k_values(dtype), case.scale_pool,
+    return paged_mqa_logits(case.q_values(dtype), case.k_pool.view(case.fp8.dtype), case.scale_pool,
                             case.weights, case.block_table, case.row_lens(), case.max_model_len)
 
 
@@ -84,7 +84,9 @@ def _gather(k_pool: torch.Tensor, scale_pool: torch.Tensor, block_table: torch.T
     # Columns past a sequence's length may hold stale ids: clamp so the gather stays in the pool;
     # what they point at is masked to -inf by the caller.
     blocks = blocks.clamp(0, k_pool.shape[0] - 1)
-    keys = k_pool[blocks].flatten(1, 2)[:, :positions]
+    # fp8 keys are gathered as bytes and decoded by the caller: only the visible blocks get widened.
+    raw = k_pool.view(torch.uint8) if k_pool.element_size() == 1 else k_pool
+    keys = raw[blocks].flatten(1, 2)[:, :positions].view(k_pool.dtype)
     scales = scale_pool[blocks].flatten(1, 2)[:, :positions]
     return keys, scales
 
