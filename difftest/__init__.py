@@ -7,6 +7,7 @@ wrong -inf mask, NaN, unwritten output or a value error, under each backend's de
 from difftest.backends import Backend, get_backends, load_backend
 from difftest.backends.user import backend
 from difftest.case import Case
+from difftest.check import check
 from difftest.compare import Comparison, compare
 from difftest.contract import CacheLayout, Contract, LengthEncoding, MaskConvention
 from difftest.encode import KernelInputs, encode
@@ -19,4 +20,4 @@ __version__ = "0.1.0"
 
 __all__ = ["Backend", "CacheLayout", "Case", "CaseResult", "Comparison", "Contract", "Fp8Flavour",
            "KernelInputs", "LengthEncoding", "MaskConvention", "RunConfig", "SpecError", "Verdict",
-           "backend", "compare", "encode", "get_backends", "load_backend", "run"]
+           "backend", "check", "compare", "encode", "get_backends", "load_backend", "run"]

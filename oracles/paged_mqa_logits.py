@@ -28,8 +28,8 @@ def paged_mqa_logits(q: torch.Tensor, k_pool: torch.Tensor, scale_pool: torch.Te
     """Logits [B * next_n, max_model_len] of decoded inputs, in q's dtype; -inf past each limit.
 
     q (B, next_n, H, D) holds values; k_pool (num_blocks, block_size, D) values or fp8 keys (decoded
-    after the gather, so only visible blocks are widened); scale_pool (num_blocks, block_size), weights (B * next_n, H), block_table (B, W) and
-    row_lens (B, next_n) the causal limit of every row.
+    after the gather, so only visible blocks are widened); scale_pool (num_blocks, block_size),
+    weights (B * next_n, H), block_table (B, W), and row_lens (B, next_n) the limit of every row.
     """
     batch, next_n, heads, _ = q.shape
     out = torch.full((batch * next_n, max_model_len), -math.inf, dtype=q.dtype, device=q.device)

@@ -1,0 +1,135 @@
+"""The `difftest` option group and the Settings read from it, checked once at configure time.
+
+Reading the options imports neither torch nor difftest, except to check what needs them: a
+`--difftest-device cuda` (is a GPU visible?) and the names in `--difftest-backends`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+
+import pytest
+
+BACKENDS = "--difftest-backends"
+SEED = "--difftest-seed"
+CASES = "--difftest-cases"
+DEVICE = "--difftest-device"
+REPORT = "--difftest-report"
+REPRO_DIR = "--difftest-repro-dir"
+SUITE = "--difftest-suite"
+LEDGER = "--difftest-ledger"
+
+CASE_KINDS = ("random", "edges", "all")
+DEVICES = ("cpu", "cuda")
+DEFAULT_CASES = "edges"
+DEFAULT_COUNT = 2  # seeds per random spec when --difftest-cases names no count
+SEED_RANGE = 1_000_000  # a random seed is drawn below this, so case names stay short
+WORKER_SEED = "difftest_seed"  # the workerinput key that carries the controller's seed to xdist workers
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Every difftest option, parsed and checked."""
+
+    backends: tuple[str, ...] | None  # names or 'package.module:object', as given; None: every registered one
+    seed: int
+    cases: str  # one of CASE_KINDS
+    count: int  # seeds per random spec
+    device: str
+    report: Path | None
+    repro_dir: Path | None
+    suite: bool
+    ledger: Path | None
+
+    def header(self) -> str:
+        """The options that repeat this run, for the report header."""
+        backends = f"{BACKENDS}={','.join(self.backends)}" if self.backends else "(every registered backend)"
+        return f"difftest: {SEED}={self.seed} {CASES}={self.cases_text} {DEVICE}={self.device} {backends}"
+
+    @property
+    def cases_text(self) -> str:
+        """--difftest-cases as it would be given: 'edges', 'random:2', 'all:2'."""
+        return self.cases if self.cases == "edges" else f"{self.cases}:{self.count}"
+
+
+def add_options(parser: pytest.Parser) -> None:
+    """Register the `difftest` option group."""
+    group = parser.getgroup("difftest", "differential testing of paged MQA logits kernels against the oracle")
+    group.addoption(BACKENDS, metavar="NAMES",
+                    help="comma-separated backends: registered names or package.module:object "
+                         "(default: every registered backend)")
+    group.addoption(SEED, metavar="N", help="seed of the generated cases (default: random, printed in the header)")
+    group.addoption(CASES, metavar="KIND[:COUNT]", default=DEFAULT_CASES,
+                    help=f"cases: random, edges or all; COUNT seeds per random spec (default: {DEFAULT_CASES}, "
+                         f"count {DEFAULT_COUNT})")
+    group.addoption(DEVICE, default="cpu", help="cpu or cuda (default: cpu)")
+    group.addoption(REPORT, metavar="PATH", help="write the JSON report of every checked result here")
+    group.addoption(REPRO_DIR, metavar="DIR", help="write a reproducer bundle of every failure here")
+    group.addoption(SUITE, action="store_true", help="collect the built-in differential suite")
+    group.addoption(LEDGER, metavar="PATH", help="TOML ledger of known divergences (xfail, each citing its issue)")
+
+
+def read_settings(config: pytest.Config) -> Settings:
+    """The checked options; pytest.UsageError names the option, its value and what is allowed."""
+    cases, count = _cases(config.getoption(CASES))
+    return Settings(backends=_backends(config.getoption(BACKENDS)), seed=_seed(config),
+                    cases=cases, count=count, device=_device(config.getoption(DEVICE)),
+                    report=_path(config, REPORT, want_dir=False), repro_dir=_path(config, REPRO_DIR, want_dir=True),
+                    suite=bool(config.getoption(SUITE)), ledger=_path(config, LEDGER, want_dir=False))
+
+
+def usage_error(option: str, value: object, allowed: str) -> pytest.UsageError:
+    """The one form of every option error: '--option=value: expected ...'."""
+    return pytest.UsageError(f"{option}={value!r}: expected {allowed}")
+
+
+def _backends(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    names = tuple(name.strip() for name in text.split(","))
+    if not all(names):
+        raise usage_error(BACKENDS, text, "comma-separated backend names or package.module:object, none empty")
+    return names
+
+
+def _seed(config: pytest.Config) -> int:
+    """An xdist worker takes the controller's seed; otherwise the option's, or a fresh random one."""
+    worker = getattr(config, "workerinput", None)
+    if worker is not None and WORKER_SEED in worker:
+        return int(worker[WORKER_SEED])
+    text = config.getoption(SEED)
+    if text is None:
+        return random.Random().randrange(SEED_RANGE)
+    if not text.isdigit():
+        raise usage_error(SEED, text, "a non-negative integer")
+    return int(text)
+
+
+def _cases(text: str) -> tuple[str, int]:
+    kind, colon, count = text.partition(":")
+    if kind not in CASE_KINDS or (colon and not (count.isdigit() and int(count) >= 1)):
+        raise usage_error(CASES, text, f"one of {', '.join(CASE_KINDS)}, optionally with :COUNT >= 1 (e.g. random:4)")
+    return kind, int(count) if colon else DEFAULT_COUNT
+
+
+def _device(name: str) -> str:
+    if name not in DEVICES:
+        raise usage_error(DEVICE, name, " or ".join(DEVICES))
+    if name == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise usage_error(DEVICE, name, "a device torch can see (torch.cuda.is_available() is False)")
+    return name
+
+
+def _path(config: pytest.Config, option: str, want_dir: bool) -> Path | None:
+    text = config.getoption(option)
+    if text is None:
+        return None
+    path = config.invocation_params.dir / text
+    if path.exists() and path.is_dir() != want_dir:
+        raise usage_error(option, text, "a directory" if want_dir else "a file path, not a directory")
+    return path

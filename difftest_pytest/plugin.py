@@ -1,0 +1,103 @@
+"""difftest's pytest plugin: entry point `difftest` of the pytest11 group (`-p no:difftest` turns it off).
+
+pytest loads this module in every run of an environment where difftest is installed, so loading it
+imports neither torch nor difftest: what is heavy is imported inside the hooks and fixtures that
+need it. This module holds the hooks every run gets: the options (options.py), the markers
+(markers.py), the report header with the seed, and the fixtures; the stateful parts are plugin
+objects registered at configure time: results and summary (results.py) always, the suite
+(suite.py) with --difftest-suite, the ledger (ledger.py) with --difftest-ledger, and the seed hand-over
+(workers.py) when pytest-xdist is loaded.
+
+    def test_my_kernel(difftest_backend, difftest_case):
+        difftest.check(difftest_backend, difftest_case)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from difftest_pytest import markers
+from difftest_pytest.ledger import LedgerPlugin, load
+from difftest_pytest.options import add_options, read_settings
+from difftest_pytest.results import Recorder
+from difftest_pytest.selection import Selection, case_name
+from difftest_pytest.suite import SuitePlugin
+from difftest_pytest.workers import SeedToWorkers, pin_gpu
+
+if TYPE_CHECKING:
+    from difftest.backends import Backend
+    from difftest.case import Case
+
+SELECTION = pytest.StashKey[Selection]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """The `difftest` option group."""
+    add_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the markers, check the options, and register the plugin objects they ask for."""
+    markers.register(config)
+    settings = read_settings(config)
+    selection = Selection(settings)
+    if settings.backends is not None:
+        selection.targets()  # a mistyped backend name is a usage error now, not at collection
+    config.stash[SELECTION] = selection
+    manager = config.pluginmanager
+    manager.register(Recorder(config, settings), "difftest-results")
+    if settings.suite:
+        manager.register(SuitePlugin(selection), "difftest-suite")
+    if settings.ledger is not None:
+        manager.register(LedgerPlugin(load(settings.ledger)), "difftest-ledger")
+    if manager.hasplugin("xdist"):
+        manager.register(SeedToWorkers(settings.seed), "difftest-xdist")
+    if settings.device == "cuda":
+        pin_gpu(config)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The seed and the options that draw the same cases again."""
+    return [config.stash[SELECTION].settings.header()]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize difftest_backend over the selected backends and difftest_case over the selected
+    cases, as the test's difftest marker restricts them."""
+    wanted = [name for name in ("difftest_backend", "difftest_case") if name in metafunc.fixturenames]
+    if not wanted:
+        return
+    selection = metafunc.config.stash[SELECTION]
+    backends, next_n = markers.difftest_restrictions(metafunc.definition.get_closest_marker("difftest"))
+    if "difftest_backend" in wanted:
+        ids = selection.backend_ids(backends)
+        metafunc.parametrize("difftest_backend", ids, ids=ids, indirect=True)
+    if "difftest_case" in wanted:
+        pairs = selection.case_pairs(next_n)
+        metafunc.parametrize("difftest_case", pairs, ids=[case_name(*pair) for pair in pairs], indirect=True)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Skip, with the exact reason, every test whose hardware marker this machine does not meet."""
+    markers.skip_missing_hardware(items)
+
+
+@pytest.fixture
+def difftest_backend(request: pytest.FixtureRequest) -> Backend:
+    """One selected backend per test (--difftest-backends, or every registered one); where it cannot
+    run on --difftest-device the test is skipped with the backend's unavailable_reason."""
+    return request.config.stash[SELECTION].backend(request.param)
+
+
+@pytest.fixture
+def difftest_case(request: pytest.FixtureRequest) -> Case:
+    """One seeded case per test (--difftest-cases, drawn from --difftest-seed) on --difftest-device."""
+    return request.config.stash[SELECTION].build(*request.param)
+
+
+@pytest.fixture
+def difftest_seed(request: pytest.FixtureRequest) -> int:
+    """The run's seed: --difftest-seed, or the random one in the header; the same on every xdist worker."""
+    return request.config.stash[SELECTION].settings.seed

@@ -1,0 +1,112 @@
+"""Results: every check() of a test reaches the item (for the ledger) and its report's user_properties
+(so xdist carries it to the controller); the controller sums them into the `difftest` terminal
+section and the JSON report."""
+
+from __future__ import annotations
+
+import platform
+import shlex
+import sys
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from difftest_pytest.options import SEED, Settings
+
+if TYPE_CHECKING:
+    from difftest.runner import CaseResult
+
+PROPERTY = "difftest"  # user_properties name of one result, as difftest.report.to_jsonable writes it
+RESULTS = pytest.StashKey[list["CaseResult"]]()  # an item's results, in the order its checks ran
+
+
+def on_controller(config: pytest.Config) -> bool:
+    """True unless this process is an xdist worker."""
+    return not hasattr(config, "workerinput")
+
+
+class Recorder:
+    """Hears every check() of every test; on the controller, keeps the results of the whole run."""
+
+    def __init__(self, config: pytest.Config, settings: Settings) -> None:
+        self.settings = settings
+        self.controller = on_controller(config)
+        self.results: list[CaseResult] = []
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
+        """Run the test with an Observer attached to difftest.check."""
+        # A test that can call check() has imported difftest by now (at collection, or by an earlier
+        # test); the lookup keeps torch unimported for runs that never touch difftest.
+        check = sys.modules.get("difftest.check")
+        if check is None:
+            return (yield)
+
+        def record(result: CaseResult) -> None:
+            from difftest.report import to_jsonable
+
+            item.stash.setdefault(RESULTS, []).append(result)
+            item.user_properties.append((PROPERTY, to_jsonable(result)))
+
+        with check.observed(check.Observer(on_result=record, repro_dir=self.settings.repro_dir)):
+            return (yield)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Gather the results of a finished test (from any xdist worker) on the controller."""
+        if report.when == "teardown" and self.controller:
+            self.results.extend(result_from_json(value) for name, value in report.user_properties
+                                if name == PROPERTY)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """Write the JSON report (controller only, empty when nothing was checked) before the summary names it."""
+        if self.settings.report is not None and self.controller:
+            from difftest.report import write_json
+
+            write_json(self.settings.report, self.results, self.run_info(session.config))
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+        """The `difftest` section: the per-backend table and each backend's -inf-mask headline."""
+        if not self.results:
+            return
+        from difftest.report import headline, render_table, summarize
+
+        summaries = summarize(self.results)
+        terminalreporter.write_sep("=", "difftest")
+        for line in render_table(summaries).splitlines():
+            terminalreporter.write_line(line)
+        for summary in summaries:
+            if summary.cases:
+                terminalreporter.write_line(f"{summary.backend}: {headline(summary)}")
+        terminalreporter.write_line(f"{SEED}={self.settings.seed} (the seed of difftest_case and --difftest-suite)")
+        if self.settings.report is not None:
+            terminalreporter.write_line(f"report: {self.settings.report}")
+
+    def run_info(self, config: pytest.Config) -> dict[str, Any]:
+        """How the run was made, for the JSON report's `run` field."""
+        import torch
+
+        import difftest
+
+        return {"command": shlex.join(["pytest", *config.invocation_params.args]), "seed": self.settings.seed,
+                "cases": self.settings.cases_text, "device": self.settings.device,
+                "backends": self.settings.backends, "torch": torch.__version__, "difftest": difftest.__version__,
+                "python": platform.python_version()}
+
+
+def result_from_json(data: dict[str, Any]) -> CaseResult:
+    """The CaseResult that difftest.report.to_jsonable turned into `data` (non-finite floats were strings)."""
+    from difftest.compare import Comparison
+    from difftest.runner import CaseResult
+    from difftest.verdict import Mismatch, Verdict
+
+    comparison = data["comparison"]
+    if comparison is not None:
+        first = comparison["first_mismatch"]
+        if first is not None:
+            first = Mismatch(**{**first, "expected": float(first["expected"]), "got": float(first["got"]),
+                                "kind": Verdict(first["kind"])})
+        floats = {k: float(comparison[k]) for k in ("max_abs_err", "max_rel_err", "topk_overlap")}
+        comparison = Comparison(**{**comparison, **floats, "first_mismatch": first,
+                                   "verdict": Verdict(comparison["verdict"])})
+    return CaseResult(**{**data, "verdict": Verdict(data["verdict"]), "comparison": comparison})

@@ -1,0 +1,98 @@
+"""Which backends and cases this run tests: resolved from the Settings on first use, loaded once."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import pytest
+
+from difftest_pytest.options import BACKENDS, Settings, usage_error
+
+if TYPE_CHECKING:
+    from difftest.backends import Backend
+    from difftest.case import Case
+    from generators.spec import CaseSpec
+
+
+def case_name(spec: CaseSpec, seed: int) -> str:
+    """'block-boundaries-s3000': the case's name and its test id, as `difftest run` names it."""
+    return f"{spec.name}-s{seed}"
+
+
+class Selection:
+    """The selected backends (by id: the registered name, or the name a module path's backend declares)
+    and the seeded cases of the run."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._targets: dict[str, str] | None = None
+        self._loaded: dict[str, Backend] = {}
+
+    def targets(self) -> dict[str, str]:
+        """backend id -> 'module:object' it loads from; every registered backend unless some are named."""
+        if self._targets is None:
+            self._targets = self._resolve()
+        return self._targets
+
+    def _resolve(self) -> dict[str, str]:
+        from difftest.backends import available_names, load_backend
+        from difftest.errors import SpecError
+
+        known = available_names()
+        if self.settings.backends is None:
+            return known
+        targets = {}
+        for token in self.settings.backends:
+            if token in known:
+                targets[token] = known[token]
+                continue
+            if ":" not in token:
+                raise usage_error(BACKENDS, token, f"registered names among {sorted(known)} or package.module:object")
+            try:
+                backend = load_backend(token, BACKENDS)
+            except SpecError as exc:
+                raise usage_error(BACKENDS, token, exc.expected) from None
+            targets[backend.name] = token
+            self._loaded[backend.name] = backend
+        return targets
+
+    def backend_ids(self, only: Sequence[str] | None = None) -> list[str]:
+        """The selected ids, restricted to `only` (a difftest marker's backends) when given."""
+        if only is None:
+            return list(self.targets())
+        from difftest.backends import available_names
+
+        unknown = [name for name in only if name not in self.targets() and name not in available_names()]
+        if unknown:
+            pytest.fail(f"difftest marker: backends={list(only)!r}: {unknown} are not registered "
+                        f"(registered: {sorted(available_names())})", pytrace=False)
+        return [backend_id for backend_id in self.targets() if backend_id in only]
+
+    def backend(self, backend_id: str) -> Backend:
+        """The backend, loaded once; the calling test skips with its unavailable_reason on this device."""
+        if backend_id not in self._loaded:
+            from difftest.backends import load_backend
+            from difftest.errors import SpecError
+
+            try:
+                self._loaded[backend_id] = load_backend(self.targets()[backend_id], f"backend {backend_id!r}")
+            except SpecError as exc:
+                pytest.fail(f"backend {backend_id!r} does not load: {exc}", pytrace=False)
+        backend = self._loaded[backend_id]
+        reason = backend.unavailable_reason(self.settings.device)
+        if reason:
+            pytest.skip(reason)
+        return backend
+
+    def case_pairs(self, next_n: tuple[int, ...] | None = None) -> list[tuple[CaseSpec, int]]:
+        """(spec, seed) of every selected case; `next_n` makes one copy of each spec per value."""
+        from generators.cases import suite
+
+        return suite(self.settings.cases, self.settings.count, self.settings.seed, next_n)
+
+    def build(self, spec: CaseSpec, seed: int) -> Case:
+        """The case of (spec, seed), drawn on the selected device."""
+        from generators import build_case
+
+        return build_case(spec, seed, self.settings.device, name=case_name(spec, seed))

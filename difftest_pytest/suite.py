@@ -1,0 +1,92 @@
+"""`pytest --difftest-suite`: the built-in differential suite as test items, no test file needed.
+
+How: the suite is one Collector whose parent is the Session (node id `difftest`), holding one item
+per selected backend x case (`difftest::suite[torch::block-boundaries-s3000]`). SuitePlugin, registered
+only with --difftest-suite, collects it through Session.genitems at the start of
+pytest_collection_modifyitems (tryfirst), so the collect report, the "collected N items" count,
+-k, -m, --deselect, --lf and xdist (every worker draws the same cases from the shared seed) all
+see the items as they see a file's. A virtual file or a rootdir sentinel would tie the suite to a
+path on disk that the user never wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from difftest_pytest.selection import Selection, case_name
+
+if TYPE_CHECKING:
+    from _pytest._code.code import TerminalRepr
+
+    from generators.spec import CaseSpec
+
+COLLECTOR = "difftest"
+
+
+class DifftestSuite(pytest.Collector):
+    """Every selected backend on every selected case (generators.cases.suite)."""
+
+    def __init__(self, *, selection: Selection, **kwargs: Any) -> None:
+        """A pytest node (from_parent's keywords) over the run's selection."""
+        super().__init__(**kwargs)
+        self.selection = selection
+
+    def collect(self) -> Iterator[SuiteItem]:
+        """One item per (backend, case), backend-major, named 'suite[backend::case]'."""
+        pairs = self.selection.case_pairs()
+        for backend_id in self.selection.targets():
+            for spec, seed in pairs:
+                name = f"suite[{backend_id}::{case_name(spec, seed)}]"
+                # The node id as a string: parsed, its [...] part becomes the id's params, as in the
+                # ids --lf reads back from the cache.
+                yield SuiteItem.from_parent(self, name=name, nodeid=f"{self.nodeid}::{name}",
+                                            backend_id=backend_id, spec=spec, seed=seed)
+
+
+class SuiteItem(pytest.Item):
+    """One backend on one case: difftest.check, so a failure is the row table and its replay line."""
+
+    def __init__(self, *, backend_id: str, spec: CaseSpec, seed: int, **kwargs: Any) -> None:
+        """A pytest node (from_parent's keywords) for backend `backend_id` on the case of (spec, seed)."""
+        super().__init__(**kwargs)
+        self.backend_id, self.spec, self.seed = backend_id, spec, seed
+        self.add_marker(pytest.mark.difftest)  # `-m difftest` selects the suite
+
+    @property
+    def selection(self) -> Selection:
+        """The run's backends and cases, held by the parent suite."""
+        assert isinstance(self.parent, DifftestSuite)
+        return self.parent.selection
+
+    def runtest(self) -> None:
+        """Check the backend (skipped with its reason where it cannot run) on the drawn case."""
+        from difftest.check import check
+
+        check(self.selection.backend(self.backend_id), self.selection.build(self.spec, self.seed))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
+                     style: Any = None) -> str | TerminalRepr:
+        """The row table alone for a divergence; the usual traceback for anything else."""
+        if isinstance(excinfo.value, AssertionError):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        """Where the item comes from, as the failure headline shows it."""
+        return self.path, None, f"{COLLECTOR}::{self.name}"
+
+
+class SuitePlugin:
+    """Adds the suite's items to the session; registered only with --difftest-suite."""
+
+    def __init__(self, selection: Selection) -> None:
+        self.selection = selection
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, session: pytest.Session, items: list[pytest.Item]) -> None:
+        """Collect the suite before deselection and ordering plugins see the item list."""
+        suite = DifftestSuite.from_parent(session, name=COLLECTOR, nodeid=COLLECTOR, selection=self.selection)
+        items.extend(session.genitems(suite))

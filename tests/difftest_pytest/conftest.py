@@ -1,0 +1,21 @@
+"""Plugin tests run pytest on generated files (pytester); planted.py is the planted-bug backends module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+# In-process pytester runs restore sys.modules afterwards: torch (a C extension) must be imported
+# here, before any of them, or the next run would import it a second time and crash.
+import difftest  # noqa: F401
+
+PLANTED_SOURCE = Path(__file__).with_name("planted_backends.py").read_text()
+
+
+@pytest.fixture
+def planted(pytester: pytest.Pytester) -> pytest.Pytester:
+    """pytester with `planted` (planted_backends.py: off_by_one, cuda_only) importable from its directory."""
+    pytester.makepyfile(planted=PLANTED_SOURCE)
+    pytester.syspathinsert()
+    return pytester

@@ -1,0 +1,84 @@
+"""difftest.check: the CaseResult on PASS, the row table and one replay line on failure, skips."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+import difftest
+from difftest.bundle import load_bundle
+from difftest.case import Case
+from difftest.check import Observer, observed
+from difftest.errors import SpecError
+from difftest.runner import CaseResult
+from difftest.verdict import Verdict
+from generators import CaseSpec, build_case
+from generators.cases import edge_cases
+from tests.difftest_pytest.planted_backends import CONTRACT, off_by_one
+
+LENGTH_ONE = next(spec for spec in edge_cases() if spec.name == "length-one")  # L = [1, 1], next_n = 1
+
+
+def check_unobserved(backend: object, case: Case) -> CaseResult:
+    """difftest.check with no observer: these checks fail on purpose, so they stay out of the bundles
+    and the difftest summary of the run that tests them."""
+    with observed(Observer()):
+        return difftest.check(backend, case)  # type: ignore[arg-type]
+
+
+def test_pass_returns_the_result() -> None:
+    result = difftest.check("torch", build_case(LENGTH_ONE, 5))
+    assert result.verdict == Verdict.PASS
+    assert (result.backend, result.case, result.comparison.mask_rows) == ("torch", "length-one-s5", [])
+
+
+def test_failure_is_the_row_table_with_a_run_line() -> None:
+    with pytest.raises(AssertionError) as excinfo:
+        check_unobserved(off_by_one, build_case(LENGTH_ONE, 5))
+    lines = str(excinfo.value).splitlines()
+    assert lines[0].startswith("off-by-one on length-one-s5 [B=2 next_n=1 ")
+    assert lines[0].endswith(": FAIL(mask) (encoding per-row)")
+    assert lines[1].startswith("    2/2 rows with the wrong -inf mask [0,1]; NaN rows none;")
+    assert re.fullmatch(r"    first mismatch: row 0, position 0: expected \S+, got -inf \(FAIL\(mask\)\)", lines[2])
+    words = shlex.split(lines[3].removeprefix("    replay: "))
+    assert words[:4] == ["difftest", "run", "--backend-module", "tests.difftest_pytest.planted_backends:off_by_one"]
+    assert words[4] == "--spec" and words[6:] == ["--seed", "5"]
+    # The spec is what differs from CaseSpec's defaults: CaseSpec.from_json gives back the same spec.
+    assert CaseSpec.from_json(json.loads(words[5])) == LENGTH_ONE
+
+
+def test_an_observer_hears_the_result_and_gets_a_bundle(tmp_path: Path) -> None:
+    heard: list[CaseResult] = []
+    with observed(Observer(on_result=heard.append, repro_dir=tmp_path)), pytest.raises(AssertionError) as excinfo:
+        difftest.check(off_by_one, build_case(LENGTH_ONE, 5))
+    folder = tmp_path / "off-by-one--length-one-s5"
+    assert str(excinfo.value).splitlines()[-1] == f"    replay: difftest replay {folder}"
+    bundle = load_bundle(folder)
+    assert (bundle.backend, bundle.backend_module, bundle.verdict) == (
+        "off-by-one", "tests.difftest_pytest.planted_backends:off_by_one", Verdict.FAIL_MASK)
+    assert [r.verdict for r in heard] == [Verdict.FAIL_MASK]
+
+
+def test_a_case_without_a_spec_points_at_the_repro_dir() -> None:
+    case = dataclasses.replace(build_case(LENGTH_ONE, 5), meta={})
+    with pytest.raises(AssertionError, match=r"replay: none from the command line .*set a repro dir"):
+        check_unobserved(off_by_one, case)
+
+
+def test_a_case_the_backend_cannot_take_skips_the_test() -> None:
+    @difftest.backend(dataclasses.replace(CONTRACT, next_n=(1,)), name="mtp1-only")
+    def mtp1_only(*args: object) -> None:
+        raise AssertionError("never called: the contract excludes the case")
+
+    with pytest.raises(pytest.skip.Exception, match=r"mtp1-only cannot take .*: contract next_n \[1\] excludes 2"):
+        check_unobserved(mtp1_only, build_case(LENGTH_ONE.replace(next_n=2), 5))
+
+
+def test_an_unknown_backend_name_says_what_is_allowed() -> None:
+    with pytest.raises(SpecError, match=r"backend='nope': expected a registered name among \[.*'torch'.*\] or"):
+        difftest.check("nope", build_case(LENGTH_ONE, 5))

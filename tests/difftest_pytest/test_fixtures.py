@@ -1,0 +1,85 @@
+"""difftest_backend, difftest_case and difftest_seed, and the difftest marker that restricts them."""
+
+from __future__ import annotations
+
+import pytest
+
+CHECK_TEST = """
+import difftest
+
+def test_k(difftest_backend, difftest_case):
+    result = difftest.check(difftest_backend, difftest_case)
+    assert result.verdict.value == "PASS" and result.comparison.mask_rows == []
+"""
+
+
+def test_fixtures_parametrize_backends_by_cases(planted: pytest.Pytester) -> None:
+    planted.makepyfile(CHECK_TEST)
+    result = planted.runpytest_inprocess("--co", "-q", "--difftest-seed=0",
+                                         "--difftest-backends=torch,planted:off_by_one")
+    result.stdout.fnmatch_lines(["*::test_k[[]torch-all-padding-s0]", "*::test_k[[]torch-length-one-s1000]",
+                                 "*::test_k[[]off-by-one-deepseek-heads-s13000]", "28 tests collected*"])
+
+
+def test_check_passes_and_returns_the_result(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(CHECK_TEST)
+    result = pytester.runpytest_inprocess("--difftest-backends=torch", "-k", "length-one or block-boundaries")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["torch: 0/14 rows with the wrong -inf mask"])
+
+
+def test_random_cases_take_a_count(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(CHECK_TEST)
+    result = pytester.runpytest_inprocess("--co", "-q", "--difftest-backends=torch", "--difftest-cases=random:1",
+                                          "--difftest-seed=0")
+    result.stdout.fnmatch_lines(["*[[]torch-random-mtp1-uniform-s0]", "*[[]torch-random-mtp4-edges-s3000]",
+                                 "4 tests collected*"])
+
+
+def test_a_backend_that_cannot_run_here_is_skipped_with_its_reason(planted: pytest.Pytester) -> None:
+    planted.makepyfile(CHECK_TEST)
+    result = planted.runpytest_inprocess("-rs", "--difftest-backends=planted:cuda_only", "-k", "length-one")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED [[]1] *: cuda-only declares devices [[]'cuda'], not cpu"])
+
+
+def test_the_marker_restricts_backends_and_copies_cases_per_next_n(planted: pytest.Pytester) -> None:
+    planted.makepyfile("""
+        import pytest
+
+        @pytest.mark.difftest(backends=["torch"], next_n=[1, 3])
+        def test_k(difftest_backend, difftest_case):
+            assert difftest_case.next_n in (1, 3)
+    """)
+    result = planted.runpytest_inprocess("-v", "--difftest-seed=0", "--difftest-backends=torch,planted:off_by_one",
+                                         "-k", "block-boundaries")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*::test_k[[]torch-block-boundaries-mtp1-s*] PASSED*",
+                                 "*::test_k[[]torch-block-boundaries-mtp3-s*] PASSED*"])
+
+
+@pytest.mark.parametrize(("marker", "message"), [
+    ("backend='torch'", "difftest marker: ['backend']: expected keyword arguments among ['backends', 'next_n']"),
+    ("backends=['triton-nope']", "difftest marker: backends=['triton-nope']: ['triton-nope'] are not registered "
+                                 "(registered: ["),
+    ("next_n=0", "difftest marker: next_n=(0,): expected integers >= 1"),
+])
+def test_a_misused_marker_fails_collection(pytester: pytest.Pytester, marker: str, message: str) -> None:
+    pytester.makepyfile(f"""
+        import pytest
+
+        @pytest.mark.difftest({marker})
+        def test_k(difftest_backend, difftest_case):
+            pass
+    """)
+    result = pytester.runpytest_inprocess("--difftest-backends=torch")
+    result.assert_outcomes(errors=1)
+    assert message in result.stdout.str()
+
+
+def test_the_seed_fixture_is_the_header_seed(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+        def test_seed(difftest_seed):
+            assert difftest_seed == 31
+    """)
+    pytester.runpytest_inprocess("--difftest-seed=31").assert_outcomes(passed=1)

@@ -1,0 +1,92 @@
+"""The `difftest` option group: help, the header with the seed, usage errors, and the lazy imports."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+ONE_TEST = """
+import difftest
+
+def test_k(difftest_backend, difftest_case):
+    difftest.check(difftest_backend, difftest_case)
+"""
+
+
+def test_help_lists_the_option_group(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_inprocess("--help")
+    result.stdout.fnmatch_lines(["differential testing of paged MQA logits kernels against the oracle:",
+                                 "*--difftest-backends=NAMES*", "*--difftest-seed=N*",
+                                 "*--difftest-cases=KIND[[]:COUNT]*", "*--difftest-device=*",
+                                 "*--difftest-report=PATH*", "*--difftest-repro-dir=DIR*", "*--difftest-suite*",
+                                 "*--difftest-ledger=PATH*"])
+
+
+def test_header_shows_the_options_that_repeat_the_run(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(ONE_TEST)
+    result = pytester.runpytest_inprocess("--co", "--difftest-seed=17", "--difftest-backends=torch",
+                                          "--difftest-cases=random:1")
+    result.stdout.fnmatch_lines(["difftest: --difftest-seed=17 --difftest-cases=random:1 --difftest-device=cpu "
+                                 "--difftest-backends=torch"])
+
+
+def test_a_random_seed_is_printed_and_names_the_cases(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(ONE_TEST)
+    result = pytester.runpytest_inprocess("--co", "--difftest-backends=torch")
+    header = re.search(r"^difftest: --difftest-seed=(\d+) ", result.stdout.str(), re.MULTILINE)
+    assert header is not None, result.stdout.str()
+    seed = int(header.group(1))
+    # The first edge spec takes the seed itself (generators.cases.suite), the second seed + 1000.
+    result.stdout.fnmatch_lines([f"*<Function test_k[[]torch-all-padding-s{seed}]>",
+                                 f"*<Function test_k[[]torch-length-one-s{seed + 1000}]>"])
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--difftest-cases=sometimes"],
+     "--difftest-cases='sometimes': expected one of random, edges, all, optionally with :COUNT >= 1 (e.g. random:4)"),
+    (["--difftest-cases=random:0"], "--difftest-cases='random:0': expected one of random, edges, all, *"),
+    (["--difftest-seed=-3"], "--difftest-seed='-3': expected a non-negative integer"),
+    (["--difftest-device=tpu"], "--difftest-device='tpu': expected cpu or cuda"),
+    (["--difftest-backends=torch,nope"],
+     "--difftest-backends='nope': expected registered names among [[]*'torch'*] or package.module:object"),
+    (["--difftest-backends=torch,,"], "--difftest-backends='torch,,': expected comma-separated backend names *"),
+    (["--difftest-backends=no_such_module:fn"], "--difftest-backends='no_such_module:fn': expected an importable "
+                                                "module (No module named 'no_such_module')"),
+    (["--difftest-report=."], "--difftest-report='.': expected a file path, not a directory"),
+])
+def test_bad_values_are_usage_errors(pytester: pytest.Pytester, args: list[str], message: str) -> None:
+    result = pytester.runpytest_inprocess(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {message}"])
+
+
+def test_cuda_without_a_gpu_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: --difftest-device=cuda is valid here")
+    result = pytester.runpytest_inprocess("--difftest-device=cuda")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --difftest-device='cuda': expected a device torch can see "
+                                 "(torch.cuda.is_available() is False)"])
+
+
+def test_importing_the_plugin_imports_neither_torch_nor_difftest() -> None:
+    code = ("import sys, difftest_pytest.plugin; "
+            "print(sorted(m for m in ('torch', 'difftest', 'generators', 'oracles') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_a_run_that_never_uses_difftest_never_imports_torch(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+        import sys
+
+        def test_plain():
+            assert "torch" not in sys.modules and "difftest" not in sys.modules
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
