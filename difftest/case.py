@@ -25,7 +25,7 @@ def row_limits(seq_lens: torch.Tensor, next_n: int) -> torch.Tensor:
     return (seq_lens.to(torch.int64)[:, None] + offsets).clamp(min=0)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class Case:
     """One problem. Row r = b * next_n + j is draft position j of sequence b."""
 
@@ -87,6 +87,10 @@ class Case:
         moved = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
                  if isinstance(getattr(self, f.name), torch.Tensor)}
         return dataclasses.replace(self, **moved)
+
+    def __repr__(self) -> str:
+        # pytest prints fixture values of a failing test: a line, not megabytes of tensors.
+        return f"Case({self.name!r}, {self.describe()})"
 
     def describe(self) -> str:
         """One line: the structure a kernel engineer reads first."""

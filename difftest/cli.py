@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend-module", action="append", default=[], metavar="PKG.MOD:OBJ",
                      help="a user backend: a Backend, a factory, or a difftest.backend-decorated function")
     run.add_argument("--cases", default="all", help="random, edges or all (default: all)")
-    run.add_argument("--count", type=int, default=6, help="seeds per random spec (default: 6)")
+    run.add_argument("--count", type=int, help="seeds per random spec (default: 6; 1 with --spec)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--next-n", type=_int_list, help="e.g. 1,2,4: one copy of every spec per value")
     run.add_argument("--block-sizes", type=_int_list, help="e.g. 1,64: one copy of every spec per value")
@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-model-len", type=int, help="max_model_len of the random specs")
     run.add_argument("--heads", type=int, help="H of the random specs")
     run.add_argument("--head-dim", type=int, help="D of the random specs")
+    run.add_argument("--spec", metavar="JSON", help="one CaseSpec as JSON (fields not given keep their defaults) "
+                     "instead of the suite: --count cases from --seed on")
     run.add_argument("--encoding", help="what-if: hand every backend this length encoding instead")
     run.add_argument("--layout", help="what-if: hand every backend this cache layout instead")
     run.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
@@ -96,7 +98,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     backends = get_backends(names, tuple(args.backend_module))
     overrides = {k: v for k, v in dict(batch=args.batch, max_model_len=args.max_model_len, heads=args.heads,
                                        head_dim=args.head_dim).items() if v is not None}
-    pairs = suite(args.cases, args.count, args.seed, args.next_n, args.block_sizes, **overrides)
+    pairs = _spec_pairs(args) if args.spec else suite(args.cases, args.count or 6, args.seed, args.next_n,
+                                                       args.block_sizes, **overrides)
     progress = _Progress(len(pairs) * len(backends), enabled=not args.no_progress and sys.stderr.isatty())
     started = time.time()
     # Drawn on the run's device: a 128K-context batch would take seconds to draw on the CPU.
@@ -122,6 +125,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     if repro and repro.written:
         print(f"\nreproducers: {len(repro.written)} bundles under {args.repro_dir} (difftest replay BUNDLE)")
     return EXIT_FAILED if any(r.verdict.failed for r in results) else EXIT_OK
+
+
+def _spec_pairs(args: argparse.Namespace) -> list[tuple[object, int]]:
+    """(spec, seed) pairs of --spec: the one spec at --seed, and the next seeds up to --count."""
+    import json
+
+    from generators.spec import CaseSpec
+
+    try:
+        data = json.loads(args.spec)
+    except json.JSONDecodeError as exc:
+        raise SpecError("--spec", args.spec, f"a JSON object ({exc})") from None
+    if not isinstance(data, dict):
+        raise SpecError("--spec", args.spec, "a JSON object of CaseSpec fields")
+    spec = CaseSpec.from_json(data)
+    return [(spec, args.seed + i) for i in range(args.count or 1)]
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

@@ -10,6 +10,10 @@ class Verdict(str, enum.Enum):
     """Outcome of one backend on one case, worst first in `severity`."""
 
     PASS = "PASS"
+    CRASH = "CRASH"  # the worker died under the call: a signal, an abort, or a sticky CUDA error
+    TIMEOUT = "TIMEOUT"  # the call ran past the run's --timeout and its worker was killed
+    FAIL_MUTATED_INPUT = "FAIL(mutated-input)"  # the backend wrote into a tensor it was handed to read
+    FAIL_NONDETERMINISTIC = "FAIL(nondeterministic)"  # identical launches disagreed beyond tolerance
     FAIL_MASK = "FAIL(mask)"  # a -inf where a value belongs, or a finite value where -inf is promised
     FAIL_VALUE = "FAIL(value)"  # values outside the backend's tolerance
     FAIL_NAN = "FAIL(nan)"  # NaN inside the causal window
@@ -22,9 +26,13 @@ class Verdict(str, enum.Enum):
         return self not in (Verdict.PASS, Verdict.SKIP)
 
 
-# Which verdict a row takes when it shows several symptoms: the one that explains the others.
-SEVERITY = (Verdict.ERROR, Verdict.FAIL_UNWRITTEN, Verdict.FAIL_NAN, Verdict.FAIL_MASK,
-            Verdict.FAIL_VALUE, Verdict.PASS, Verdict.SKIP)
+# Which verdict a row (or a result) takes when it shows several symptoms: the one that explains the
+# others. A backend that writes into its inputs explains anything wrong in its output; launches that
+# disagree explain values out of tolerance, but a wrong -inf mask or NaN stays the headline since
+# that is what a top-k consumer trips on (the stability record still says the launches disagreed).
+SEVERITY = (Verdict.CRASH, Verdict.TIMEOUT, Verdict.ERROR, Verdict.FAIL_MUTATED_INPUT, Verdict.FAIL_UNWRITTEN,
+            Verdict.FAIL_NAN, Verdict.FAIL_MASK, Verdict.FAIL_NONDETERMINISTIC, Verdict.FAIL_VALUE,
+            Verdict.PASS, Verdict.SKIP)
 
 
 def worst(verdicts: list[Verdict]) -> Verdict:

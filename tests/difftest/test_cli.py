@@ -109,3 +109,19 @@ def test_encoding_override_reproduces_vllm_59420(capsys):
     assert main([*argv, "--encoding", "per-row"]) == EXIT_FAILED
     out = capsys.readouterr().out
     assert "overridden" in out and "FAIL(mask)" in out, out
+
+
+def test_spec_option_redraws_exactly_the_named_case(capsys):
+    """`--spec JSON --seed N` (the line difftest.check prints) draws the one case {name}-s{N}."""
+    spec = '{"name":"mtp2","next_n":2,"max_model_len":64,"lengths":[17,5]}'
+    code = main(["run", "--backends", "torch", "--backend-module", "tests.user_backends:window_one_short",
+                 "--spec", spec, "--seed", "41"])
+    out = capsys.readouterr().out
+    assert code == 1, f"{code=}\n{out}"
+    assert "window-one-short on mtp2-s41 [B=2 next_n=2" in out, out
+    assert "L=[17, 5]" in out and "mtp2-s42" not in out, out
+
+
+def test_bad_spec_json_is_exit_2(capsys):
+    line = _usage_error(capsys, ["run", "--backends", "torch", "--spec", "{not json"])
+    assert line.startswith("difftest: error: --spec='{not json': expected a JSON object"), f"{line=}"
