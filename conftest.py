@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import pytest
 from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent
@@ -36,6 +37,18 @@ def hypothesis_profile(environ: Mapping[str, str]) -> str:
 
 
 settings.load_profile(hypothesis_profile(os.environ))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread() -> Iterator[None]:
+    """The suite's tensors are tiny: a second intra-op thread only adds synchronisation (up to 8x
+    slower per call on a busy 2-core machine). Benchmarks, not tests, measure threaded speed."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 # pytester for the plugin tests under tests/difftest_pytest (pytest_plugins is honoured only here).
 pytest_plugins = ["pytester"]

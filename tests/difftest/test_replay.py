@@ -22,15 +22,6 @@ MODULE = "tests.planted:block_boundary_off_by_one"
 BOUNDARY = as_backend(planted.block_boundary_off_by_one, "planted", MODULE)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: a second intra-op thread only adds synchronisation (8x slower on a busy 2-core box)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def run_bundles(tmp_path_factory) -> list:
     """The bundles `difftest run --repro-dir` writes for the planted backend on the edge suite."""

@@ -29,15 +29,6 @@ LARGE = CaseSpec(name="large", lengths=(37, 100, 5, 64, 90, 128, 3), next_n=3, p
                  extra_columns=1, values=Values.HEAVY, stale=Stale.OTHER, heads=32, head_dim=64, block_size=BLOCK)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: a second intra-op thread only adds synchronisation (8x slower on a busy 2-core box)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def large_case():
     case = build_case(LARGE, seed=7)
