@@ -30,3 +30,4 @@ step 06-vllm59420-per-row $dt run --device cuda --no-progress --cases random --b
 step 07-native-vs-flattened python3 bench/deepgemm_native_vs_flattened.py --batch 40 --next-n 2 --context 120000 --repeats 50 --json "$out/07-native-vs-flattened.json"
 step 08-pytest python3 -m pytest -q -p no:cacheprovider tests
 step 09-oracle-vs-loop python3 bench/oracle_vs_loop.py --quick --device cuda
+step 10-diag-deepgemm-long python3 scripts/diag_deepgemm_long.py --launches 3
