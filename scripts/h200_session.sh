@@ -28,6 +28,9 @@ step 04-long-context $dt run --device cuda --no-progress --cases random --batch 
 step 05-vllm59420-declared $dt run --device cuda --no-progress --cases random --batch 16 --next-n 3 $big --count 1 --backends torch,aiter-triton-stage1,aiter-triton-fused,deepgemm-flattened --report "$out/05-vllm59420-declared.json"
 step 06-vllm59420-per-row $dt run --device cuda --no-progress --cases random --batch 16 --next-n 3 $big --count 1 --backends aiter-triton-stage1,aiter-triton-fused --encoding per-row --report "$out/06-vllm59420-per-row.json"
 step 07-native-vs-flattened python3 bench/deepgemm_native_vs_flattened.py --batch 40 --next-n 2 --context 120000 --repeats 50 --json "$out/07-native-vs-flattened.json"
-step 08-pytest python3 -m pytest -q -p no:cacheprovider tests
+# The device image has no network to `pip install -e .`, so the pytest11 entry point is named here.
+step 08-pytest python3 -m pytest -q -p no:cacheprovider -p difftest_pytest.plugin tests
 step 09-oracle-vs-loop python3 bench/oracle_vs_loop.py --quick --device cuda
 step 10-diag-deepgemm-long python3 scripts/diag_deepgemm_long.py --launches 3
+spec='{"name":"random-mtp2-edges-bs64","batch":64,"next_n":2,"heads":64,"head_dim":128,"block_size":64,"max_model_len":131072,"length_dist":"edges"}'
+step 11-deepgemm-long-shrink bash -c "$dt run --device cuda --no-progress --backends deepgemm --spec '$spec' --seed 4000 --repro-dir /tmp/r11; $dt shrink /tmp/r11/deepgemm--random-mtp2-edges-bs64-s4000 --seconds 110 --out $out/11-shrunk"

@@ -10,6 +10,8 @@ python3 - "$cache" <<'PY'
 import glob, sys, zipfile
 wheel = sorted(glob.glob(f"{sys.argv[1]}/amd_aiter-*.whl"))[-1]
 with zipfile.ZipFile(wheel) as z:
-    z.extractall(".device-deps/aiter-dist", [n for n in z.namelist() if ".dist-info/" in n])
+    # dist-info for importlib.metadata, and the _version.py prepare-deps.sh drops
+    z.extractall(".device-deps/aiter-dist",
+                 [n for n in z.namelist() if ".dist-info/" in n or n == "aiter/_version.py"])
 PY
 rm -rf .device-shared && cp -r ../shared .device-shared && chmod -R u+w .device-shared
