@@ -37,7 +37,8 @@ def compare(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, c
 
     Inside a row's window every value must be finite and within max(rtol * row scale, bound);
     past it, -inf is required under TAIL_NEG_INF and anything goes under TAIL_UNSPECIFIED.
-    `bound` (rows,) is the oracle's float32 rounding bound per row (fp32_error_bound).
+    `bound` (rows,) is the oracle's float32 rounding bound per row (fp32_error_bound), widened for
+    a backend whose accumulator keeps fewer bits (contract.accumulator_bits).
     """
     rows, width = expected.shape
     if tuple(got.shape) != (rows, width):
@@ -72,7 +73,7 @@ def _position_kinds(expected: torch.Tensor, got: torch.Tensor, inside: torch.Ten
     mask = neg_inf_inside | not_inf_outside
     tol = contract.rtol * _row_scale(expected, inside)
     if bound is not None:
-        tol = torch.maximum(tol, bound.to(tol))
+        tol = torch.maximum(tol, bound.to(tol) * 2.0 ** (24 - contract.accumulator_bits))
     # +inf (an overflow) inside the window is a value error too, not a value that escapes every check.
     value = inside & ~torch.isnan(got) & ~torch.isneginf(got) & ((got - expected).abs() > tol[:, None])
     return {Verdict.FAIL_UNWRITTEN: unwritten, Verdict.FAIL_NAN: nan, Verdict.FAIL_MASK: mask & ~nan,

@@ -79,6 +79,7 @@ class _DeepGemmBase:
             mask=MaskConvention.TAIL_UNSPECIFIED, devices=("cuda",), archs=self.archs,
             next_n=self._next_n(), head_dims=(32, 64, 128), block_sizes=(32, 64),
             output_dtype=torch.bfloat16 if wide else torch.float32, rtol=1e-2 if wide else 1e-3,
+            accumulator_bits=14,  # FP8 wgmma/tcgen05 accumulation, not float32
             library=_library_name())
 
     def _next_n(self) -> tuple[int, ...] | None:

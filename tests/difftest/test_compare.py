@@ -275,3 +275,18 @@ def test_topk_mean_over_rows():
     got = expected.clone()
     got[0, 0] = -math.inf  # row 0 loses 1 of 3, whichever -inf tie (position 0 or 3) topk takes
     assert topk_overlap(expected, got, torch.tensor([3, 4])) == pytest.approx((2 / 3 + 1) / 2)
+
+
+def test_accumulator_bits_widen_the_bound_for_fp8_tensor_cores():
+    """An error above rtol * row scale but inside the 14-bit accumulator bound passes only for a
+    backend that declares a 14-bit accumulator; the float32 bound alone rejects it."""
+    import dataclasses
+
+    expected = torch.tensor([[100.0, 50.0, -math.inf]], dtype=torch.float64)
+    lens, bound = torch.tensor([2]), torch.tensor([1e-4])  # scaled by 2^10: ~0.1
+    got = expected.clone()
+    got[0, 1] += 0.09  # 9e-4 of the row scale, over rtol 1e-4, under 0.1
+    fp32 = Contract(LengthEncoding.PER_ROW, CacheLayout.BLOCK_SPLIT, MaskConvention.TAIL_NEG_INF, rtol=1e-4)
+    fp8_mma = dataclasses.replace(fp32, accumulator_bits=14)
+    assert compare(expected, got, lens, fp32, bound).verdict == Verdict.FAIL_VALUE
+    assert compare(expected, got, lens, fp8_mma, bound).verdict == Verdict.PASS
