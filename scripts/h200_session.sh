@@ -33,5 +33,5 @@ step 08-pytest python3 -m pytest -q -p no:cacheprovider -p difftest_pytest.plugi
 step 09-oracle-vs-loop python3 bench/oracle_vs_loop.py --quick --device cuda
 step 10-diag-deepgemm-long python3 scripts/diag_deepgemm_long.py --launches 3
 spec='{"name":"random-mtp2-edges-bs64","batch":64,"next_n":2,"heads":64,"head_dim":128,"block_size":64,"max_model_len":131072,"length_dist":"edges"}'
-step 11-deepgemm-long-shrink bash -c "$dt run --device cuda --no-progress --backends deepgemm --spec '$spec' --seed 4000 --repro-dir /tmp/r11; $dt shrink /tmp/r11/deepgemm--random-mtp2-edges-bs64-s4000 --seconds 110 --out $out/11-shrunk"
+step 11-deepgemm-long-shrink bash -c "$dt run --device cuda --no-progress --backends deepgemm --spec '$spec' --seed 4000 --repro-dir /tmp/r11; $dt shrink /tmp/r11/deepgemm--random-mtp2-edges-bs64-s4000 --seconds 80 --out $out/11-shrunk"
 step 12-deepgemm-edges $dt run --device cuda --no-progress --cases edges --next-n 1,2,4 $big --backends torch,deepgemm,deepgemm-flattened --report "$out/12-deepgemm-edges.json"
