@@ -102,6 +102,7 @@ class Case:
 
     def validate(self) -> Case:
         """Check every field against the others; SpecError names the first one that is impossible."""
+        _validate_types(self)
         _validate_shapes(self)
         _validate_lengths(self)
         _validate_used_slots(self)
@@ -147,6 +148,26 @@ class Case:
         return case.validate()
 
 
+_TENSORS = ("q", "k_pool", "scale_pool", "weights", "block_table", "seq_lens")
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _validate_types(case: Case) -> None:
+    """Tensors where tensors belong, all on one cpu or cuda device; plain values of the right type."""
+    require(isinstance(case.name, str), "name", case.name, "a str")
+    for field in _TENSORS:
+        value = getattr(case, field)
+        require(isinstance(value, torch.Tensor), field, type(value).__name__, "a torch.Tensor")
+    device = case.q.device
+    require(device.type in ("cpu", "cuda"), "q.device", str(device), "a cpu or cuda device")
+    for field in _TENSORS[1:]:
+        require(getattr(case, field).device == device, f"{field}.device", str(getattr(case, field).device),
+                f"q's device, {device}")
+    require(isinstance(case.max_model_len, int) and not isinstance(case.max_model_len, bool), "max_model_len",
+            case.max_model_len, "an int")
+    require(isinstance(case.fp8, Fp8Flavour), "fp8", case.fp8, f"a difftest.Fp8Flavour {[f.value for f in Fp8Flavour]}")
+
+
 def _validate_shapes(case: Case) -> None:
     require(case.q.dim() == 4, "q.shape", tuple(case.q.shape), "[B, next_n, H, D]")
     require(case.q.dtype == torch.uint8, "q.dtype", case.q.dtype, "torch.uint8 (fp8 bytes)")
@@ -164,8 +185,13 @@ def _validate_shapes(case: Case) -> None:
             tuple(case.weights.shape), f"[B * next_n, H] = {(case.rows, case.heads)}")
     require(case.weights.dtype == torch.float32, "weights.dtype", case.weights.dtype,
             "torch.float32")
+    finite = torch.isfinite(case.weights)
+    require(bool(finite.all()), "weights", case.weights[~finite][:4].tolist(), "finite weights")
     require(case.block_table.dim() == 2 and case.block_table.shape[0] == case.batch,
             "block_table.shape", tuple(case.block_table.shape), f"[B={case.batch}, W]")
+    require(case.block_table.dtype in _INDEX_DTYPES, "block_table.dtype", case.block_table.dtype,
+            "torch.int32 or torch.int64")
+    require(case.seq_lens.dtype in _INDEX_DTYPES, "seq_lens.dtype", case.seq_lens.dtype, "torch.int32 or torch.int64")
     require(tuple(case.seq_lens.shape) == (case.batch,), "seq_lens.shape",
             tuple(case.seq_lens.shape), f"[B] = ({case.batch},)")
 

@@ -3,15 +3,33 @@
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import platform
 import shlex
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from difftest.errors import SpecError
 
+if TYPE_CHECKING:
+    from difftest.backends import Backend
+    from difftest.replay import ReproWriter
+    from difftest.report import ResultStream
+    from difftest.runner import CaseResult, RunConfig
+    from generators.spec import CaseSpec
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+MAX_SEED = 2**62  # seeds grow by 1000 per spec; torch takes any int64
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line, like every other difftest error, and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"difftest: error: {message} (see {self.prog} --help)\n")
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -22,7 +40,7 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="difftest", description=__doc__)
+    parser = _Parser(prog="difftest", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run cases through backends and compare with the oracle")
     run.add_argument("--backends", help="comma-separated backend names (default: every registered one)")
@@ -45,6 +63,28 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--report", metavar="PATH", help="write the JSON report here")
     run.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     run.add_argument("--repro-dir", metavar="DIR", help="write a reproducer bundle here for every failing result")
+    run.add_argument("--case-filter", action="append", default=[], metavar="GLOB",
+                     help="run only the cases whose name matches (fnmatch, e.g. 'length-one-*'); repeatable")
+    run.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                     help="run each backend in a worker process of its own, so a crash or a hang costs only "
+                          "its verdict (CRASH, TIMEOUT) (default: on for cuda or with --timeout, off for cpu)")
+    run.add_argument("--timeout", type=float, metavar="SECONDS",
+                     help="seconds one case (all its --repeat launches) may take in a worker before it is "
+                          "killed: TIMEOUT (needs isolation; default 600)")
+    run.add_argument("--repeat", type=int, default=1, metavar="K",
+                     help="launch each backend K times per case: bitwise-stable, stable within tolerance, "
+                          "or unstable = FAIL(nondeterministic) (default: 1)")
+    run.add_argument("--stream", metavar="PATH.jsonl",
+                     help="append each result to this JSONL file the moment it is made, so a killed run "
+                          "keeps its results (default: the --report path with suffix .jsonl)")
+    run.add_argument("--resume", metavar="REPORT",
+                     help="a JSON report or JSONL stream of an earlier run of the same cases: its (backend, "
+                          "case) results are kept and only the missing pairs run")
+    run.add_argument("--sanitize", metavar="TOOL",
+                     help="memcheck, racecheck, initcheck or synccheck: replay each failing result under "
+                          "NVIDIA compute-sanitizer in a fresh process and attach its findings (cuda)")
+    run.add_argument("--sanitize-all", action="store_true",
+                     help="with --sanitize: replay every result that ran, passing ones too")
     replay = commands.add_parser("replay", help="re-run a reproducer bundle; exit 1 if it still fails")
     replay.add_argument("bundle", metavar="BUNDLE")
     shrink = commands.add_parser("shrink", help="reduce a bundle's failing case and write it as a new bundle")
@@ -84,47 +124,118 @@ def cmd_backends(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from difftest import report
     from difftest.backends import get_backends
-    from difftest.contract import CacheLayout, LengthEncoding
     from difftest.replay import ReproWriter
-    from difftest.runner import CaseResult, RunConfig, run
+    from difftest.runner import run
     from generators import build_case
-    from generators.cases import suite
 
-    config = RunConfig(device=_device(args.device), encoding=_enum(LengthEncoding, args.encoding, "--encoding"),
-                       layout=_enum(CacheLayout, args.layout, "--layout"))
-    names = args.backends.split(",") if args.backends else None
-    backends = get_backends(names, tuple(args.backend_module))
-    overrides = {k: v for k, v in dict(batch=args.batch, max_model_len=args.max_model_len, heads=args.heads,
-                                       head_dim=args.head_dim).items() if v is not None}
-    pairs = _spec_pairs(args) if args.spec else suite(args.cases, args.count or 6, args.seed, args.next_n,
-                                                       args.block_sizes, **overrides)
-    progress = _Progress(len(pairs) * len(backends), enabled=not args.no_progress and sys.stderr.isatty())
+    config = _config(args)
+    backends = get_backends(args.backends.split(",") if args.backends else None, tuple(args.backend_module))
+    pairs = _plan(args)
+    done = _resumed(args.resume, pairs, backends, config) if args.resume else {}
+    progress = _Progress(len(pairs) * len(backends) - len(done),
+                         enabled=not args.no_progress and sys.stderr.isatty())
     started = time.time()
     # Drawn on the run's device: a 128K-context batch would take seconds to draw on the CPU.
     # A seed reproduces its case on the same device type.
-    cases = (build_case(spec, seed, config.device, name=f"{spec.name}-s{seed}") for spec, seed in pairs)
+    cases = (build_case(spec, seed, config.device, name=case_name(spec, seed)) for spec, seed in pairs)
     repro = ReproWriter(args.repro_dir, config, backends, tuple(args.backend_module)) if args.repro_dir else None
+    stream = _open_stream(args, _run_info(args, config, started, len(pairs), len(done)), done)
 
     def on_result(result: CaseResult) -> None:
         progress.step(result)
+        if stream:
+            stream.write(result)
         if repro:
             repro.on_result(result)
 
-    results = run(backends, repro.track(cases) if repro else cases, config, on_result=on_result)
+    try:
+        results = run(backends, repro.track(cases) if repro else cases, config, on_result=on_result, done=done,
+                      targets=_targets(args, backends))
+    finally:
+        if stream:
+            stream.close()
     progress.close()
-    summaries = report.summarize(results)
-    print(report.render_table(summaries))
+    return _finish(args, results, _run_info(args, config, started, len(pairs), len(done)), repro, stream)
+
+
+def _finish(args: argparse.Namespace, results: list[CaseResult], info: dict[str, Any], repro: ReproWriter | None,
+            stream: ResultStream | None) -> int:
+    """Print the table and the failures, write the JSON report; the exit status."""
+    from difftest import report
+
+    print(report.render_table(report.summarize(results)))
     failures = report.render_failures(results)
     if failures:
         print("\n" + failures)
     if args.report:
-        info = _run_info(args, config, started, len(pairs))
         print(f"\nreport: {report.write_json(args.report, results, info)}")
+    if stream:
+        print(f"stream: {stream.path}")
     if repro and repro.written:
         print(f"\nreproducers: {len(repro.written)} bundles under {args.repro_dir} (difftest replay BUNDLE)")
     return EXIT_FAILED if any(r.verdict.failed for r in results) else EXIT_OK
+
+
+def _targets(args: argparse.Namespace, backends: list[Backend]) -> dict[str, str]:
+    """Backend name -> the 'package.module:object' it was loaded from: what its worker rebuilds it from."""
+    from difftest.backends import available_names
+
+    modules = tuple(args.backend_module)
+    # get_backends returns the registered ones first, then those of --backend-module in order.
+    loaded = backends[len(backends) - len(modules):] if modules else []
+    registered = available_names()
+    return {**{b.name: registered[b.name] for b in backends if b.name in registered},
+            **{b.name: m for b, m in zip(loaded, modules, strict=True)}}
+
+
+def case_name(spec: CaseSpec, seed: int) -> str:
+    """The name `difftest run` gives the case drawn from (spec, seed): what --case-filter and --resume match."""
+    return f"{spec.name}-s{seed}"
+
+
+def _config(args: argparse.Namespace) -> RunConfig:
+    """The RunConfig of the options; its SpecError names the option, not the field."""
+    from difftest.contract import CacheLayout, LengthEncoding
+    from difftest.runner import RunConfig
+
+    try:
+        return RunConfig(device=_device(args.device), encoding=_enum(LengthEncoding, args.encoding, "--encoding"),
+                         layout=_enum(CacheLayout, args.layout, "--layout"), isolate=args.isolate,
+                         timeout=args.timeout, repeat=args.repeat, sanitize=args.sanitize,
+                         sanitize_all=args.sanitize_all)
+    except SpecError as exc:
+        option = exc.field if exc.field.startswith("--") else f"--{exc.field.replace('_', '-')}"
+        raise SpecError(option, exc.value, exc.expected) from None
+
+
+def _plan(args: argparse.Namespace) -> list[tuple[CaseSpec, int]]:
+    """The (spec, seed) pairs of the options, narrowed by --case-filter; SpecError for a bad value."""
+    from generators.cases import suite
+    from generators.spec import CaseSpec
+
+    if args.count is not None and args.count < 0:
+        raise SpecError("--count", args.count, "an integer >= 0")
+    if not -MAX_SEED <= args.seed < MAX_SEED:
+        raise SpecError("--seed", args.seed, "an integer in [-2**62, 2**62)")
+    overrides = {k: v for k, v in dict(batch=args.batch, max_model_len=args.max_model_len, heads=args.heads,
+                                       head_dim=args.head_dim).items() if v is not None}
+    # Checked even where they apply to no spec (--cases edges): a bad value is never silently ignored.
+    CaseSpec().replace(**overrides).validate()
+    pairs = _spec_pairs(args) if args.spec else suite(args.cases, args.count or 6, args.seed, args.next_n,
+                                                       args.block_sizes, **overrides)
+    return _filtered(pairs, args.case_filter) if args.case_filter else pairs
+
+
+def _filtered(pairs: list[tuple[CaseSpec, int]], globs: list[str]) -> list[tuple[CaseSpec, int]]:
+    """The pairs whose case name matches one of `globs`; every glob must match some case (else it is a typo)."""
+    names = [case_name(s, seed) for s, seed in pairs]
+    for glob in globs:
+        if not any(fnmatch.fnmatchcase(name, glob) for name in names):
+            raise SpecError("--case-filter", glob, f"a pattern matching some of the {len(names)} case names, "
+                            f"e.g. {names[:3]}")
+    return [pair for pair, name in zip(pairs, names, strict=True)
+            if any(fnmatch.fnmatchcase(name, glob) for glob in globs)]
 
 
 def _spec_pairs(args: argparse.Namespace) -> list[tuple[object, int]]:
@@ -141,6 +252,48 @@ def _spec_pairs(args: argparse.Namespace) -> list[tuple[object, int]]:
         raise SpecError("--spec", args.spec, "a JSON object of CaseSpec fields")
     spec = CaseSpec.from_json(data)
     return [(spec, args.seed + i) for i in range(args.count or 1)]
+
+
+def _resumed(path: str, pairs: list[tuple[CaseSpec, int]], backends: list[Backend],
+             config: RunConfig) -> dict[tuple[str, str], CaseResult]:
+    """The results of `path` that belong to this run, by (backend, case); SpecError when they cannot.
+
+    A result belongs when its backend and case are in the run. It must have been made from the same
+    spec on the same device, or the merged report would mix two different runs.
+    """
+    from difftest.report import load_results
+
+    specs = {case_name(s, seed): s.to_json() for s, seed in pairs}
+    names = {b.name for b in backends}
+    kept = {}
+    for result in load_results(path):
+        if result.backend not in names or result.case not in specs:
+            continue
+        if result.spec != specs[result.case] or result.device != config.device:
+            raise SpecError("--resume", path, f"results of this run's cases: {result.case} there was made from "
+                            f"another spec or device ({result.device}); run with the same options")
+        kept[(result.backend, result.case)] = result
+    return kept
+
+
+def _open_stream(args: argparse.Namespace, info: dict[str, Any],
+                 done: dict[tuple[str, str], CaseResult]) -> ResultStream | None:
+    """The JSONL stream: --stream, else beside --report; a resumed run appends to its own stream,
+    and a new stream starts with the results it resumes, so every stream holds its whole run."""
+    from difftest.report import ResultStream, is_stream
+
+    target = args.stream or (str(Path(args.report).with_suffix(".jsonl")) if args.report else None)
+    if target is None:
+        return None
+    same = bool(args.resume) and Path(args.resume).resolve() == Path(target).resolve()
+    if same and not is_stream(target):
+        raise SpecError("--stream", target, "a JSONL stream to append to, not the JSON report given to --resume")
+    stream = ResultStream(target, append=same)
+    stream.header(info)
+    if not same:
+        for result in done.values():
+            stream.write(result)
+    return stream
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -188,7 +341,8 @@ def _enum(kind: type, value: str | None, field: str):
         raise SpecError(field, value, f"one of {[m.value for m in kind]}") from None
 
 
-def _run_info(args: argparse.Namespace, config: object, started: float, cases: int) -> dict[str, object]:
+def _run_info(args: argparse.Namespace, config: RunConfig, started: float, cases: int,
+              resumed: int = 0) -> dict[str, object]:
     import torch
 
     import difftest
@@ -198,7 +352,9 @@ def _run_info(args: argparse.Namespace, config: object, started: float, cases: i
             "device": args.device, "gpu": gpu, "torch": torch.__version__, "difftest": difftest.__version__,
             "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
             "seconds": round(time.time() - started, 3), "encoding_override": args.encoding,
-            "layout_override": args.layout}
+            "layout_override": args.layout, "isolated": config.isolated, "timeout": config.timeout,
+            "repeat": config.repeat, "sanitize": config.sanitize, "sanitize_all": config.sanitize_all,
+            "case_filter": args.case_filter, "resumed_from": args.resume, "resumed": resumed}
 
 
 class _Progress:

@@ -71,13 +71,21 @@ def _position_kinds(expected: torch.Tensor, got: torch.Tensor, inside: torch.Ten
     neg_inf_inside = inside & torch.isneginf(got)
     not_inf_outside = ~inside & ~torch.isneginf(got) & (contract.mask == MaskConvention.TAIL_NEG_INF) & ~unwritten
     mask = neg_inf_inside | not_inf_outside
-    tol = contract.rtol * _row_scale(expected, inside)
-    if bound is not None:
-        tol = torch.maximum(tol, bound.to(tol) * 2.0 ** (24 - contract.accumulator_bits))
+    tol = tolerance(expected, inside, contract, bound)
     # +inf (an overflow) inside the window is a value error too, not a value that escapes every check.
     value = inside & ~torch.isnan(got) & ~torch.isneginf(got) & ((got - expected).abs() > tol[:, None])
     return {Verdict.FAIL_UNWRITTEN: unwritten, Verdict.FAIL_NAN: nan, Verdict.FAIL_MASK: mask & ~nan,
             Verdict.FAIL_VALUE: value}
+
+
+def tolerance(expected: torch.Tensor, inside: torch.Tensor, contract: Contract,
+              bound: torch.Tensor | None) -> torch.Tensor:
+    """(rows,) allowed |got - expected| of each row: rtol times the row's largest |expected| in
+    its window, or the oracle's fp32 bound widened for a narrower accumulator, whichever is larger."""
+    tol = contract.rtol * _row_scale(expected, inside)
+    if bound is None:
+        return tol
+    return torch.maximum(tol, bound.to(tol) * 2.0 ** (24 - contract.accumulator_bits))
 
 
 def _row_scale(expected: torch.Tensor, inside: torch.Tensor) -> torch.Tensor:

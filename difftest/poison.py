@@ -5,19 +5,19 @@ from __future__ import annotations
 import torch
 
 # Quiet NaNs with a payload no arithmetic produces (a computed NaN is 0x7FC00000 or its sign twin).
-_POISON_BITS = {torch.float32: (0x7FC0DEAD, torch.int32), torch.bfloat16: (0x7FDE, torch.int16),
+POISON_BITS = {torch.float32: (0x7FC0DEAD, torch.int32), torch.bfloat16: (0x7FDE, torch.int16),
                 torch.float16: (0x7EAD, torch.int16)}
 
 
 def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
     """A [shape] buffer of `dtype` holding the poison NaN everywhere."""
-    bits, int_dtype = _POISON_BITS[dtype]
+    bits, int_dtype = POISON_BITS[dtype]
     return torch.full(shape, bits, dtype=int_dtype, device=device).view(dtype)
 
 
 def is_poison(values: torch.Tensor) -> torch.Tensor:
     """Boolean mask of positions still holding the poison of values.dtype (all False for others)."""
-    if values.dtype not in _POISON_BITS:
+    if values.dtype not in POISON_BITS:
         return torch.zeros(values.shape, dtype=torch.bool, device=values.device)
-    bits, int_dtype = _POISON_BITS[values.dtype]
+    bits, int_dtype = POISON_BITS[values.dtype]
     return values.contiguous().view(int_dtype) == bits

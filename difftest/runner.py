@@ -2,13 +2,20 @@
 
 A backend that raises gets ERROR and the run goes on; a backend that cannot take a case gets SKIP
 with the reason; results reach `on_result` as each one is made, so a report can stream them.
+Every call is guarded (difftest.guards): fresh tensors poisoned, inputs checksummed (a write into
+them is FAIL(mutated-input)), `repeat` launches compared (FAIL(nondeterministic)). With isolation
+(difftest.isolate) each backend runs in a worker process of its own, so a segfault, an abort or a
+sticky CUDA error is CRASH and a hang past the timeout is TIMEOUT, and the run goes on. With
+`sanitize`, failing results are replayed under compute-sanitizer (difftest.sanitize).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import time
-from collections.abc import Callable, Iterable
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 
@@ -17,19 +24,51 @@ from difftest.case import Case
 from difftest.compare import Comparison, compare
 from difftest.contract import CacheLayout, Contract, LengthEncoding
 from difftest.encode import KernelInputs, adapt_block_size, encode
-from difftest.errors import SpecError
-from difftest.poison import poisoned
-from difftest.verdict import Verdict
+from difftest.errors import SpecError, require
+from difftest.guards import Execution, Fault, Launch, Stability, StabilityKind, classify_stability
+from difftest.isolate import Executor, InProcess, WorkerPool, recipe
+from difftest.sanitize import TOOLS, SanitizerReport, sanitize
+from difftest.verdict import Verdict, worst
 from oracles.paged_mqa_logits import fp32_error_bound, reference
+
+DEVICES = ("cpu", "cuda")
 
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """How backends are fed: the device, and what-if overrides of their declared contract."""
+    """How backends are fed: the device, what-if overrides of their declared contract, and the guards."""
 
     device: str = "cpu"
     encoding: LengthEncoding | None = None
     layout: CacheLayout | None = None
+    isolate: bool | None = None  # a worker process per backend; None: on for cuda (or a timeout), off for cpu
+    timeout: float | None = None  # seconds a case may take in a worker, all launches; None: isolate.DEFAULT_TIMEOUT
+    repeat: int = 1  # launches per case; more than one classifies the backend's stability
+    sanitize: str | None = None  # a compute-sanitizer tool to replay failing results under
+    sanitize_all: bool = False  # replay every result that ran, not only the failing ones
+
+    def __post_init__(self) -> None:
+        require(self.device in DEVICES, "device", self.device, f"one of {list(DEVICES)}")
+        require(self.encoding is None or isinstance(self.encoding, LengthEncoding), "encoding", self.encoding,
+                f"None or a difftest.LengthEncoding {[e.value for e in LengthEncoding]}")
+        require(self.layout is None or isinstance(self.layout, CacheLayout), "layout", self.layout,
+                f"None or a difftest.CacheLayout {[c.value for c in CacheLayout]}")
+        require(self.isolate in (None, True, False), "isolate", self.isolate, "None, True or False")
+        require(type(self.repeat) is int and self.repeat >= 1, "repeat", self.repeat, "an integer >= 1")
+        require(self.timeout is None or (isinstance(self.timeout, (int, float)) and 0 < self.timeout < math.inf),
+                "timeout", self.timeout, "a finite number of seconds > 0")
+        require(self.timeout is None or self.isolate is not False, "timeout", self.timeout,
+                "isolation (a call is cut short by killing its worker), not isolate=False")
+        require(self.sanitize is None or self.sanitize in TOOLS, "sanitize", self.sanitize, f"one of {list(TOOLS)}")
+        require(not self.sanitize_all or self.sanitize is not None, "sanitize_all", self.sanitize_all,
+                "a sanitize tool to go with it")
+
+    @property
+    def isolated(self) -> bool:
+        """Whether backends run in worker processes: as asked, else on cuda or with a timeout."""
+        if self.isolate is not None:
+            return self.isolate
+        return self.device == "cuda" or self.timeout is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,8 +86,12 @@ class CaseResult:
     overridden: bool  # True when --encoding/--layout replaced the backend's declared one
     seconds: float
     comparison: Comparison | None = None
-    reason: str | None = None  # the exception of an ERROR, the cause of a SKIP
+    reason: str | None = None  # the exception of an ERROR, CRASH or TIMEOUT, the cause of a SKIP
     spec: dict[str, object] | None = None
+    mutated_inputs: tuple[str, ...] = ()  # input tensors the backend wrote into
+    stability: Stability | None = None  # how `repeat` launches agreed; None for one launch
+    isolation: str | None = None  # "worker" or "in-process: why" when the run asked for isolation
+    sanitizer: SanitizerReport | None = None  # the compute-sanitizer replay, when one was asked for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +140,11 @@ def _contract_reason(contract: Contract, case: Case, device: str) -> str | None:
     return None
 
 
-def run_backend(backend: Backend, case: Case, ref: Reference, config: RunConfig) -> CaseResult:
-    """Encode `case` for `backend`, call it, compare; never raises for the backend's faults."""
+def run_backend(backend: Backend, case: Case, ref: Reference, config: RunConfig,
+                executor: Executor | None = None) -> CaseResult:
+    """Encode `case` for `backend`, call it (in-process unless `executor` says where), compare;
+    never raises for the backend's faults."""
+    executor = executor or InProcess()
     contract = backend.contract
     base = dict(backend=backend.name, case=case.name, description=case.describe(), rows=case.rows,
                 device=config.device, encoding=(config.encoding or contract.length_encoding).value,
@@ -112,41 +158,113 @@ def run_backend(backend: Backend, case: Case, ref: Reference, config: RunConfig)
         inputs = encode(case, contract, encoding=config.encoding, layout=config.layout)
     except SpecError as exc:
         return CaseResult(verdict=Verdict.SKIP, seconds=0.0, reason=f"cannot encode: {exc}", **base)
-    start = time.perf_counter()
-    try:
-        got = _call(backend, inputs, case)
-    except Exception as exc:  # the backend's fault becomes its verdict, never the run's end
-        return CaseResult(verdict=Verdict.ERROR, seconds=time.perf_counter() - start,
-                          reason=f"{type(exc).__name__}: {exc}", **base)
-    seconds = time.perf_counter() - start
+    # The case's own tensors must not be the ones handed over: a backend that writes into them
+    # would change the case under every backend after it.
+    outcome = executor(backend, _private(inputs, case), Launch(case.rows, case.max_model_len, config.repeat))
+    base["isolation"] = executor.note
+    if isinstance(outcome, Fault):
+        return CaseResult(verdict=outcome.verdict, seconds=outcome.seconds, reason=outcome.reason, **base)
+    return _judge(outcome, ref, contract, base)
+
+
+def _private(inputs: KernelInputs, case: Case) -> KernelInputs:
+    """`inputs` with every tensor that shares memory with the case's tensors cloned."""
+    shared = {t.untyped_storage().data_ptr() for t in vars(case).values() if isinstance(t, torch.Tensor)}
+    fields = {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs)}
+    return dataclasses.replace(inputs, **{
+        name: t.clone() for name, t in fields.items()
+        if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in shared})
+
+
+def _judge(execution: Execution, ref: Reference, contract: Contract, base: dict[str, Any]) -> CaseResult:
+    """The verdict of an execution: the first launch's comparison, the inputs, the launches' agreement."""
+    got = execution.outputs[0]
+    measured = {"mutated_inputs": execution.mutated, "seconds": execution.seconds}
     try:
         result = compare(ref.logits, got, ref.row_lens, contract, ref.bound)
     except ValueError as exc:
-        return CaseResult(verdict=Verdict.ERROR, seconds=seconds, reason=str(exc), **base)
-    return CaseResult(verdict=result.verdict, seconds=seconds, comparison=result, **base)
-
-
-def _call(backend: Backend, inputs: KernelInputs, case: Case) -> torch.Tensor:
-    contract = backend.contract
-    out = None
-    if contract.writes_into_output:
-        out = poisoned((case.rows, case.max_model_len), contract.output_dtype, case.device)
-    got = backend(inputs, out)
-    if case.device.type == "cuda":
-        torch.cuda.synchronize()
-    return got
+        return CaseResult(verdict=Verdict.ERROR, reason=str(exc), **measured, **base)
+    verdicts = [result.verdict] + ([Verdict.FAIL_MUTATED_INPUT] if execution.mutated else [])
+    stability = None
+    if len(execution.outputs) > 1:
+        stability = classify_stability(execution.outputs, ref.logits, ref.row_lens, contract, ref.bound)
+        if stability.kind == StabilityKind.UNSTABLE:
+            verdicts.append(Verdict.FAIL_NONDETERMINISTIC)
+    return CaseResult(verdict=worst(verdicts), comparison=result, stability=stability, **measured, **base)
 
 
 def run(backends: list[Backend], cases: Iterable[Case], config: RunConfig,
-        on_result: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
-    """Every backend on every case; results in (case, backend) order."""
-    results = []
-    for case in cases:
-        case = case.to(config.device)
-        ref = make_reference(case)
-        for backend in backends:
-            result = run_backend(backend, case, ref, config)
-            results.append(result)
-            if on_result:
-                on_result(result)
+        on_result: Callable[[CaseResult], None] | None = None,
+        done: Mapping[tuple[str, str], CaseResult] | None = None,
+        targets: Mapping[str, str] | None = None) -> list[CaseResult]:
+    """Every backend on every case; results in (case, backend) order.
+
+    `done` maps (backend name, case name) to results kept from an earlier run (--resume): those
+    pairs are not run again and do not reach `on_result`; their results take their place in the list.
+    `targets` maps a backend name to the 'package.module:object' it was loaded from, which its
+    worker (and a sanitizer replay) rebuilds it from; without one, its own class or function is used.
+    """
+    _check_run(backends, config)
+    done, targets = done or {}, targets or {}
+    results: list[CaseResult] = []
+    with _executors(backends, config, targets) as executors:
+        for case in cases:
+            results += _run_case(backends, executors, case, config, on_result, done, targets)
     return results
+
+
+def _run_case(backends: list[Backend], executors: list[Executor], case: Case, config: RunConfig,
+              on_result: Callable[[CaseResult], None] | None, done: Mapping[tuple[str, str], CaseResult],
+              targets: Mapping[str, str]) -> list[CaseResult]:
+    if not isinstance(case, Case):
+        raise SpecError("cases", type(case).__name__, "difftest.Case objects")
+    todo = [i for i, b in enumerate(backends) if (b.name, case.name) not in done]
+    fresh: dict[int, CaseResult] = {}
+    if todo:
+        case = case.validate().to(config.device)
+        ref = make_reference(case)
+        for index in todo:
+            backend = backends[index]
+            result = run_backend(backend, case, ref, config, executors[index])
+            fresh[index] = _sanitized(result, backend, case, config, targets.get(backend.name))
+            if on_result:
+                on_result(fresh[index])
+    return [fresh[i] if i in fresh else done[(b.name, case.name)] for i, b in enumerate(backends)]
+
+
+def _check_run(backends: list[Backend], config: RunConfig) -> None:
+    """SpecError for a backend that is not one, or a device this machine does not have."""
+    for index, backend in enumerate(backends):
+        require(isinstance(backend, Backend) and not isinstance(backend, type), f"backends[{index}]", backend,
+                "a Backend instance (name, contract, unavailable_reason, __call__); difftest.load_backend "
+                "makes one of a class, a factory or a decorated function")
+        require(isinstance(backend.contract, Contract), f"backends[{index}].contract", backend.contract,
+                "a difftest.Contract")
+    require(config.device != "cuda" or torch.cuda.is_available(), "device", config.device,
+            "a device torch can see (torch.cuda.is_available() is False)")
+
+
+@contextlib.contextmanager
+def _executors(backends: list[Backend], config: RunConfig, targets: Mapping[str, str]) -> Iterator[list[Executor]]:
+    """Where each backend runs: its own worker under isolation, this process otherwise."""
+    if not config.isolated:
+        yield [InProcess() for _ in backends]
+        return
+    with WorkerPool(backends, config.device, config.timeout, targets) as pool:
+        yield pool.executors
+
+
+def _sanitized(result: CaseResult, backend: Backend, case: Case, config: RunConfig,
+               hint: str | None) -> CaseResult:
+    """`result` with its compute-sanitizer replay attached, when the run asks for one."""
+    tool = config.sanitize
+    if tool is None or result.verdict == Verdict.SKIP or not (result.verdict.failed or config.sanitize_all):
+        return result
+    if result.verdict == Verdict.TIMEOUT:
+        report = SanitizerReport(tool, ran=False, reason="the call timed out; under the sanitizer it would run "
+                                 "longer still")
+        return dataclasses.replace(result, sanitizer=report)
+    target, _why = recipe(backend, hint)
+    report = sanitize(tool, case, result, config, target, backend.contract.library)
+    verdict = worst([result.verdict, Verdict.FAIL_SANITIZER]) if report.errors else result.verdict
+    return dataclasses.replace(result, sanitizer=report, verdict=verdict)

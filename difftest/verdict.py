@@ -13,6 +13,7 @@ class Verdict(str, enum.Enum):
     CRASH = "CRASH"  # the worker died under the call: a signal, an abort, or a sticky CUDA error
     TIMEOUT = "TIMEOUT"  # the call ran past the run's --timeout and its worker was killed
     FAIL_MUTATED_INPUT = "FAIL(mutated-input)"  # the backend wrote into a tensor it was handed to read
+    FAIL_SANITIZER = "FAIL(sanitizer)"  # compute-sanitizer reported errors when the case was replayed
     FAIL_NONDETERMINISTIC = "FAIL(nondeterministic)"  # identical launches disagreed beyond tolerance
     FAIL_MASK = "FAIL(mask)"  # a -inf where a value belongs, or a finite value where -inf is promised
     FAIL_VALUE = "FAIL(value)"  # values outside the backend's tolerance
@@ -27,12 +28,13 @@ class Verdict(str, enum.Enum):
 
 
 # Which verdict a row (or a result) takes when it shows several symptoms: the one that explains the
-# others. A backend that writes into its inputs explains anything wrong in its output; launches that
-# disagree explain values out of tolerance, but a wrong -inf mask or NaN stays the headline since
-# that is what a top-k consumer trips on (the stability record still says the launches disagreed).
-SEVERITY = (Verdict.CRASH, Verdict.TIMEOUT, Verdict.ERROR, Verdict.FAIL_MUTATED_INPUT, Verdict.FAIL_UNWRITTEN,
-            Verdict.FAIL_NAN, Verdict.FAIL_MASK, Verdict.FAIL_NONDETERMINISTIC, Verdict.FAIL_VALUE,
-            Verdict.PASS, Verdict.SKIP)
+# others. A backend that writes into its inputs, or where the sanitizer says it must not, explains
+# anything wrong in its output; launches that disagree explain values out of tolerance, but a wrong
+# -inf mask or NaN stays the headline, since that is what a top-k consumer trips on (the stability
+# record still says the launches disagreed).
+SEVERITY = (Verdict.CRASH, Verdict.TIMEOUT, Verdict.ERROR, Verdict.FAIL_MUTATED_INPUT, Verdict.FAIL_SANITIZER,
+            Verdict.FAIL_UNWRITTEN, Verdict.FAIL_NAN, Verdict.FAIL_MASK, Verdict.FAIL_NONDETERMINISTIC,
+            Verdict.FAIL_VALUE, Verdict.PASS, Verdict.SKIP)
 
 
 def worst(verdicts: list[Verdict]) -> Verdict:

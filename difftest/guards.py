@@ -1,0 +1,275 @@
+"""What the engine does around one backend call: poison, checksum, repeat, and judge the repeats.
+
+Poisoning (what a backend that leaves output unwritten shows as FAIL(unwritten)):
+* Guaranteed, CPU and CUDA: a buffer the engine hands over (contract.writes_into_output) is all
+  poison (difftest.poison); and every float32/bfloat16/float16 tensor the backend creates through
+  torch's empty-family factories while it runs (torch.empty, empty_like, new_empty, empty_strided,
+  and at::empty called by a C++ extension, since that goes through the dispatcher) starts as poison.
+* Best effort, CUDA only: before each launch, blocks the size of the output are taken from the
+  caching allocator, poisoned and freed, so memory the backend takes from the allocator without
+  the dispatcher (raw_alloc, a registered custom op's internal outputs) is likely, not certain, to
+  be poisoned: the allocator hands back a cached block of that size, but other cached blocks of
+  the same size, or PYTORCH_NO_CUDA_MEMORY_CACHING=1, defeat it.
+* Not on the CPU: glibc's malloc reuses a freed block for the next allocation of that size only
+  sometimes (measured: from 0 to 100 % of outputs landing on poison depending on the size and
+  what was allocated before), so raw CPU memory is not poisoned at all rather than unreliably.
+
+Checksums: every input tensor (q, kv_cache, weights, context_lens, block_table, indices) is
+fingerprinted before the first launch and after the last; a change names the tensor.
+Repeats: the backend is launched `repeat` times on the same inputs and the outputs are compared
+(classify_stability).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from difftest.backends import Backend
+from difftest.compare import tolerance
+from difftest.contract import Contract, MaskConvention
+from difftest.encode import KernelInputs
+from difftest.poison import POISON_BITS, poisoned
+from difftest.verdict import Verdict
+
+INPUT_FIELDS = ("q", "kv_cache", "weights", "context_lens", "block_table", "indices")
+# Words summed at once by fingerprint(): bounds the int64 temporaries to 2 x 128 MiB.
+_CHUNK_WORDS = 1 << 24
+# Cached CUDA blocks of the output's size poisoned before each launch (see the module docstring).
+_POISONED_BLOCKS = 4
+_EMPTY_FACTORIES = {torch.ops.aten.empty, torch.ops.aten.empty_strided, torch.ops.aten.empty_like,
+                    torch.ops.aten.new_empty, torch.ops.aten.new_empty_strided}
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """How the engine calls a backend on one case: the output it expects and how many launches."""
+
+    rows: int
+    max_model_len: int
+    repeat: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Execution:
+    """The backend ran: one output per launch, the inputs it wrote into, the first launch's time."""
+
+    outputs: tuple[torch.Tensor, ...]
+    mutated: tuple[str, ...]
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """The backend did not return: ERROR (it raised), CRASH (its process or device died) or TIMEOUT."""
+
+    verdict: Verdict
+    reason: str
+    seconds: float
+
+
+Outcome = Execution | Fault
+
+
+# --------------------------------------------------------------------------- checksums
+
+def fingerprint(tensor: torch.Tensor) -> tuple[int, int]:
+    """(sum of words, sum of words weighted by position + 1) over the tensor's bytes, on its device.
+
+    Words are int32 where the byte count allows, else bytes; int64 sums wrap, which keeps them
+    independent of the summation order. Any change of one word changes the first sum; moving words
+    around changes the second. Computed on the tensor's device, so a 1 GiB cache costs no copy.
+    """
+    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    words = raw.view(torch.int32) if raw.numel() % 4 == 0 else raw
+    plain = torch.zeros((), dtype=torch.int64, device=raw.device)
+    weighted = torch.zeros((), dtype=torch.int64, device=raw.device)
+    for start in range(0, words.numel(), _CHUNK_WORDS):
+        chunk = words[start:start + _CHUNK_WORDS].to(torch.int64)
+        positions = torch.arange(start + 1, start + 1 + chunk.numel(), device=raw.device)
+        plain += chunk.sum()
+        weighted += (chunk * positions).sum()
+    return int(plain), int(weighted)
+
+
+def input_fingerprints(inputs: KernelInputs) -> dict[str, tuple[int, int]]:
+    """fingerprint() of every tensor a backend is handed, by field name."""
+    tensors = {name: getattr(inputs, name) for name in INPUT_FIELDS}
+    return {name: fingerprint(t) for name, t in tensors.items() if isinstance(t, torch.Tensor)}
+
+
+# --------------------------------------------------------------------------- poisoning
+
+class PoisonFreshTensors(TorchDispatchMode):
+    """While active, every tensor made by an empty-family factory starts as the poison NaN."""
+
+    def __torch_dispatch__(self, func: Callable[..., Any], types: tuple[type, ...], args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if getattr(func, "overloadpacket", None) in _EMPTY_FACTORIES and isinstance(out, torch.Tensor):
+            fill_poison(out)
+        return out
+
+
+def fill_poison(tensor: torch.Tensor) -> None:
+    """Overwrite `tensor` with the poison of its dtype, bit for bit; other dtypes are left alone."""
+    if tensor.dtype not in POISON_BITS or tensor.numel() == 0:
+        return
+    as_int = _INT_OF_SIZE[tensor.element_size()]
+    # Copied as integers: a float copy may quiet or canonicalise the NaN payload.
+    sentinel = poisoned((), tensor.dtype, tensor.device).view(as_int)
+    tensor.view(as_int).copy_(sentinel.expand(tensor.shape))
+
+
+def poison_cached_memory(nbytes: int, dtype: torch.dtype, device: torch.device) -> None:
+    """CUDA: leave poisoned blocks of `nbytes` in the caching allocator for the next allocations."""
+    if device.type != "cuda" or dtype not in POISON_BITS or nbytes == 0:
+        return
+    count = -(-nbytes // dtype.itemsize)
+    held = [poisoned((count,), dtype, device) for _ in range(_POISONED_BLOCKS)]
+    del held  # freed into the cache, poison and all
+
+
+# --------------------------------------------------------------------------- the guarded call
+
+def execute(backend: Backend, inputs: KernelInputs, launch: Launch) -> Outcome:
+    """Call `backend` launch.repeat times under poison and checksums; never raises for its faults.
+
+    A raised exception is ERROR, unless the device no longer runs anything afterwards (a sticky
+    CUDA error such as an illegal memory access): then CRASH, since nothing after it can be trusted.
+    """
+    start = time.perf_counter()
+    try:
+        return _launches(backend, inputs, launch)
+    except Exception as exc:  # the backend's fault becomes its verdict, never the run's end
+        seconds = time.perf_counter() - start
+        reason = f"{type(exc).__name__}: {exc}"
+        broken = device_failure(inputs.q.device)
+        if broken is not None:
+            return Fault(Verdict.CRASH, f"{reason} (device unusable afterwards: {broken})", seconds)
+        return Fault(Verdict.ERROR, reason, seconds)
+
+
+def _launches(backend: Backend, inputs: KernelInputs, launch: Launch) -> Execution:
+    contract, device = backend.contract, inputs.q.device
+    before = input_fingerprints(inputs)
+    outputs, seconds = [], []
+    for _ in range(launch.repeat):
+        out = None
+        if contract.writes_into_output:
+            out = poisoned((launch.rows, launch.max_model_len), contract.output_dtype, device)
+        nbytes = launch.rows * launch.max_model_len * contract.output_dtype.itemsize
+        poison_cached_memory(nbytes, contract.output_dtype, device)
+        start = time.perf_counter()
+        with PoisonFreshTensors():
+            got = backend(inputs, out)
+        synchronize(device)
+        seconds.append(time.perf_counter() - start)
+        got = _checked_output(got, launch)
+        # A backend may hand back the same buffer every launch: keep each launch's bits apart.
+        outputs.append(_bit_copy(got) if launch.repeat > 1 else got)
+    after = input_fingerprints(inputs)
+    mutated = tuple(name for name in before if before[name] != after[name])
+    return Execution(tuple(outputs), mutated, seconds[0])
+
+
+def _checked_output(got: object, launch: Launch) -> torch.Tensor:
+    """`got` when it is a dense tensor holding data; TypeError (the backend's ERROR) otherwise."""
+    expected = f"a torch.Tensor of shape [rows, max_model_len] = {(launch.rows, launch.max_model_len)}"
+    if not isinstance(got, torch.Tensor):
+        raise TypeError(f"backend returned {type(got).__name__}, expected {expected}")
+    if got.layout != torch.strided or got.device.type not in ("cpu", "cuda"):
+        raise TypeError(f"backend returned a {got.layout} tensor on {got.device}, expected {expected} "
+                        "(dense, on cpu or cuda)")
+    return got
+
+
+def _bit_copy(values: torch.Tensor) -> torch.Tensor:
+    """A copy of `values`, NaN payloads (the poison) included: copied as integers of the same width."""
+    if not values.dtype.is_floating_point:
+        return values.clone()
+    as_int = _INT_OF_SIZE[values.element_size()]
+    return values.view(as_int).clone().view(values.dtype)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so errors and timings belong to the call that caused them."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def device_failure(device: torch.device) -> str | None:
+    """Why `device` can no longer run work (a sticky CUDA error), or None when it still can."""
+    if device.type != "cuda":
+        return None
+    try:
+        torch.cuda.synchronize(device)
+        torch.ones(1, device=device).add_(1).item()
+    except Exception as exc:  # any failure here means the context is gone
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+# --------------------------------------------------------------------------- repeats
+
+class StabilityKind(str, enum.Enum):
+    """How identical launches of one backend on one case agreed."""
+
+    BITWISE = "bitwise-stable"  # every launch gave the same bits
+    WITHIN_TOLERANCE = "stable-within-tolerance"  # bits moved, never further than the backend's tolerance
+    UNSTABLE = "unstable"  # some launch moved a value past the tolerance, or changed a -inf, NaN or poison
+
+
+@dataclasses.dataclass(frozen=True)
+class Stability:
+    """Launches 2..K compared with launch 1, over the positions the comparison checks."""
+
+    kind: StabilityKind
+    launches: int
+    moved_rows: list[int]  # rows whose bits changed in any launch
+    unstable_rows: list[int]  # rows that moved past the tolerance (a subset of moved_rows)
+    max_abs_diff: float  # largest |launch k - launch 1| between finite values inside the windows
+
+
+def classify_stability(outputs: tuple[torch.Tensor, ...], expected: torch.Tensor, row_lens: torch.Tensor,
+                       contract: Contract, bound: torch.Tensor | None = None) -> Stability:
+    """Compare every launch with the first, under the comparison's tolerance (compare.tolerance). Positions
+    past a row's window count only when the contract promises -inf there."""
+    rows, width = expected.shape
+    inside = torch.arange(width, device=expected.device)[None, :] < row_lens.to(expected.device)[:, None]
+    checked = inside | (contract.mask == MaskConvention.TAIL_NEG_INF)
+    tol = tolerance(expected, inside, contract, bound)
+    first = outputs[0].to(expected.device)
+    moved = torch.zeros(rows, dtype=torch.bool, device=expected.device)
+    beyond, max_diff = moved.clone(), 0.0
+    for other in outputs[1:]:
+        other = other.to(expected.device)
+        if other.shape != first.shape or other.dtype != first.dtype:
+            moved[:], beyond[:] = True, True
+            continue
+        changed = (_bits(other) != _bits(first)) & checked
+        a, b = first.double(), other.double()
+        finite = inside & torch.isfinite(a) & torch.isfinite(b)
+        diff = torch.where(finite, (a - b).abs(), 0.0)
+        moved |= changed.any(dim=1)
+        beyond |= (changed & ~(finite & (diff <= tol[:, None]))).any(dim=1)
+        max_diff = max(max_diff, float(torch.where(changed, diff, 0.0).max()))
+    kind = (StabilityKind.UNSTABLE if beyond.any() else StabilityKind.WITHIN_TOLERANCE if moved.any()
+            else StabilityKind.BITWISE)
+    return Stability(kind, len(outputs), _rows(moved), _rows(beyond), max_diff)
+
+
+def _bits(values: torch.Tensor) -> torch.Tensor:
+    """The values as integers of the same width, so NaN payloads and -0.0 compare exactly."""
+    return values.view(_INT_OF_SIZE[values.element_size()]) if values.dtype.is_floating_point else values
+
+
+def _rows(mask: torch.Tensor) -> list[int]:
+    return torch.nonzero(mask).flatten().tolist()

@@ -1,0 +1,346 @@
+"""Backends in worker processes: a kernel that segfaults, aborts, hangs or breaks the CUDA context
+costs its own verdict (CRASH, TIMEOUT) and nothing else; the run goes on with a fresh worker.
+
+One long-lived worker per backend, fed cases over a duplex pipe; every frame is torch.save bytes:
+
+    worker -> parent   ("ready", name) once it has rebuilt the backend, or ("fault", text)
+    parent -> worker   (KernelInputs on the CPU, Launch)                        one per case
+    worker -> parent   ("outcome", Execution with CPU outputs | Fault)           one per case
+
+The worker rebuilds the backend from 'package.module:object' (recipe()) and runs guards.execute,
+so poisoning, checksums and repeats are the same as in-process. The parent waits `timeout` seconds
+for an answer (all launches of the case together), then kills the worker: TIMEOUT. A pipe that
+closes without an answer means the worker died: CRASH with its signal (SIGSEGV, SIGABRT) or exit
+status and the tail of its stderr (faulthandler writes the Python stack there). A worker whose call
+left the device unusable answers CRASH and exits. Whichever way a worker ends, the next case of that
+backend starts a new one. A backend that cannot be rebuilt from a module path (made in a function,
+in __main__, or configured after construction) runs in-process, and its results say why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import faulthandler
+import io
+import multiprocessing
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Mapping
+from multiprocessing.connection import Connection
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+import torch
+
+from difftest.backends import Backend, load_backend
+from difftest.backends.user import FunctionBackend
+from difftest.encode import KernelInputs
+from difftest.errors import SpecError
+from difftest.guards import Execution, Fault, Launch, Outcome, PoisonFreshTensors, execute
+from difftest.verdict import Verdict
+
+DEFAULT_TIMEOUT = 600.0  # seconds one case may take in a worker when the run sets no --timeout
+STARTUP_TIMEOUT = 600.0  # seconds a worker may take to import and build its backend (a JIT library)
+_STDERR_LINES = 4  # last lines of a dead worker's stderr quoted when faulthandler said nothing
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    """forkserver where the platform has it, else spawn; never plain fork. DIFFTEST_WORKER_START=spawn
+    forces spawn (should a library ever touch CUDA at import in the fork server).
+
+    A forked child of a process that has initialised CUDA cannot use CUDA, so the parent is never
+    forked. The fork server is a fresh interpreter that imports torch and this module once
+    (without touching CUDA); each worker forked from it starts in milliseconds instead of the
+    seconds a spawned interpreter takes to import torch, which matters since a crashing backend
+    needs a new worker for every case.
+    """
+    method = os.environ.get("DIFFTEST_WORKER_START", "forkserver")
+    if method not in ("forkserver", "spawn"):
+        raise SpecError("DIFFTEST_WORKER_START", method, "forkserver or spawn")
+    if method == "spawn" or "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    # torch._dynamo: entering the first dispatch mode (guards.PoisonFreshTensors) imports it, 1.5 s.
+    context.set_forkserver_preload([__name__, "torch._dynamo"])
+    return context
+
+
+class Executor(Protocol):
+    """Where a backend's call runs: `note` is what the result records about it (None: nothing)."""
+
+    note: str | None
+
+    def __call__(self, backend: Backend, inputs: KernelInputs, launch: Launch) -> Outcome: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class InProcess:
+    """The call runs in this process."""
+
+    note: str | None = None
+
+    def __call__(self, backend: Backend, inputs: KernelInputs, launch: Launch) -> Outcome:
+        return execute(backend, inputs, launch)
+
+
+def recipe(backend: Backend, hint: str | None = None) -> tuple[str | None, str]:
+    """('package.module:object' that rebuilds `backend` in a fresh process, '') or (None, why not).
+
+    `hint` (the --backend-module or registry target it was loaded from) is tried first, then the
+    backend's own class or function; a target counts only if what it builds equals `backend`.
+    """
+    source = backend.fn if isinstance(backend, FunctionBackend) else type(backend)
+    module, qualname = getattr(source, "__module__", None), getattr(source, "__qualname__", "")
+    own = None if not module or module == "__main__" or "<locals>" in qualname else f"{module}:{qualname}"
+    tried = []
+    for target in dict.fromkeys(t for t in (hint, own) if t):
+        why = _rebuild_difference(backend, target)
+        if why is None:
+            return target, ""
+        tried.append(f"{target} {why}")
+    if not tried:
+        return None, f"{backend.name} is defined in {module or '?'}:{qualname}, which a fresh process cannot import"
+    return None, "; ".join(tried)
+
+
+def _rebuild_difference(backend: Backend, target: str) -> str | None:
+    """How what `target` builds differs from `backend`, or None when it is the same backend."""
+    try:
+        again = load_backend(target, "backend")
+    except SpecError as exc:
+        return f"does not load: {exc}"
+    same = (type(again) is type(backend) and again.name == backend.name and again.contract == backend.contract
+            and getattr(again, "fn", None) is getattr(backend, "fn", None))
+    return None if same else "builds a different backend (this one was changed after it was made)"
+
+
+# --------------------------------------------------------------------------- frames
+
+def _dumps(obj: object) -> memoryview:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getbuffer()  # no copy: a 100K-context cache is a gigabyte
+
+
+def _loads(data: bytes) -> Any:
+    # Frames come only from this module's own processes.
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
+def _moved(inputs: KernelInputs, device: str | torch.device) -> KernelInputs:
+    tensors = {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs)}
+    return dataclasses.replace(inputs, **{k: v.to(device) for k, v in tensors.items() if isinstance(v, torch.Tensor)})
+
+
+def _on_cpu(outcome: Outcome) -> Outcome:
+    if isinstance(outcome, Execution):
+        return dataclasses.replace(outcome, outputs=tuple(t.cpu() for t in outcome.outputs))
+    return outcome
+
+
+# --------------------------------------------------------------------------- the worker process
+
+def serve(conn: Connection, target: str, device: str, log_path: str) -> None:
+    """The worker's main: rebuild the backend, then answer cases until the pipe closes."""
+    _redirect_output(log_path)
+    try:
+        backend = load_backend(target, "backend")
+    except BaseException as exc:  # anything that stops the import is the answer
+        conn.send_bytes(_dumps(("fault", f"{type(exc).__name__}: {exc}")))
+        return
+    # The first dispatch mode imports torch._dynamo (1.5 s where the fork server did not preload
+    # it): paid here, before "ready", so it never counts against a case's timeout.
+    with PoisonFreshTensors():
+        torch.empty(0)
+    conn.send_bytes(_dumps(("ready", backend.name)))
+    while True:
+        try:
+            inputs, launch = _loads(conn.recv_bytes())
+        except EOFError:
+            return
+        outcome = execute(backend, _moved(inputs, device), launch)
+        try:
+            conn.send_bytes(_dumps(("outcome", _on_cpu(outcome))))
+        except Exception as exc:  # an output torch.save cannot write
+            conn.send_bytes(_dumps(("outcome", Fault(Verdict.ERROR, f"output not sendable: {exc}", 0.0))))
+        if isinstance(outcome, Fault) and outcome.verdict == Verdict.CRASH:
+            return  # the device is unusable in this process; the parent starts a new worker
+
+
+def _redirect_output(log_path: str) -> None:
+    """The backend's prints and the fatal-signal stack go to the log the parent quotes on a crash."""
+    log = open(log_path, "ab", buffering=0)  # open for the life of the process
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    faulthandler.enable(file=log)
+
+
+# --------------------------------------------------------------------------- the parent's side
+
+class Worker:
+    """One backend's worker process, started on demand and replaced after it dies or hangs."""
+
+    note = "worker"
+
+    def __init__(self, target: str, device: str, timeout: float, log_dir: Path) -> None:
+        self.target, self.device, self.timeout, self.log_dir = target, device, timeout, log_dir
+        self.process: multiprocessing.process.BaseProcess | None = None
+        self.conn: Connection | None = None
+        self.ready = False
+        self.started = 0  # processes started so far: one more each time a worker is replaced
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"{self.started}.log"
+
+    def start(self) -> None:
+        """Start the process; it loads the backend while the parent goes on."""
+        self.started += 1
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        parent_conn, child_conn = multiprocessing.Pipe()
+        self.process = _context().Process(target=serve, args=(child_conn, self.target, self.device,
+                                                              str(self.log_path)), daemon=True)
+        self.process.start()
+        child_conn.close()  # so the parent sees EOF when the child dies
+        self.conn, self.ready = parent_conn, False
+
+    def __call__(self, backend: Backend, inputs: KernelInputs, launch: Launch) -> Outcome:
+        if self.process is None:
+            self.start()
+        fault = self._await_ready()
+        if fault is not None:
+            return fault
+        assert self.conn is not None
+        start = time.perf_counter()
+        try:
+            self.conn.send_bytes(_dumps((_moved(inputs, "cpu"), launch)))
+        except OSError:
+            return self._died(time.perf_counter() - start)
+        return self._answer(start)
+
+    def _answer(self, start: float) -> Outcome:
+        assert self.conn is not None
+        if not self.conn.poll(self.timeout):
+            self.kill()
+            return Fault(Verdict.TIMEOUT, f"no answer within {self.timeout:g} s; the worker was killed",
+                         time.perf_counter() - start)
+        try:
+            _kind, outcome = _loads(self.conn.recv_bytes())
+        except (EOFError, OSError):
+            return self._died(time.perf_counter() - start)
+        if isinstance(outcome, Fault) and outcome.verdict == Verdict.CRASH:
+            self.stop()
+        return outcome
+
+    def _await_ready(self) -> Fault | None:
+        if self.ready:
+            return None
+        assert self.conn is not None
+        if not self.conn.poll(STARTUP_TIMEOUT):
+            self.kill()
+            return Fault(Verdict.TIMEOUT, f"the worker did not load {self.target} within {STARTUP_TIMEOUT:g} s", 0.0)
+        try:
+            kind, payload = _loads(self.conn.recv_bytes())
+        except (EOFError, OSError):
+            return self._died(0.0, while_="loading the backend")
+        if kind != "ready":
+            self.stop()
+            return Fault(Verdict.ERROR, f"the worker could not load {self.target}: {payload}", 0.0)
+        self.ready = True
+        return None
+
+    def _died(self, seconds: float, while_: str = "the call") -> Fault:
+        """CRASH: how the process ended and the last lines it wrote."""
+        assert self.process is not None
+        self.process.join(10)
+        how = exit_description(self.process.exitcode)
+        tail = crash_summary(self.log_path)
+        self.stop()
+        return Fault(Verdict.CRASH, f"worker {how} during {while_}" + (f"; stderr: {tail}" if tail else ""), seconds)
+
+    def kill(self) -> None:
+        """SIGKILL the process (a hung kernel ignores anything gentler) and forget it."""
+        if self.process is not None and self.process.is_alive():
+            self.process.kill()
+        self.stop()
+
+    def stop(self) -> None:
+        """Close the pipe (a live worker exits on EOF), reap the process, forget both."""
+        if self.conn is not None:
+            self.conn.close()
+        if self.process is not None:
+            self.process.join(10)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join()
+        self.process, self.conn, self.ready = None, None, False
+
+
+def exit_description(exitcode: int | None) -> str:
+    """'killed by SIGSEGV', 'exited with status 3', ... for a multiprocessing exit code."""
+    if exitcode is None:
+        return "did not exit"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with status {exitcode}"
+
+
+def crash_summary(path: Path) -> str:
+    """What a dead worker's log says about its death, on one line.
+
+    faulthandler writes "Fatal Python error: Segmentation fault" and the Python stack, innermost
+    frame first; a C++ abort prints its what() just before. Those lines, else the log's last lines.
+    """
+    try:
+        text = path.read_bytes()[-16384:].decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    fatal = next((i for i, line in enumerate(lines) if line.startswith("Fatal Python error")), None)
+    if fatal is None:
+        return " | ".join(lines[-_STDERR_LINES:])
+    frame = next((line for line in lines[fatal:] if line.startswith("File ")), None)
+    said = lines[max(0, fatal - 2):fatal]
+    return " | ".join([*said, lines[fatal], *([f"innermost {frame}"] if frame else [])])
+
+
+class WorkerPool:
+    """A Worker for every backend that can be rebuilt in a fresh process, InProcess for the rest."""
+
+    def __init__(self, backends: list[Backend], device: str, timeout: float | None,
+                 hints: Mapping[str, str] | None = None) -> None:
+        self.log_dir = Path(tempfile.mkdtemp(prefix="difftest-workers-"))
+        hints, limit = hints or {}, timeout or DEFAULT_TIMEOUT
+        self.executors: list[Executor] = [self._executor(b, hints.get(b.name), index, device, limit)
+                                          for index, b in enumerate(backends)]
+
+    def _executor(self, backend: Backend, hint: str | None, index: int, device: str, timeout: float) -> Executor:
+        target, why = recipe(backend, hint)
+        if target is None:
+            return InProcess(note=f"in-process: {why}")
+        return Worker(target, device, timeout, self.log_dir / str(index))
+
+    def __enter__(self) -> WorkerPool:
+        # Started together, so the backends' imports overlap.
+        for executor in self.executors:
+            if isinstance(executor, Worker):
+                executor.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        # Interrupted (Ctrl-C, an error): kill, since a worker may be mid-call; else let them exit.
+        for executor in self.executors:
+            if isinstance(executor, Worker) and kind is not None:
+                executor.kill()
+            elif isinstance(executor, Worker):
+                executor.stop()
+        shutil.rmtree(self.log_dir, ignore_errors=True)
+

@@ -1,0 +1,217 @@
+"""Re-run a (backend, case) under NVIDIA compute-sanitizer and keep what it found.
+
+The case is written as a reproducer bundle (difftest.bundle) and replayed in a fresh process,
+
+    compute-sanitizer --tool TOOL --error-exitcode 99 python -m difftest.cli replay BUNDLE
+
+with PYTORCH_NO_CUDA_MEMORY_CACHING=1: with torch's caching allocator on, a read past the end of
+a tensor usually lands inside a larger cached segment, which the sanitizer counts as valid memory.
+The sanitizer's report lines (each starts with "========= ") are parsed into Findings, one per
+distinct (message, kernel) with a count. Without CUDA or without the tool the report says why;
+nothing here raises for the tool's absence or its failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from difftest.case import Case
+    from difftest.runner import CaseResult, RunConfig
+
+TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
+ERROR_EXITCODE = 99  # what the sanitizer exits with when it reported errors
+TIMEOUT = 900.0  # seconds: replays under memcheck run tens of times slower than the kernel
+_PREFIX = "========="
+_TAIL_LINES = 40
+_DETAILS_KEPT = 4
+_SKIPPED_HEADLINES = re.compile(r"^(COMPUTE-SANITIZER|ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|"
+                                r"Target application returned an error)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One kind of error the sanitizer reported: its message, where, and how often."""
+
+    message: str  # e.g. "Invalid __global__ read of size 4 bytes"
+    kernel: str | None  # from the report's "at ... in ..." line
+    count: int  # reports with this message and kernel (memcheck reports every faulting thread)
+    details: tuple[str, ...]  # the first report's thread, block and address lines
+
+    def describe(self) -> str:
+        where = f" in {self.kernel}" if self.kernel else ""
+        return f"{self.message}{where}" + (f" (x{self.count})" if self.count > 1 else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class SanitizerReport:
+    """What one sanitizer run found, or why it did not run."""
+
+    tool: str
+    ran: bool
+    reason: str | None = None  # why it did not run or did not finish
+    command: str | None = None
+    exit_code: int | None = None
+    errors: int | None = None  # the count of its ERROR SUMMARY line
+    findings: tuple[Finding, ...] = ()
+    output_tail: str = ""
+
+    def summary(self) -> str:
+        """One line: the error count and the distinct findings, or why there are none."""
+        if not self.ran:
+            return f"{self.tool}: not run: {self.reason}"
+        head = f"{self.tool}: {self.errors if self.errors is not None else '?'} errors"
+        if self.reason:
+            head += f" ({self.reason})"
+        found = "; ".join(f.describe() for f in self.findings)
+        return f"{head}: {found}" if found else head
+
+
+def find_sanitizer() -> str | None:
+    """compute-sanitizer on PATH, else under $CUDA_HOME/bin or /usr/local/cuda/bin."""
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        candidate = Path(root or "") / "bin" / "compute-sanitizer"
+        if root and candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+def unavailable_reason(device: str) -> str | None:
+    """Why no sanitizer run is possible for a run on `device`, or None."""
+    import torch
+
+    if device != "cuda":
+        return f"compute-sanitizer checks CUDA kernels; this run is on {device}"
+    if not torch.cuda.is_available():
+        return "torch.cuda.is_available() is False"
+    if find_sanitizer() is None:
+        return "compute-sanitizer not found on PATH, in $CUDA_HOME/bin or in /usr/local/cuda/bin"
+    return None
+
+
+def sanitizer_command(tool: str, bundle: str | Path, sanitizer: str = "compute-sanitizer",
+                      python: str = sys.executable) -> list[str]:
+    """The argv that replays `bundle` under `tool`."""
+    if tool not in TOOLS:
+        raise ValueError(f"tool={tool!r}: expected one of {list(TOOLS)}")
+    return [sanitizer, "--tool", tool, "--error-exitcode", str(ERROR_EXITCODE),
+            python, "-m", "difftest.cli", "replay", str(bundle)]
+
+
+def sanitizer_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The replay's environment: caching off, and this interpreter's import path."""
+    env = dict(os.environ if base is None else base)
+    env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+    # The replay must import what this process imported (a --backend-module under tests/, say).
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
+
+
+def parse_output(text: str) -> tuple[int | None, tuple[Finding, ...]]:
+    """(the ERROR SUMMARY count, the distinct findings) of a compute-sanitizer report."""
+    errors = None
+    reports: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if not line.startswith(_PREFIX):
+            continue
+        body = line[len(_PREFIX):]
+        summary = re.match(r"\s*ERROR SUMMARY: (\d+) errors?", body)
+        if summary:
+            errors = int(summary.group(1))
+        elif body.strip() and not body.startswith("  "):
+            headline = body.strip()
+            if not _SKIPPED_HEADLINES.match(headline):
+                reports.append((headline, []))
+        elif body.strip() and reports:
+            reports[-1][1].append(body.strip())
+    return errors, _grouped(reports)
+
+
+def _grouped(reports: list[tuple[str, list[str]]]) -> tuple[Finding, ...]:
+    """One Finding per (message, kernel), in order of first appearance."""
+    found: dict[tuple[str, str | None], Finding] = {}
+    for message, lines in reports:
+        kernel = next((k for k in map(_kernel, lines) if k), None)
+        key = (message, kernel)
+        if key in found:
+            found[key] = dataclasses.replace(found[key], count=found[key].count + 1)
+            continue
+        details = tuple(line for line in lines if not _is_backtrace(line) and _kernel(line) is None)
+        found[key] = Finding(message, kernel, 1, details[:_DETAILS_KEPT])
+    return tuple(found.values())
+
+
+def _kernel(line: str) -> str | None:
+    """The kernel of an 'at ...' line: 'at 0x1b0 in NAME' (older tools) or 'at NAME+0x1b0 in FILE:LINE'."""
+    old = re.match(r"at 0x[0-9a-fA-F]+ in (.+)$", line)
+    if old:
+        return old.group(1).strip()
+    new = re.match(r"at (.+?)\+0x[0-9a-fA-F]+ in (.+)$", line)
+    if new:
+        return f"{new.group(1).strip()} ({new.group(2).strip()})"
+    return None
+
+
+def _is_backtrace(line: str) -> bool:
+    return line.startswith(("Host Frame", "Saved host backtrace", "Device Frame", "in /", "in lib"))
+
+
+def sanitize(tool: str, case: Case, result: CaseResult, config: RunConfig, backend_module: str | None,
+             library: str = "") -> SanitizerReport:
+    """Replay (case, result's backend) under `tool` in a fresh process; the report never raises.
+
+    `backend_module` is 'package.module:object' that rebuilds the backend (isolate.recipe); None
+    when it cannot be rebuilt, which the report then gives as its reason.
+    """
+    from difftest.bundle import write_bundle
+
+    reason = unavailable_reason(config.device)
+    if reason is None and backend_module is None:
+        reason = "the backend cannot be rebuilt in a fresh process (see the result's isolation note)"
+    if reason is not None:
+        return SanitizerReport(tool=tool, ran=False, reason=reason)
+    with tempfile.TemporaryDirectory(prefix="difftest-sanitize-") as folder:
+        bundle = write_bundle(folder, case, result, config, backend_module, library)
+        argv = sanitizer_command(tool, bundle, find_sanitizer() or "compute-sanitizer")
+        return run_sanitizer(tool, argv)
+
+
+def run_sanitizer(tool: str, argv: list[str], timeout: float = TIMEOUT) -> SanitizerReport:
+    """Run `argv` (sanitizer_command's) and parse its output; a timeout or a missing binary is a reason."""
+    command = shlex.join(argv)
+    try:
+        done = subprocess.run(argv, env=sanitizer_environment(), capture_output=True, text=True,
+                              errors="replace", timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        text = _text(exc.stdout) + _text(exc.stderr)
+        errors, findings = parse_output(text)
+        return SanitizerReport(tool, True, f"timed out after {timeout:g} s", command, None, errors, findings,
+                               _tail(text))
+    except OSError as exc:
+        return SanitizerReport(tool, False, f"could not start: {exc}", command)
+    text = done.stdout + done.stderr
+    errors, findings = parse_output(text)
+    ended = None if errors is not None else f"no ERROR SUMMARY line (exit status {done.returncode})"
+    return SanitizerReport(tool, True, ended, command, done.returncode, errors, findings, _tail(text))
+
+
+def _text(value: str | bytes | None) -> str:
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return value or ""
+
+
+def _tail(text: str) -> str:
+    return "\n".join(text.splitlines()[-_TAIL_LINES:])

@@ -1,0 +1,135 @@
+"""Planted broken backends for the isolation and guard tests: `--backend-module tests.broken_backends:<name>`.
+
+Each is right (the oracle's formula on the bytes it is handed: per-row lengths, block-split cache)
+except for one way real kernels break, and each break has exactly one verdict:
+
+    segfaults             CRASH (SIGSEGV)             hangs                  TIMEOUT
+    aborts                CRASH (SIGABRT)             raises                 ERROR
+    writes_into_inputs    FAIL(mutated-input)         leaves_row_unwritten   FAIL(unwritten)
+    reads_past_table      FAIL(nan)                   nondeterministic       FAIL(nondeterministic) with --repeat
+    reorders_heads        PASS, stable within tolerance with --repeat
+    strict_raises         ERROR; a factory whose backend only its own path rebuilds (isolate.recipe)
+
+segfaults, aborts and hangs take the process down with them: run them only under isolation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import signal
+import time
+
+import torch
+
+from difftest.backends.user import FunctionBackend, backend
+from difftest.contract import CacheLayout, Contract, LengthEncoding, MaskConvention
+from difftest.encode import unpack_cache
+from difftest.fp8 import Fp8Flavour, decode
+from oracles.paged_mqa_logits import paged_mqa_logits
+
+CONTRACT = Contract(length_encoding=LengthEncoding.PER_ROW, cache_layout=CacheLayout.BLOCK_SPLIT,
+                    mask=MaskConvention.TAIL_NEG_INF, rtol=1e-6, library="tests.broken_backends")
+HANG_SECONDS = 3600
+_LAUNCHES = itertools.count(1)  # launches of the two nondeterministic backends in this process
+
+
+def logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, row_lens: torch.Tensor,
+           block_table: torch.Tensor, max_model_len: int) -> torch.Tensor:
+    """The oracle's float64 logits [B * next_n, max_model_len] of e4m3fn block-split inputs."""
+    k_pool, scales = unpack_cache(kv_cache, q.shape[-1], CacheLayout.BLOCK_SPLIT)
+    flavour = Fp8Flavour.E4M3FN
+    return paged_mqa_logits(decode(q.view(torch.uint8), flavour), decode(k_pool, flavour), scales, weights,
+                            block_table, row_lens.long(), max_model_len)
+
+
+@backend(contract=CONTRACT, name="broken-segfaults")
+def segfaults(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Dies of SIGSEGV, as a kernel wrapper dereferencing a bad host pointer does."""
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+@backend(contract=CONTRACT, name="broken-aborts")
+def aborts(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Dies of SIGABRT, as a failed C++ assertion (TORCH_CHECK in a noexcept path) does."""
+    os.abort()
+
+
+@backend(contract=CONTRACT, name="broken-hangs")
+def hangs(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Never returns, like a kernel spinning on a barrier that some block never reaches."""
+    time.sleep(HANG_SECONDS)
+
+
+@backend(contract=CONTRACT, name="broken-raises")
+def raises(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    raise RuntimeError("launch failed: too many resources requested")
+
+
+@backend(contract=CONTRACT, name="broken-writes-inputs")
+def writes_into_inputs(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Right logits, but it scales the weights in place afterwards (an in-place op on a borrowed tensor)."""
+    out = logits(q, kv_cache, weights, context_lens, block_table, max_model_len)
+    weights.mul_(2.0)
+    return out
+
+
+@backend(contract=CONTRACT, name="broken-unwritten-row")
+def leaves_row_unwritten(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Allocates its own output with torch.empty and never writes the last row (no block launched for it)."""
+    out = torch.empty(weights.shape[0], max_model_len, dtype=torch.float32, device=q.device)
+    full = logits(q, kv_cache, weights, context_lens, block_table, max_model_len)
+    out[:-1] = full[:-1].to(out.dtype)
+    return out
+
+
+@backend(contract=CONTRACT, name="broken-reads-past-table")
+def reads_past_table(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Off by one in the block loop: the last block of each sequence is read from the column after
+    it, one past the used width. That column holds a stale entry, which the generators point at a
+    NaN canary block, so the last block's positions come out NaN."""
+    block_size = kv_cache.shape[1]
+    seq_lens = context_lens.long()[:, -1]  # the last draft row sees the whole sequence
+    used = (seq_lens + block_size - 1) // block_size  # (B,)
+    columns = torch.arange(block_table.shape[1], device=block_table.device)
+    last = (columns[None, :] == (used - 1)[:, None]) & (used[:, None] < block_table.shape[1])
+    shifted = torch.where(last, block_table.roll(-1, dims=1), block_table)
+    return logits(q, kv_cache, weights, context_lens, shifted, max_model_len)
+
+
+@backend(contract=CONTRACT, name="broken-nondeterministic")
+def nondeterministic(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """A race: on every launch one row picks up a different error (an unsynchronised partial sum).
+
+    The launch counter stands in for the scheduler's randomness, so two launches always differ
+    (a random draw could repeat itself and make the test flaky).
+    """
+    launch = next(_LAUNCHES)
+    out = logits(q, kv_cache, weights, context_lens, block_table, max_model_len)
+    finite = torch.isfinite(out)
+    rows = torch.nonzero(finite.any(dim=1)).flatten().tolist()
+    if rows:
+        row = rows[launch % len(rows)]
+        out[row] = torch.where(finite[row], out[row] * (1 + 0.01 * launch) + 1e-3 * launch, out[row])
+    return out
+
+
+@backend(contract=CONTRACT, name="reorders-heads")
+def reorders_heads(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Sums the heads in float32, forwards on one launch and backwards on the next (as a split-K
+    reduction whose order follows the schedule): bits move, always within the fp32 rounding bound."""
+    heads = list(range(q.shape[2]))
+    total = None
+    for h in heads if next(_LAUNCHES) % 2 else heads[::-1]:
+        part = logits(q[:, :, h:h + 1], kv_cache, weights[:, h:h + 1], context_lens, block_table,
+                      max_model_len).float()
+        total = part if total is None else torch.where(torch.isfinite(part), total + part, part)
+    return total
+
+
+def strict_raises() -> FunctionBackend:
+    """A factory that renames `raises` and tightens its tolerance after making it: `raises`' own path
+    builds something else, so a worker can rebuild it only from this factory's path."""
+    made = FunctionBackend.from_function(raises)
+    return dataclasses.replace(made, name="broken-raises-strict", contract=dataclasses.replace(made.contract, rtol=0.0))

@@ -1,0 +1,336 @@
+"""Isolation: backends in worker processes survive segfaults, aborts and hangs; streams and resume.
+
+The workers are real processes running the planted backends of tests/broken_backends.py; nothing
+is faked. The fork server (one per test process) costs a couple of seconds once; workers are cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from difftest.backends.torch_ref import TorchBackend
+from difftest.backends.user import FunctionBackend, backend
+from difftest.cli import EXIT_FAILED, EXIT_USAGE, main
+from difftest.encode import encode
+from difftest.guards import Execution, Launch, execute
+from difftest.isolate import InProcess, Worker, crash_summary, exit_description, recipe
+from difftest.report import ResultStream, load_results, write_json
+from difftest.runner import RunConfig, run
+from difftest.sanitize import Finding, SanitizerReport
+from difftest.verdict import Verdict
+from generators import build_case
+from tests import broken_backends as bb
+from tests.support import REPO_ROOT, TINY
+
+CASE_SPEC = TINY.replace(next_n=2, lengths=(7, 20, 0))
+EXPECTED = {  # backend object in tests.broken_backends -> (its name, its verdict on every case)
+    "segfaults": ("broken-segfaults", Verdict.CRASH),
+    "aborts": ("broken-aborts", Verdict.CRASH),
+    "hangs": ("broken-hangs", Verdict.TIMEOUT),
+    "raises": ("broken-raises", Verdict.ERROR),
+    "writes_into_inputs": ("broken-writes-inputs", Verdict.FAIL_MUTATED_INPUT),
+    "leaves_row_unwritten": ("broken-unwritten-row", Verdict.FAIL_UNWRITTEN),
+    "reads_past_table": ("broken-reads-past-table", Verdict.FAIL_NAN),
+    "nondeterministic": ("broken-nondeterministic", Verdict.FAIL_NONDETERMINISTIC),
+    "reorders_heads": ("reorders-heads", Verdict.PASS),
+    "strict_raises": ("broken-raises-strict", Verdict.ERROR),  # a factory: rebuilt from its own path
+}
+CASE_FILTERS = ("length-one-*", "stale-canary-table-*")  # two edge cases: one short, one with stale columns
+RUN_ARGS = ["run", "--backends", "torch", "--cases", "edges", "--isolate", "--timeout", "1", "--repeat", "3",
+            "--no-progress",
+            *[arg for name in EXPECTED for arg in ("--backend-module", f"tests.broken_backends:{name}")],
+            *[arg for glob in CASE_FILTERS for arg in ("--case-filter", glob)]]
+WANT = {"torch": Verdict.PASS, **dict(EXPECTED.values())}
+
+
+def _fn(f) -> FunctionBackend:
+    return FunctionBackend.from_function(f)
+
+
+def _worker(name: str, tmp_path: Path, timeout: float = 30.0) -> Worker:
+    return Worker(f"tests.broken_backends:{name}", "cpu", timeout, tmp_path / name)
+
+
+def _call(worker, backend_, case):
+    return worker(backend_, encode(case, backend_.contract), Launch(case.rows, case.max_model_len))
+
+
+# --------------------------------------------------------------------------- recipes
+
+def test_recipe_of_registered_module_and_factory_backends():
+    assert recipe(TorchBackend()) == ("difftest.backends.torch_ref:TorchBackend", "")
+    assert recipe(_fn(bb.raises)) == ("tests.broken_backends:raises", "")
+
+
+def test_recipe_refuses_what_a_fresh_process_cannot_rebuild():
+    @backend(contract=bb.CONTRACT, name="local")
+    def local(q, kv_cache, weights, context_lens, block_table, max_model_len):
+        raise AssertionError("never called")
+
+    target, why = recipe(_fn(local))
+    assert target is None and "<locals>" in why, f"{why=}"
+    changed = _fn(bb.raises)
+    changed.contract = dataclasses.replace(changed.contract, rtol=0.5)
+    target, why = recipe(changed)
+    assert target is None and "changed after it was made" in why, f"{why=}"
+
+
+def test_recipe_takes_the_path_it_was_loaded_from_when_that_rebuilds_it():
+    strict = bb.strict_raises()
+    assert recipe(strict, "tests.broken_backends:strict_raises") == ("tests.broken_backends:strict_raises", "")
+    target, why = recipe(strict)
+    assert target is None and why == ("tests.broken_backends:raises builds a different backend (this one was "
+                                       "changed after it was made)"), f"{why=}"
+    target, why = recipe(strict, "tests.broken_backends:raises")
+    assert target is None and why.startswith("tests.broken_backends:raises builds a different"), f"{why=}"
+
+
+def test_backend_that_cannot_be_rebuilt_runs_in_process_and_says_why():
+    @backend(contract=bb.CONTRACT, name="local-oracle")
+    def local(q, kv_cache, weights, context_lens, block_table, max_model_len):
+        return bb.logits(q, kv_cache, weights, context_lens, block_table, max_model_len)
+
+    results = run([_fn(local), TorchBackend()], [build_case(CASE_SPEC, 0)], RunConfig(isolate=True))
+    assert [r.verdict for r in results] == [Verdict.PASS, Verdict.PASS], f"{results=}"
+    assert results[0].isolation.startswith("in-process: ") and "<locals>" in results[0].isolation
+    assert results[1].isolation == "worker"
+    assert run([TorchBackend()], [build_case(CASE_SPEC, 0)], RunConfig())[0].isolation is None
+
+
+# --------------------------------------------------------------------------- one worker
+
+def test_worker_gives_the_same_bits_as_in_process(tmp_path):
+    case = build_case(CASE_SPEC, 0)
+    torch_backend = TorchBackend()
+    worker = Worker("difftest.backends.torch_ref:TorchBackend", "cpu", 30.0, tmp_path)
+    try:
+        isolated = _call(worker, torch_backend, case)
+    finally:
+        worker.stop()
+    local = _call(InProcess(), torch_backend, case)
+    assert isinstance(isolated, Execution) and isinstance(local, Execution), f"{isolated=} {local=}"
+    assert torch.equal(isolated.outputs[0].view(torch.int64), local.outputs[0].view(torch.int64))
+
+
+@pytest.mark.parametrize("name, signal_name", [("segfaults", "SIGSEGV"), ("aborts", "SIGABRT")])
+def test_worker_killed_by_a_signal_is_crash_and_is_replaced(tmp_path, name, signal_name):
+    case = build_case(CASE_SPEC, 0)
+    worker, dying = _worker(name, tmp_path), _fn(getattr(bb, name))
+    try:
+        first, second = _call(worker, dying, case), _call(worker, dying, case)
+    finally:
+        worker.stop()
+    for fault in (first, second):
+        assert fault.verdict == Verdict.CRASH and f"worker killed by {signal_name}" in fault.reason, f"{fault=}"
+        assert "innermost File" in fault.reason and f"in {name}" in fault.reason, f"{fault.reason=}"
+    assert worker.started == 2, "a new worker for the second call"
+
+
+def test_hung_worker_is_killed_at_the_timeout_and_replaced(tmp_path):
+    case = build_case(CASE_SPEC, 0)
+    worker = _worker("hangs", tmp_path, timeout=0.5)
+    try:
+        fault = _call(worker, _fn(bb.hangs), case)
+        assert worker.process is None, "killed and forgotten"
+        again = _call(worker, _fn(bb.hangs), case)
+    finally:
+        worker.stop()
+    assert fault.verdict == again.verdict == Verdict.TIMEOUT, f"{fault=} {again=}"
+    assert fault.reason == "no answer within 0.5 s; the worker was killed" and worker.started == 2
+
+
+def test_worker_that_cannot_load_its_backend_is_error(tmp_path):
+    worker = Worker("tests.broken_backends:no_such_backend", "cpu", 30.0, tmp_path)
+    try:
+        fault = _call(worker, _fn(bb.raises), build_case(CASE_SPEC, 0))
+    finally:
+        worker.stop()
+    assert fault.verdict == Verdict.ERROR and "no_such_backend" in fault.reason, f"{fault=}"
+
+
+def test_in_process_and_worker_agree_on_a_raising_backend(tmp_path):
+    case = build_case(CASE_SPEC, 0)
+    worker = _worker("raises", tmp_path)
+    try:
+        isolated = _call(worker, _fn(bb.raises), case)
+    finally:
+        worker.stop()
+    local = execute(_fn(bb.raises), encode(case, bb.CONTRACT), Launch(case.rows, case.max_model_len))
+    assert (isolated.verdict, isolated.reason) == (local.verdict, local.reason) == (
+        Verdict.ERROR, "RuntimeError: launch failed: too many resources requested")
+
+
+def test_exit_description_and_crash_summary(tmp_path):
+    assert exit_description(-signal.SIGSEGV) == "killed by SIGSEGV"
+    assert exit_description(3) == "exited with status 3" and exit_description(None) == "did not exit"
+    log = tmp_path / "w.log"
+    log.write_text("terminate called after throwing an instance of 'c10::Error'\n  what():  bad launch\n"
+                   "Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call first):\n"
+                   '  File "/k/kernel.py", line 9 in launch\n  File "/k/run.py", line 1 in main\n\n'
+                   "Extension modules: torch._C (total: 1)\n")
+    assert crash_summary(log) == ("terminate called after throwing an instance of 'c10::Error' | what():  bad launch"
+                                  ' | Fatal Python error: Aborted | innermost File "/k/kernel.py", line 9 in launch')
+    log.write_text("one\ntwo\n\nthree\nfour\nfive\n")
+    assert crash_summary(log) == "two | three | four | five"
+    assert crash_summary(tmp_path / "missing.log") == ""
+
+
+# --------------------------------------------------------------------------- the whole run
+
+def _pairs(results) -> list[tuple[str, str]]:
+    return [(r.backend, r.case) for r in results]
+
+
+def test_one_run_over_every_broken_backend_gives_each_its_verdict(tmp_path, capsys):
+    report, stream = tmp_path / "run.json", tmp_path / "run.jsonl"
+    code = main([*RUN_ARGS, "--report", str(report)])
+    out = capsys.readouterr().out
+    assert code == EXIT_FAILED, out
+    results = load_results(report)
+    cases = sorted({r.case for r in results})
+    assert len(cases) == 2 and len(results) == len(WANT) * 2, f"{cases=} {len(results)=}"
+    wrong = [(r.backend, r.case, r.verdict.value, r.reason) for r in results if r.verdict != WANT[r.backend]]
+    assert not wrong, f"{wrong=}\n{out}"
+    assert all(r.isolation == "worker" for r in results)
+    assert _pairs(load_results(stream)) == _pairs(results), "the default stream sits beside the report"
+    assert "worker killed by SIGSEGV" in out and "no answer within 1 s" in out, out
+    for line in out.splitlines():
+        name = line.split(" ")[0]
+        if name in WANT and " on " not in line:
+            assert WANT[name].value in line, f"{line=}"
+
+
+def _streamed(path: Path) -> int:
+    return sum('"result"' in line for line in path.read_text().splitlines()) if path.exists() else 0
+
+
+def test_a_killed_run_resumes_without_losing_or_repeating_anything(tmp_path, capsys):
+    stream, report = tmp_path / "run.jsonl", tmp_path / "final.json"
+    command = [sys.executable, "-m", "difftest.cli", *RUN_ARGS, "--stream", str(stream)]
+    # A session of its own, so the kill takes the fork server and the workers too.
+    # TMPDIR: the killed run cannot remove its workers' log folder; let it be the test's.
+    proc = subprocess.Popen(command, cwd=REPO_ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env={**os.environ, "TMPDIR": str(tmp_path)})
+    deadline = time.monotonic() + 120
+    while _streamed(stream) < 4 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = load_results(stream)
+    assert 4 <= len(before) < len(WANT) * 2, f"killed mid-run: {len(before)=} {proc.stderr.read()!r}"
+
+    # The resumed run in this process: it reuses the test process's warm fork server.
+    assert main([*RUN_ARGS, "--stream", str(stream), "--resume", str(stream), "--report", str(report)]) == EXIT_FAILED
+    final, streamed = load_results(report), load_results(stream)
+    assert len(final) == len(set(_pairs(final))) == len(WANT) * 2, f"{_pairs(final)=}"
+    assert sorted(_pairs(streamed)) == sorted(_pairs(final)), "the stream holds each pair once"
+    assert {r.backend: r.verdict for r in final} == WANT
+    kept = {(r.backend, r.case): r for r in final}
+    assert all(kept[(r.backend, r.case)] == r for r in before), "resumed results are reused, not re-run"
+    info = json.loads(report.read_text())["run"]
+    assert info["resumed"] == len(before) and info["resumed_from"] == str(stream), f"{info=}"
+
+
+def test_resume_from_other_options_is_a_one_line_error(tmp_path, capsys):
+    stream = tmp_path / "s.jsonl"
+    assert main(["run", "--backends", "torch", "--cases", "edges", "--case-filter", "length-one-*",
+                 "--no-progress", "--stream", str(stream)]) == 0
+    capsys.readouterr()
+    code = main(["run", "--backends", "torch", "--cases", "edges", "--case-filter", "length-one-*",
+                 "--heads", "16", "--no-progress", "--resume", str(stream)])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE and err.count("\n") == 1 and "--resume=" in err and "another spec" in err, err
+
+
+# --------------------------------------------------------------------------- streams
+
+def test_stream_survives_a_torn_last_line_and_appends_after_it(tmp_path):
+    (result,) = run([TorchBackend()], [build_case(CASE_SPEC, 0)], RunConfig())
+    path = tmp_path / "s.jsonl"
+    stream = ResultStream(path)
+    stream.header({"seed": 0})
+    stream.write(result)
+    stream.close()
+    with path.open("a") as torn:
+        torn.write('{"result": {"backend": "tor')
+    assert load_results(path) == [result]
+    again = ResultStream(path, append=True)
+    again.write(dataclasses.replace(result, case="other"))
+    again.close()
+    assert [r.case for r in load_results(path)] == [result.case, "other"]
+
+
+def test_load_results_round_trips_every_field(tmp_path):
+    results = run([TorchBackend(), _fn(bb.nondeterministic), _fn(bb.writes_into_inputs), _fn(bb.raises)],
+                  [build_case(CASE_SPEC, 0)], RunConfig(repeat=2))
+    found = SanitizerReport("memcheck", True, None, "compute-sanitizer ...", 99, 2,
+                            (Finding("Invalid __global__ read of size 4 bytes", "k", 2, ("by thread (0,0,0)",)),), "")
+    results[-1] = dataclasses.replace(results[-1], sanitizer=found, isolation="worker")
+    assert load_results(write_json(tmp_path / "r.json", results, {})) == results
+
+
+@pytest.mark.parametrize("text", ['{"results": [{"backend": 1}]}', 'not json\n{"run": {}}\n', '[1, 2]\n'])
+def test_unreadable_resume_file_is_a_spec_error(tmp_path, capsys, text):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    code = main(["run", "--backends", "torch", "--cases", "edges", "--no-progress", "--resume", str(path)])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE and err.startswith("difftest: error: --resume=") and err.count("\n") == 1, err
+
+
+def test_a_json_report_is_never_appended_to_as_a_stream(tmp_path, capsys):
+    report = tmp_path / "r.json"
+    argv = ["run", "--backends", "torch", "--cases", "edges", "--case-filter", "length-one-*", "--no-progress"]
+    assert main([*argv, "--report", str(report)]) == 0
+    before = report.read_text()
+    capsys.readouterr()
+    assert main([*argv, "--resume", str(report), "--stream", str(report)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("difftest: error: --stream=") and err.count("\n") == 1, err
+    assert report.read_text() == before
+
+
+# --------------------------------------------------------------------------- the GPU script's kernels
+
+INTERPRETED = """
+from difftest.compare import compare
+from difftest.encode import encode
+from difftest.runner import make_reference
+from generators import CaseSpec, build_case
+from tests.gpu_broken_backends import TritonGood, TritonOobRead
+
+spec = CaseSpec(name="triton", batch=3, next_n=2, heads=16, head_dim=32, block_size=16, max_model_len=64,
+                extra_columns=1)
+case = build_case(spec, 0)
+ref = make_reference(case)
+for kernel in (TritonGood(), TritonOobRead()):
+    got = kernel(encode(case, kernel.contract), None)
+    print(kernel.name, compare(ref.logits, got, ref.row_lens, kernel.contract, ref.bound).verdict.value)
+"""
+
+
+def test_gpu_script_kernels_compute_the_oracle_under_the_triton_interpreter():
+    """The kernels of scripts/h200_isolation.sh, on the CPU: the control and the out-of-bounds reader
+    (whose stray read is never used) match the oracle, so on the GPU only their bugs differ."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run([sys.executable, "-c", INTERPRETED], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.stdout.split() == ["triton-good", "PASS", "triton-oob-read", "PASS"], done.stdout + done.stderr
+
+
+def test_gpu_script_kernels_skip_on_the_cpu():
+    from tests.gpu_broken_backends import TritonGood, TritonIllegalWrite
+
+    results = run([TritonGood(), TritonIllegalWrite()], [build_case(CASE_SPEC, 0)], RunConfig())
+    assert [r.verdict for r in results] == [Verdict.SKIP, Verdict.SKIP], f"{results=}"
+    assert results[1].reason == "a Triton GPU kernel: needs --device cuda and a GPU torch can see"
