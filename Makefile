@@ -15,8 +15,10 @@ $(BIN)/difftest: pyproject.toml requirements-ci.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
 	touch $@
 
+# difftest exits 1 when a backend fails (today AITER's kernels do: a finding, not a broken run);
+# only a usage error or a crash (any other status) fails `make run`.
 run: $(BIN)/difftest
-	$(BIN)/difftest run --report reports/cpu/default.json
+	$(BIN)/difftest run --report reports/cpu/default.json || test $$? -eq 1
 
 test: $(BIN)/difftest
 	$(BIN)/ruff check .
