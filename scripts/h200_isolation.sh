@@ -18,16 +18,13 @@
 #   05  02 killed with SIGKILL after a few streamed results, then --resume: every (backend, case) once.
 set -uo pipefail
 out=${1:?usage: h200_isolation.sh OUTDIR}
-mkdir -p "$out" /tmp/site
-tar xzf .device-deps/deep_gemm.tgz -C /tmp/site && cp -r .device-deps/aiter .device-deps/aiter-dist/* /tmp/site/
-[ -e ../shared ] || ln -s "$PWD/.device-shared" ../shared
-export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+mkdir -p "$out"
+source scripts/device_env.sh
 # compute-sanitizer ships with the CUDA toolkit; difftest also looks in $CUDA_HOME/bin itself.
 for bin in /usr/local/cuda/bin /usr/local/cuda-*/bin; do [ -x "$bin/compute-sanitizer" ] && PATH=$PATH:$bin && break; done
 export PATH
 set -f  # no globbing: --case-filter patterns travel in unquoted variables
 
-dt="python3 -m difftest.cli"
 kernels="--backend-module tests.gpu_broken_backends:TritonGood --backend-module tests.gpu_broken_backends:TritonOobRead"
 kernels="$kernels --backend-module tests.gpu_broken_backends:TritonIllegalWrite"
 # Two DeepSeek-indexer cases (H 64, D 128, block 64; next_n 1 and 2, both native for DeepGEMM on sm90):
@@ -35,13 +32,6 @@ kernels="$kernels --backend-module tests.gpu_broken_backends:TritonIllegalWrite"
 cases="--cases random --count 1 --next-n 1,2 --block-sizes 64 --heads 64 --head-dim 128 --max-model-len 1024"
 cases="$cases --case-filter random-mtp?-uniform-*"
 run02="$dt run --device cuda --isolate --no-progress $cases --backends torch,deepgemm $kernels --repeat 3 --timeout 300"
-
-step() {  # step NAME COMMAND...: record the command and its output, keep going on failure
-  local name=$1; shift
-  [[ $name =~ ${ONLY:-.} ]] || return 0
-  { echo "\$ $*"; echo; "$@" 2>&1; echo; echo "exit status: $?"; } > "$out/$name.txt"
-  tail -n 30 "$out/$name.txt"
-}
 
 streamed() {  # streamed FILE: result lines in a JSONL stream (0 before it exists)
   local n

@@ -5,20 +5,9 @@
 # Writes OUTDIR/<step>.txt (the command line, then its output) and OUTDIR/<step>.json reports.
 set -uo pipefail
 out=${1:?usage: h200_session.sh OUTDIR}
-mkdir -p "$out" /tmp/site
-tar xzf .device-deps/deep_gemm.tgz -C /tmp/site && cp -r .device-deps/aiter .device-deps/aiter-dist/* /tmp/site/
-# The tests find the golden cases in ../shared, beside the checkout, as on a developer's machine.
-[ -e ../shared ] || ln -s "$PWD/.device-shared" ../shared
-export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-dt="python3 -m difftest.cli"
+mkdir -p "$out"
+source scripts/device_env.sh
 big="--block-sizes 64 --heads 64 --head-dim 128"
-
-step() {  # step NAME COMMAND...: record the command and its output, keep going on failure
-  local name=$1; shift
-  [[ $name =~ ${ONLY:-.} ]] || return 0  # ONLY=regex runs a subset (one device call is 10 minutes)
-  { echo "\$ $*"; echo; "$@" 2>&1; echo; echo "exit status: $?"; } > "$out/$name.txt"
-  tail -n 25 "$out/$name.txt"
-}
 
 step 00-environment bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_capability())"'
 step 01-backends $dt backends --device cuda

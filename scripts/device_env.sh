@@ -1,0 +1,15 @@
+# Sourced by the device scripts (scripts/h200_*.sh), from the repo root on the device:
+# unpacks the carried kernel libraries into /tmp/site, puts them and the repo on PYTHONPATH,
+# and links ../shared to the carried copy so the tests find the golden cases where they look.
+mkdir -p /tmp/site
+tar xzf .device-deps/deep_gemm.tgz -C /tmp/site && cp -r .device-deps/aiter .device-deps/aiter-dist/* /tmp/site/
+[ -e ../shared ] || ln -s "$PWD/.device-shared" ../shared
+export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+dt="python3 -m difftest.cli"
+
+step() {  # step NAME COMMAND...: record the command and its output in $out/NAME.txt, keep going on failure
+  local name=$1; shift
+  [[ $name =~ ${ONLY:-.} ]] || return 0  # ONLY=regex runs a subset (one device call is 10 minutes)
+  { echo "\$ $*"; echo; "$@" 2>&1; echo; echo "exit status: $?"; } > "$out/$name.txt"
+  tail -n 25 "$out/$name.txt"
+}
