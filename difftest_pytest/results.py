@@ -55,6 +55,8 @@ class Recorder:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Gather the results of a finished test (from any xdist worker) on the controller."""
         if report.when == "teardown" and self.controller:
+            from difftest.report import result_from_json
+
             self.results.extend(result_from_json(value) for name, value in report.user_properties
                                 if name == PROPERTY)
 
@@ -93,20 +95,3 @@ class Recorder:
                 "backends": self.settings.backends, "torch": torch.__version__, "difftest": difftest.__version__,
                 "python": platform.python_version()}
 
-
-def result_from_json(data: dict[str, Any]) -> CaseResult:
-    """The CaseResult that difftest.report.to_jsonable turned into `data` (non-finite floats were strings)."""
-    from difftest.compare import Comparison
-    from difftest.runner import CaseResult
-    from difftest.verdict import Mismatch, Verdict
-
-    comparison = data["comparison"]
-    if comparison is not None:
-        first = comparison["first_mismatch"]
-        if first is not None:
-            first = Mismatch(**{**first, "expected": float(first["expected"]), "got": float(first["got"]),
-                                "kind": Verdict(first["kind"])})
-        floats = {k: float(comparison[k]) for k in ("max_abs_err", "max_rel_err", "topk_overlap")}
-        comparison = Comparison(**{**comparison, **floats, "first_mismatch": first,
-                                   "verdict": Verdict(comparison["verdict"])})
-    return CaseResult(**{**data, "verdict": Verdict(data["verdict"]), "comparison": comparison})
