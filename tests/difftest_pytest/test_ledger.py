@@ -104,3 +104,14 @@ def test_an_entry_without_an_issue_is_a_usage_error(pytester: pytest.Pytester) -
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: --difftest-ledger=*ledger.toml: divergence[[]0].issue=None: expected the "
                                  "tracking issue: a URL (https://...) or 'owner/repo#N'"])
+
+
+def test_the_shipped_aiter_ledger_covers_the_edge_suite_exactly(pytester: pytest.Pytester) -> None:
+    """ledgers/amd-aiter-*.toml: every edge case the interpreted stage1 kernel fails is an xfail citing
+    ROCm/aiter#4290, and the one it passes (all-padding) is not ledgered."""
+    from pathlib import Path
+
+    ledger = Path(__file__).parents[2] / "ledgers" / "amd-aiter-0.1.7.post2.dev18.toml"
+    result = pytester.runpytest_inprocess("--difftest-suite", "--difftest-cases=edges", "--difftest-seed=0",
+                                          "--difftest-backends=aiter-triton-stage1", f"--difftest-ledger={ledger}")
+    result.assert_outcomes(passed=1, xfailed=13)
