@@ -25,23 +25,12 @@ import torch
 
 from difftest.backends.user import FunctionBackend, backend
 from difftest.contract import CacheLayout, Contract, LengthEncoding, MaskConvention
-from difftest.encode import unpack_cache
-from difftest.fp8 import Fp8Flavour, decode
-from oracles.paged_mqa_logits import paged_mqa_logits
+from tests.user_backends import logits_with_limits
 
 CONTRACT = Contract(length_encoding=LengthEncoding.PER_ROW, cache_layout=CacheLayout.BLOCK_SPLIT,
                     mask=MaskConvention.TAIL_NEG_INF, rtol=1e-6, library="tests.broken_backends")
 HANG_SECONDS = 3600
 _LAUNCHES = itertools.count(1)  # launches of the two nondeterministic backends in this process
-
-
-def logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, row_lens: torch.Tensor,
-           block_table: torch.Tensor, max_model_len: int) -> torch.Tensor:
-    """The oracle's float64 logits [B * next_n, max_model_len] of e4m3fn block-split inputs."""
-    k_pool, scales = unpack_cache(kv_cache, q.shape[-1], CacheLayout.BLOCK_SPLIT)
-    flavour = Fp8Flavour.E4M3FN
-    return paged_mqa_logits(decode(q.view(torch.uint8), flavour), decode(k_pool, flavour), scales, weights,
-                            block_table, row_lens.long(), max_model_len)
 
 
 @backend(contract=CONTRACT, name="broken-segfaults")
@@ -70,7 +59,7 @@ def raises(q, kv_cache, weights, context_lens, block_table, max_model_len):
 @backend(contract=CONTRACT, name="broken-writes-inputs")
 def writes_into_inputs(q, kv_cache, weights, context_lens, block_table, max_model_len):
     """Right logits, but it scales the weights in place afterwards (an in-place op on a borrowed tensor)."""
-    out = logits(q, kv_cache, weights, context_lens, block_table, max_model_len)
+    out = logits_with_limits(q, kv_cache, weights, context_lens, block_table, max_model_len)
     weights.mul_(2.0)
     return out
 
@@ -79,7 +68,7 @@ def writes_into_inputs(q, kv_cache, weights, context_lens, block_table, max_mode
 def leaves_row_unwritten(q, kv_cache, weights, context_lens, block_table, max_model_len):
     """Allocates its own output with torch.empty and never writes the last row (no block launched for it)."""
     out = torch.empty(weights.shape[0], max_model_len, dtype=torch.float32, device=q.device)
-    full = logits(q, kv_cache, weights, context_lens, block_table, max_model_len)
+    full = logits_with_limits(q, kv_cache, weights, context_lens, block_table, max_model_len)
     out[:-1] = full[:-1].to(out.dtype)
     return out
 
@@ -95,7 +84,7 @@ def reads_past_table(q, kv_cache, weights, context_lens, block_table, max_model_
     columns = torch.arange(block_table.shape[1], device=block_table.device)
     last = (columns[None, :] == (used - 1)[:, None]) & (used[:, None] < block_table.shape[1])
     shifted = torch.where(last, block_table.roll(-1, dims=1), block_table)
-    return logits(q, kv_cache, weights, context_lens, shifted, max_model_len)
+    return logits_with_limits(q, kv_cache, weights, context_lens, shifted, max_model_len)
 
 
 @backend(contract=CONTRACT, name="broken-nondeterministic")
@@ -106,7 +95,7 @@ def nondeterministic(q, kv_cache, weights, context_lens, block_table, max_model_
     (a random draw could repeat itself and make the test flaky).
     """
     launch = next(_LAUNCHES)
-    out = logits(q, kv_cache, weights, context_lens, block_table, max_model_len)
+    out = logits_with_limits(q, kv_cache, weights, context_lens, block_table, max_model_len)
     finite = torch.isfinite(out)
     rows = torch.nonzero(finite.any(dim=1)).flatten().tolist()
     if rows:
@@ -122,7 +111,7 @@ def reorders_heads(q, kv_cache, weights, context_lens, block_table, max_model_le
     heads = list(range(q.shape[2]))
     total = None
     for h in heads if next(_LAUNCHES) % 2 else heads[::-1]:
-        part = logits(q[:, :, h:h + 1], kv_cache, weights[:, h:h + 1], context_lens, block_table,
+        part = logits_with_limits(q[:, :, h:h + 1], kv_cache, weights[:, h:h + 1], context_lens, block_table,
                       max_model_len).float()
         total = part if total is None else torch.where(torch.isfinite(part), total + part, part)
     return total

@@ -11,22 +11,10 @@ import torch
 
 from difftest.backends.user import backend
 from difftest.contract import CacheLayout, Contract, LengthEncoding, MaskConvention
-from difftest.encode import unpack_cache
-from difftest.fp8 import Fp8Flavour, decode
-from oracles.paged_mqa_logits import paged_mqa_logits
+from tests.user_backends import logits_with_limits
 
 CONTRACT = Contract(length_encoding=LengthEncoding.PER_ROW, cache_layout=CacheLayout.BLOCK_SPLIT,
                     mask=MaskConvention.TAIL_NEG_INF, devices=("cpu",), library="tests.planted")
-
-
-def _logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, row_lens: torch.Tensor,
-            block_table: torch.Tensor, max_model_len: int) -> torch.Tensor:
-    """The oracle's logits [B * next_n, max_model_len] in float64 for limits row_lens (B, next_n)."""
-    head_dim = q.shape[-1]
-    k_pool, scales = unpack_cache(kv_cache, head_dim, CacheLayout.BLOCK_SPLIT)
-    flavour = Fp8Flavour.E4M3FN
-    return paged_mqa_logits(decode(q.view(torch.uint8), flavour), decode(k_pool, flavour), scales,
-                            weights, block_table, row_lens, max_model_len)
 
 
 @backend(contract=CONTRACT, name="planted-block-boundary")
@@ -37,7 +25,7 @@ def block_boundary_off_by_one(q: torch.Tensor, kv_cache: torch.Tensor, weights: 
     block_size = kv_cache.shape[1]
     lens = context_lens.to(torch.int64)
     lens = torch.where((lens > 0) & (lens % block_size == 0), lens - 1, lens)
-    return _logits(q, kv_cache, weights, lens, block_table, max_model_len)
+    return logits_with_limits(q, kv_cache, weights, lens, block_table, max_model_len)
 
 
 @backend(contract=CONTRACT, name="planted-draft-weights")
@@ -47,4 +35,4 @@ def draft_rows_reuse_weights(q: torch.Tensor, kv_cache: torch.Tensor, weights: t
     """Every draft row of a sequence uses the weights of its first row (FAIL(value) when next_n > 1)."""
     batch, next_n = context_lens.shape
     first = weights.reshape(batch, next_n, -1)[:, :1].expand(-1, next_n, -1).reshape(weights.shape)
-    return _logits(q, kv_cache, first, context_lens.to(torch.int64), block_table, max_model_len)
+    return logits_with_limits(q, kv_cache, first, context_lens.to(torch.int64), block_table, max_model_len)

@@ -24,8 +24,9 @@ def logits_with_limits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.T
                        block_table: torch.Tensor, max_model_len: int) -> torch.Tensor:
     """The formula on block-split e4m3fn inputs, with whatever (B, next_n) limits the caller derived."""
     k_pool, scales = unpack_cache(kv_cache, q.shape[-1], CacheLayout.BLOCK_SPLIT)
-    return paged_mqa_logits(q.double(), decode(k_pool, Fp8Flavour.E4M3FN), scales, weights, block_table,
-                            row_lens, max_model_len)
+    flavour = Fp8Flavour.E4M3FN
+    return paged_mqa_logits(decode(q.view(torch.uint8), flavour), decode(k_pool, flavour), scales, weights,
+                            block_table, row_lens.long(), max_model_len)
 
 
 def per_sequence_limits(seq_lens: torch.Tensor, next_n: int) -> torch.Tensor:

@@ -198,7 +198,8 @@ BAD_OPTIONS = {  # option -> (bad values, the name the one-line error must conta
     "--case-filter": (st.text("xyz", min_size=1, max_size=6).map(lambda s: f"zz-{s}*"), "--case-filter"),
     "--backends": (_not({"torch"}).filter(lambda s: "," not in s), "--backends"),
     "--backend-module": (st.sampled_from(["nocolon", "no.such.module:x", "tests.broken_backends:nothing",
-                                          "tests.broken_backends:logits", ":x", "os:"]), "--backend-module"),
+                                          "tests.broken_backends:logits_with_limits", ":x", "os:"]),
+                         "--backend-module"),
     "--resume": (st.sampled_from(["/nonexistent/report.json", "/"]), "--resume"),
     "--spec": (st.sampled_from(["{", "[1]", '{"batch": 0}', '{"colour": 1}']), ""),
 }

@@ -98,7 +98,7 @@ def test_recipe_takes_the_path_it_was_loaded_from_when_that_rebuilds_it():
 def test_backend_that_cannot_be_rebuilt_runs_in_process_and_says_why():
     @backend(contract=bb.CONTRACT, name="local-oracle")
     def local(q, kv_cache, weights, context_lens, block_table, max_model_len):
-        return bb.logits(q, kv_cache, weights, context_lens, block_table, max_model_len)
+        return bb.logits_with_limits(q, kv_cache, weights, context_lens, block_table, max_model_len)
 
     results = run([_fn(local), TorchBackend()], [build_case(CASE_SPEC, 0)], RunConfig(isolate=True))
     assert [r.verdict for r in results] == [Verdict.PASS, Verdict.PASS], f"{results=}"

@@ -11,21 +11,10 @@ import torch
 
 import difftest
 from difftest import CacheLayout, Contract, LengthEncoding, MaskConvention
-from difftest.encode import unpack_cache
-from difftest.fp8 import Fp8Flavour, decode
-from oracles.paged_mqa_logits import paged_mqa_logits
+from tests.user_backends import logits_with_limits
 
 CONTRACT = Contract(length_encoding=LengthEncoding.PER_ROW, cache_layout=CacheLayout.BLOCK_SPLIT,
                     mask=MaskConvention.TAIL_NEG_INF)
-
-
-def _logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, row_lens: torch.Tensor,
-            block_table: torch.Tensor, max_model_len: int) -> torch.Tensor:
-    """The oracle's float64 logits [B * next_n, max_model_len] for the limits row_lens (B, next_n)."""
-    k_pool, scales = unpack_cache(kv_cache, q.shape[-1], CacheLayout.BLOCK_SPLIT)
-    flavour = Fp8Flavour.E4M3FN
-    return paged_mqa_logits(decode(q.view(torch.uint8), flavour), decode(k_pool, flavour), scales, weights,
-                            block_table, row_lens, max_model_len)
 
 
 @difftest.backend(CONTRACT, name="off-by-one")
@@ -33,7 +22,7 @@ def off_by_one(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, c
                block_table: torch.Tensor, max_model_len: int) -> torch.Tensor:
     """The planted bug: every row with a window loses its last position (a -inf where a value belongs)."""
     lens = (context_lens.to(torch.int64) - 1).clamp(min=0)
-    return _logits(q, kv_cache, weights, lens, block_table, max_model_len)
+    return logits_with_limits(q, kv_cache, weights, lens, block_table, max_model_len)
 
 
 @difftest.backend(Contract(length_encoding=LengthEncoding.PER_ROW, cache_layout=CacheLayout.BLOCK_SPLIT,
@@ -41,4 +30,4 @@ def off_by_one(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, c
 def cuda_only(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
               block_table: torch.Tensor, max_model_len: int) -> torch.Tensor:
     """Correct, but declares that it runs on CUDA only."""
-    return _logits(q, kv_cache, weights, context_lens.to(torch.int64), block_table, max_model_len)
+    return logits_with_limits(q, kv_cache, weights, context_lens.to(torch.int64), block_table, max_model_len)
