@@ -6,8 +6,11 @@ the 14 edges), drawn once before any timing on --device. Each mode runs the whol
 difftest.runner.run, as `difftest run` does: one untimed warm-up run (it starts the fork server and
 warms torch), then --repeats timed runs, median. An isolated run starts its workers afresh, so its
 time includes their start (fork, import of the backend, first call) and the transfer of every
-case's inputs and outputs through a pipe; the start-up row isolates that fixed part: a one-case run
-isolated minus the same case in-process. Both modes must give the same verdicts; the script checks.
+case's inputs and outputs to the worker and back; the start-up row isolates that fixed part: a
+one-case run isolated minus the same case in-process, and the per-case row what is left, per case.
+On a GPU the isolated mode runs once per transport (difftest.isolate.transport_for): cuda-ipc (the
+default: memory handles) and copy (CPU copies through the pipe, the baseline). Every mode must give
+the same verdicts; the script checks.
 
     python bench/isolation_cost.py                      # CPU, the torch backend
     python bench/isolation_cost.py --device cuda --backends torch,deepgemm
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -48,6 +52,16 @@ def verdicts(results: list[CaseResult]) -> list[tuple[str, str, str]]:
     return [(r.backend, r.case, r.verdict.value) for r in results]
 
 
+def measure(backends: list, cases: list[Case], args: argparse.Namespace, transport: str | None) -> dict:
+    """One mode's row: in-process when `transport` is None, else isolated over that transport."""
+    if transport:
+        os.environ["DIFFTEST_WORKER_TRANSPORT"] = transport  # read as each run starts its workers
+    config = RunConfig(device=args.device, isolate=transport is not None)
+    seconds, results = timed_runs(backends, cases, config, args.repeats)
+    return {"cases": len(cases), "results": len(results), "seconds": seconds,
+            "cases_per_second": len(cases) / seconds, "verdicts": verdicts(results)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -62,35 +76,38 @@ def main() -> int:
     backends = get_backends(args.backends.split(","))
     cases = [build_case(spec, seed, args.device, name=f"{spec.name}-s{seed}")
              for spec, seed in suite("all", args.count, 0)]
-    rows = {}
-    for label, isolate, chosen in (("in-process", False, cases), ("isolated", True, cases),
-                                   ("in-process, 1 case", False, cases[:1]), ("isolated, 1 case", True, cases[:1])):
-        seconds, results = timed_runs(backends, chosen, RunConfig(device=args.device, isolate=isolate), args.repeats)
-        rows[label] = {"cases": len(chosen), "results": len(results), "seconds": seconds,
-                       "cases_per_second": len(chosen) / seconds, "verdicts": verdicts(results)}
-    if rows["in-process"]["verdicts"] != rows["isolated"]["verdicts"]:
-        raise AssertionError("isolation changed a verdict: "
-                             f"{set(rows['in-process']['verdicts']) ^ set(rows['isolated']['verdicts'])}")
-    print_table(rows, args)
+    transports = ("cuda-ipc", "copy") if args.device == "cuda" else ("copy",)
+    rows = {label: measure(backends, chosen, args, None) for label, chosen in
+            (("in-process", cases), ("in-process, 1 case", cases[:1]))}
+    for transport in transports:
+        rows[f"isolated, {transport}"] = measure(backends, cases, args, transport)
+        rows[f"isolated, {transport}, 1 case"] = measure(backends, cases[:1], args, transport)
+        changed = set(rows["in-process"]["verdicts"]) ^ set(rows[f"isolated, {transport}"]["verdicts"])
+        if changed:
+            raise AssertionError(f"isolation ({transport}) changed a verdict: {changed}")
+    print_table(rows, transports, args)
     if args.json:
         Path(args.json).write_text(json.dumps({"device": args.device, "backends": args.backends, "rows": {
             k: {f: v for f, v in row.items() if f != "verdicts"} for k, row in rows.items()}}, indent=1) + "\n")
     return 0
 
 
-def print_table(rows: dict[str, dict], args: argparse.Namespace) -> None:
+def print_table(rows: dict[str, dict], transports: tuple[str, ...], args: argparse.Namespace) -> None:
     gpu = f", {torch.cuda.get_device_name()}" if args.device == "cuda" else ""
     print(f"difftest run, default suite (--count {args.count}), backends {args.backends}, {args.device}{gpu}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeats} after 1 warm-up")
-    print(f"{'mode':<22} {'cases':>5} {'results':>7} {'seconds':>8} {'cases/s':>8}")
-    for label in ("in-process", "isolated"):
-        row = rows[label]
-        print(f"{label:<22} {row['cases']:>5} {row['results']:>7} {row['seconds']:>8.2f} "
-              f"{row['cases_per_second']:>8.1f}")
-    startup = rows["isolated, 1 case"]["seconds"] - rows["in-process, 1 case"]["seconds"]
-    print(f"{'worker start-up':<22} {'':>5} {'':>7} {startup:>8.2f}   (one-case run, isolated minus in-process)")
-    ratio = rows["isolated"]["seconds"] / rows["in-process"]["seconds"]
-    print(f"slowdown (isolated / in-process): {ratio:.2f}x")
+    print(f"{'mode':<22} {'cases':>5} {'results':>7} {'seconds':>8} {'cases/s':>8}  vs in-process")
+    base = rows["in-process"]
+    print(f"{'in-process':<22} {base['cases']:>5} {base['results']:>7} {base['seconds']:>8.2f} "
+          f"{base['cases_per_second']:>8.1f}")
+    for transport in transports:
+        row = rows[f"isolated, {transport}"]
+        startup = rows[f"isolated, {transport}, 1 case"]["seconds"] - rows["in-process, 1 case"]["seconds"]
+        per_case = (row["seconds"] - startup - base["seconds"]) / row["cases"]
+        print(f"{'isolated, ' + transport:<22} {row['cases']:>5} {row['results']:>7} {row['seconds']:>8.2f} "
+              f"{row['cases_per_second']:>8.1f}  {row['seconds'] / base['seconds']:.2f}x; without the worker "
+              f"start-up ({startup:.2f} s, once per run): {(row['seconds'] - startup) / base['seconds']:.2f}x, "
+              f"{per_case * 1e3:+.1f} ms per case")
 
 
 if __name__ == "__main__":

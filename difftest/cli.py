@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import os
 import platform
 import shlex
 import sys
@@ -12,11 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from difftest.errors import SpecError
+from difftest.errors import SpecError, require
 
 if TYPE_CHECKING:
     from difftest.backends import Backend
-    from difftest.replay import ReproWriter
     from difftest.report import ResultStream
     from difftest.runner import CaseResult, RunConfig
     from generators.spec import CaseSpec
@@ -42,7 +42,8 @@ def _int_list(text: str) -> tuple[int, ...]:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="difftest", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="run cases through backends and compare with the oracle")
+    # No abbreviated options: a --gpus run hands its command line to its children less a few options.
+    run = commands.add_parser("run", help="run cases through backends and compare with the oracle", allow_abbrev=False)
     run.add_argument("--backends", help="comma-separated backend names (default: every registered one)")
     run.add_argument("--backend-module", action="append", default=[], metavar="PKG.MOD:OBJ",
                      help="a user backend: a Backend, a factory, or a difftest.backend-decorated function")
@@ -85,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "NVIDIA compute-sanitizer in a fresh process and attach its findings (cuda)")
     run.add_argument("--sanitize-all", action="store_true",
                      help="with --sanitize: replay every result that ran, passing ones too")
+    run.add_argument("--shard", metavar="I/N",
+                     help="run only the planned cases (after --case-filter) whose index in the plan is I mod N")
+    run.add_argument("--gpus", type=int, metavar="N",
+                     help="spread the cases over N child processes, one GPU each (shard I of N on entry I of "
+                          "CUDA_VISIBLE_DEVICES, else on GPU I), merged in plan order into one table, --report and "
+                          "--stream (written when the children end); --device cuda only; not with --resume or --shard")
     replay = commands.add_parser("replay", help="re-run a reproducer bundle; exit 1 if it still fails")
     replay.add_argument("bundle", metavar="BUNDLE")
     shrink = commands.add_parser("shrink", help="reduce a bundle's failing case and write it as a new bundle")
@@ -96,8 +103,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The options of `argv` (default: sys.argv[1:]); `argv` itself goes along as args.argv, for the
+    run info and for the children of a --gpus run."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     try:
         commands = {"run": cmd_run, "backends": cmd_backends, "replay": cmd_replay, "shrink": cmd_shrink}
         return commands[args.command](args)
@@ -123,15 +139,21 @@ def cmd_backends(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def cmd_run(args: argparse.Namespace, shard_envs: list[dict[str, str]] | None = None) -> int:
+    """`difftest run`. With --gpus, or with `shard_envs` (what each child's environment adds; how the
+    tests spread a CPU run), the cases are spread over child processes, one shard each."""
     from difftest.backends import get_backends
     from difftest.replay import ReproWriter
     from difftest.runner import run
     from generators import build_case
 
     config = _config(args)
+    if shard_envs is None and args.gpus is not None:
+        shard_envs = _gpu_environments(args)
     backends = get_backends(args.backends.split(",") if args.backends else None, tuple(args.backend_module))
     pairs = _plan(args)
+    if shard_envs is not None:
+        return _run_spread(args, config, backends, pairs, shard_envs)
     done = _resumed(args.resume, pairs, backends, config) if args.resume else {}
     progress = _Progress(len(pairs) * len(backends) - len(done),
                          enabled=not args.no_progress and sys.stderr.isatty())
@@ -156,15 +178,61 @@ def cmd_run(args: argparse.Namespace) -> int:
         if stream:
             stream.close()
     progress.close()
-    return _finish(args, results, _run_info(args, config, started, len(pairs), len(done)), repro, stream)
+    return _finish(args, results, _run_info(args, config, started, len(pairs), len(done)),
+                   len(repro.written) if repro else 0, stream)
 
 
-def _finish(args: argparse.Namespace, results: list[CaseResult], info: dict[str, Any], repro: ReproWriter | None,
+def _gpu_environments(args: argparse.Namespace) -> list[dict[str, str]]:
+    """What --gpus adds to each child's environment (its CUDA_VISIBLE_DEVICES); SpecError naming --gpus."""
+    import torch
+
+    from difftest.spread import gpu_environments
+
+    return gpu_environments(args.gpus, args.device, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def _run_spread(args: argparse.Namespace, config: RunConfig, backends: list[Backend],
+                pairs: list[tuple[CaseSpec, int]], envs: list[dict[str, str]]) -> int:
+    """The plan's shards in child processes (difftest.spread), one per entry of `envs`, their results
+    merged in plan order and reported as one run's; exit status 1 as well when a child died."""
+    from difftest.spread import merge, run_shards, shard_of
+
+    require(not args.resume, "--resume", args.resume, "a run without --gpus (resume a --gpus run's report or "
+            "stream on one GPU)")
+    require(not args.shard, "--shard", args.shard, "a run without --gpus (--gpus shards the run itself)")
+    started = time.time()
+    expected = [len(shard_of(pairs, i, len(envs))) * len(backends) for i in range(len(envs))]
+    shards = run_shards(args.argv, envs, expected)
+    results = merge([case_name(spec, seed) for spec, seed in pairs], shards)
+    info = {**_run_info(args, config, started, len(pairs)), "shards": [shard.info() for shard in shards]}
+    stream = _open_stream(args, info, {})
+    if stream:
+        for result in results:
+            stream.write(result)
+        stream.close()
+    print("\n".join(shard.describe() for shard in shards) + "\n")
+    code = _finish(args, results, info, _bundles(args.repro_dir, results), stream)
+    return EXIT_FAILED if any(shard.died for shard in shards) else code
+
+
+def _bundles(repro_dir: str | None, results: list[CaseResult]) -> int:
+    """The reproducer bundles of `results` that the children wrote under --repro-dir."""
+    from difftest.bundle import bundle_name
+
+    if repro_dir is None:
+        return 0
+    return sum((Path(repro_dir) / bundle_name(r)).is_dir() for r in results if r.verdict.failed)
+
+
+def _finish(args: argparse.Namespace, results: list[CaseResult], info: dict[str, Any], bundles: int,
             stream: ResultStream | None) -> int:
-    """Print the table and the failures, write the JSON report; the exit status."""
+    """Print the table, the results per GPU and the failures, write the JSON report; the exit status."""
     from difftest import report
 
     print(report.render_table(report.summarize(results)))
+    devices = report.render_devices(results)
+    if devices:
+        print(devices)
     failures = report.render_failures(results)
     if failures:
         print("\n" + failures)
@@ -172,8 +240,8 @@ def _finish(args: argparse.Namespace, results: list[CaseResult], info: dict[str,
         print(f"\nreport: {report.write_json(args.report, results, info)}")
     if stream:
         print(f"stream: {stream.path}")
-    if repro and repro.written:
-        print(f"\nreproducers: {len(repro.written)} bundles under {args.repro_dir} (difftest replay BUNDLE)")
+    if bundles:
+        print(f"\nreproducers: {bundles} bundles under {args.repro_dir} (difftest replay BUNDLE)")
     return EXIT_FAILED if any(r.verdict.failed for r in results) else EXIT_OK
 
 
@@ -210,7 +278,8 @@ def _config(args: argparse.Namespace) -> RunConfig:
 
 
 def _plan(args: argparse.Namespace) -> list[tuple[CaseSpec, int]]:
-    """The (spec, seed) pairs of the options, narrowed by --case-filter; SpecError for a bad value."""
+    """The (spec, seed) pairs of the options, narrowed by --case-filter, then to --shard; SpecError for a bad value."""
+    from difftest.spread import parse_shard, shard_of
     from generators.cases import suite
     from generators.spec import CaseSpec
 
@@ -224,7 +293,8 @@ def _plan(args: argparse.Namespace) -> list[tuple[CaseSpec, int]]:
     CaseSpec().replace(**overrides).validate()
     pairs = _spec_pairs(args) if args.spec else suite(args.cases, args.count or 6, args.seed, args.next_n,
                                                        args.block_sizes, **overrides)
-    return _filtered(pairs, args.case_filter) if args.case_filter else pairs
+    pairs = _filtered(pairs, args.case_filter) if args.case_filter else pairs
+    return shard_of(pairs, *parse_shard(args.shard)) if args.shard else pairs
 
 
 def _filtered(pairs: list[tuple[CaseSpec, int]], globs: list[str]) -> list[tuple[CaseSpec, int]]:
@@ -347,14 +417,15 @@ def _run_info(args: argparse.Namespace, config: RunConfig, started: float, cases
 
     import difftest
 
-    gpu = torch.cuda.get_device_name() if args.device == "cuda" else None
-    return {"command": "difftest " + shlex.join(sys.argv[1:]), "seed": args.seed, "cases": cases,
+    # A --gpus parent computes nothing: its results name their GPUs (CaseResult.gpu).
+    gpu = torch.cuda.get_device_name() if args.device == "cuda" and args.gpus is None else None
+    return {"command": "difftest " + shlex.join(args.argv), "seed": args.seed, "cases": cases,
             "device": args.device, "gpu": gpu, "torch": torch.__version__, "difftest": difftest.__version__,
             "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
             "seconds": round(time.time() - started, 3), "encoding_override": args.encoding,
             "layout_override": args.layout, "isolated": config.isolated, "timeout": config.timeout,
             "repeat": config.repeat, "sanitize": config.sanitize, "sanitize_all": config.sanitize_all,
-            "case_filter": args.case_filter, "resumed_from": args.resume, "resumed": resumed}
+            "case_filter": args.case_filter, "shard": args.shard, "resumed_from": args.resume, "resumed": resumed}
 
 
 class _Progress:

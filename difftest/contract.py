@@ -44,10 +44,6 @@ class Contract:
     fp8: Fp8Flavour = Fp8Flavour.E4M3FN
     output_dtype: torch.dtype = torch.float32
     rtol: float = 1e-3  # allowed error, relative to the row's largest |expected| in the window
-    # Mantissa bits the dot-product accumulator keeps: 24 for float32. Hopper's FP8 tensor-core MMA
-    # keeps about 14 (DeepSeek-V3 report, section 3.3.2); the oracle's float32 rounding bound is
-    # scaled by 2^(24 - bits) for such a backend, so its tolerance follows the hardware, per row.
-    accumulator_bits: int = 24
     devices: tuple[str, ...] = ("cpu", "cuda")
     archs: tuple[str, ...] | None = None  # e.g. ("sm90",): CUDA compute capabilities accepted
     next_n: tuple[int, ...] | None = None

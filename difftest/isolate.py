@@ -1,11 +1,20 @@
 """Backends in worker processes: a kernel that segfaults, aborts, hangs or breaks the CUDA context
 costs its own verdict (CRASH, TIMEOUT) and nothing else; the run goes on with a fresh worker.
 
-One long-lived worker per backend, fed cases over a duplex pipe; every frame is torch.save bytes:
+One long-lived worker per backend, fed cases over a duplex pipe:
 
     worker -> parent   ("ready", name) once it has rebuilt the backend, or ("fault", text)
-    parent -> worker   (KernelInputs on the CPU, Launch)                        one per case
-    worker -> parent   ("outcome", Execution with CPU outputs | Fault)           one per case
+    parent -> worker   (KernelInputs, Launch)                                   one per case
+    worker -> parent   ("outcome", Execution | Fault)                            one per case
+
+How tensors travel is the worker's transport (transport_for). On the CPU, and on a GPU with
+DIFFTEST_WORKER_TRANSPORT=copy, frames are torch.save bytes of CPU copies: the worker owns every
+byte it touches, at the price of two device-host copies and a pickle each way. On a GPU the default
+is CUDA IPC: frames carry memory handles, not bytes, so a call costs the same for a 4K and a 128K
+context. The parent first copies the inputs into a memory pool of their own (torch.cuda.MemPool),
+so the only parent memory a worker can reach holds nothing but that call's inputs: a kernel that
+writes past them damages nothing the parent keeps (and its writes into them are what the input
+checksums catch). The parent copies the outputs out of the worker's memory as soon as they arrive.
 
 The worker rebuilds the backend from 'package.module:object' (recipe()) and runs guards.execute,
 so poisoning, checksums and repeats are the same as in-process. The parent waits `timeout` seconds
@@ -24,17 +33,20 @@ import faulthandler
 import io
 import multiprocessing
 import os
+import pickle
 import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
 import torch
+import torch.multiprocessing  # registers the CUDA-IPC reductions ForkingPickler uses
 
 from difftest.backends import Backend, load_backend
 from difftest.backends.user import FunctionBackend
@@ -43,9 +55,19 @@ from difftest.errors import SpecError
 from difftest.guards import Execution, Fault, Launch, Outcome, PoisonFreshTensors, execute
 from difftest.verdict import Verdict
 
+TRANSPORTS = ("copy", "cuda-ipc")
 DEFAULT_TIMEOUT = 600.0  # seconds one case may take in a worker when the run sets no --timeout
 STARTUP_TIMEOUT = 600.0  # seconds a worker may take to import and build its backend (a JIT library)
 _STDERR_LINES = 4  # last lines of a dead worker's stderr quoted when faulthandler said nothing
+
+
+def transport_for(device: str) -> str:
+    """How tensors reach a worker on `device`: 'cuda-ipc' on a GPU, 'copy' on the CPU or when
+    DIFFTEST_WORKER_TRANSPORT=copy (SpecError for any other value)."""
+    chosen = os.environ.get("DIFFTEST_WORKER_TRANSPORT")
+    if chosen is not None and chosen not in TRANSPORTS:
+        raise SpecError("DIFFTEST_WORKER_TRANSPORT", chosen, f"one of {list(TRANSPORTS)}")
+    return "copy" if device != "cuda" else chosen or "cuda-ipc"
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -69,22 +91,33 @@ def _context() -> multiprocessing.context.BaseContext:
     return context
 
 
+Pending = Callable[[], Outcome]  # waits for a submitted call's outcome
+
+
 class Executor(Protocol):
-    """Where a backend's call runs: `note` is what the result records about it (None: nothing)."""
+    """Where a backend's call runs: `note` is what the result records about it (None: nothing).
+    `submit` starts the call and returns what waits for its outcome, so that calls in different
+    processes overlap; calling the executor does both."""
 
     note: str | None
+
+    def submit(self, backend: Backend, inputs: KernelInputs, launch: Launch) -> Pending: ...
 
     def __call__(self, backend: Backend, inputs: KernelInputs, launch: Launch) -> Outcome: ...
 
 
 @dataclasses.dataclass(frozen=True)
 class InProcess:
-    """The call runs in this process."""
+    """The call runs in this process, when its outcome is asked for: a backend that kills the
+    process then finds every earlier result already reported."""
 
     note: str | None = None
 
+    def submit(self, backend: Backend, inputs: KernelInputs, launch: Launch) -> Pending:
+        return lambda: execute(backend, inputs, launch)
+
     def __call__(self, backend: Backend, inputs: KernelInputs, launch: Launch) -> Outcome:
-        return execute(backend, inputs, launch)
+        return self.submit(backend, inputs, launch)()
 
 
 def recipe(backend: Backend, hint: str | None = None) -> tuple[str | None, str]:
@@ -120,14 +153,18 @@ def _rebuild_difference(backend: Backend, target: str) -> str | None:
 
 # --------------------------------------------------------------------------- frames
 
-def _dumps(obj: object) -> memoryview:
+def _dumps(obj: object, transport: str = "copy") -> memoryview | bytes:
+    if transport == "cuda-ipc":
+        return ForkingPickler.dumps(obj)  # torch.multiprocessing's reductions: CUDA tensors as IPC handles
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     return buffer.getbuffer()  # no copy: a 100K-context cache is a gigabyte
 
 
-def _loads(data: bytes) -> Any:
+def _loads(data: bytes, transport: str = "copy") -> Any:
     # Frames come only from this module's own processes.
+    if transport == "cuda-ipc":
+        return pickle.loads(data)
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
@@ -136,37 +173,53 @@ def _moved(inputs: KernelInputs, device: str | torch.device) -> KernelInputs:
     return dataclasses.replace(inputs, **{k: v.to(device) for k, v in tensors.items() if isinstance(v, torch.Tensor)})
 
 
-def _on_cpu(outcome: Outcome) -> Outcome:
+def _outputs_moved(outcome: Outcome, device: str | torch.device, copy: bool = False) -> Outcome:
+    """`outcome` with its outputs on `device`; copied even when already there if `copy`."""
     if isinstance(outcome, Execution):
-        return dataclasses.replace(outcome, outputs=tuple(t.cpu() for t in outcome.outputs))
+        return dataclasses.replace(outcome, outputs=tuple(t.to(device, copy=copy) for t in outcome.outputs))
     return outcome
+
+
+def _shipped(inputs: KernelInputs, pool: Any) -> KernelInputs:
+    """Copies of `inputs`' tensors allocated from `pool` (a torch.cuda.MemPool): what a worker may reach."""
+    with torch.cuda.use_mem_pool(pool):
+        return _moved_copy(inputs)
+
+
+def _moved_copy(inputs: KernelInputs) -> KernelInputs:
+    tensors = {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs)}
+    return dataclasses.replace(inputs, **{k: v.clone() for k, v in tensors.items() if isinstance(v, torch.Tensor)})
 
 
 # --------------------------------------------------------------------------- the worker process
 
-def serve(conn: Connection, target: str, device: str, log_path: str) -> None:
+def serve(conn: Connection, target: str, device: str, log_path: str, transport: str = "copy") -> None:
     """The worker's main: rebuild the backend, then answer cases until the pipe closes."""
     _redirect_output(log_path)
     try:
         backend = load_backend(target, "backend")
     except BaseException as exc:  # anything that stops the import is the answer
-        conn.send_bytes(_dumps(("fault", f"{type(exc).__name__}: {exc}")))
+        conn.send_bytes(_dumps(("fault", f"{type(exc).__name__}: {exc}"), transport))
         return
     # The first dispatch mode imports torch._dynamo (1.5 s where the fork server did not preload
     # it): paid here, before "ready", so it never counts against a case's timeout.
     with PoisonFreshTensors():
         torch.empty(0)
-    conn.send_bytes(_dumps(("ready", backend.name)))
+    conn.send_bytes(_dumps(("ready", backend.name), transport))
     while True:
         try:
-            inputs, launch = _loads(conn.recv_bytes())
+            inputs, launch = _loads(conn.recv_bytes(), transport)
         except EOFError:
             return
         outcome = execute(backend, _moved(inputs, device), launch)
+        del inputs  # over IPC: the parent's memory, released as soon as the call is over
+        # Over IPC the outputs stay on the GPU (the parent copies them out); a CPU tensor among them
+        # would need a file descriptor passed along, so it goes over as a GPU tensor too.
+        outgoing = _outputs_moved(outcome, device if transport == "cuda-ipc" else "cpu")
         try:
-            conn.send_bytes(_dumps(("outcome", _on_cpu(outcome))))
-        except Exception as exc:  # an output torch.save cannot write
-            conn.send_bytes(_dumps(("outcome", Fault(Verdict.ERROR, f"output not sendable: {exc}", 0.0))))
+            conn.send_bytes(_dumps(("outcome", outgoing), transport))
+        except Exception as exc:  # an output the transport cannot carry
+            conn.send_bytes(_dumps(("outcome", Fault(Verdict.ERROR, f"output not sendable: {exc}", 0.0)), transport))
         if isinstance(outcome, Fault) and outcome.verdict == Verdict.CRASH:
             return  # the device is unusable in this process; the parent starts a new worker
 
@@ -188,6 +241,9 @@ class Worker:
 
     def __init__(self, target: str, device: str, timeout: float, log_dir: Path) -> None:
         self.target, self.device, self.timeout, self.log_dir = target, device, timeout, log_dir
+        self.transport = transport_for(device)
+        # The only parent memory a worker can reach over IPC: one call's inputs at a time.
+        self.pool = torch.cuda.MemPool() if self.transport == "cuda-ipc" else None
         self.process: multiprocessing.process.BaseProcess | None = None
         self.conn: Connection | None = None
         self.ready = False
@@ -203,38 +259,47 @@ class Worker:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         parent_conn, child_conn = multiprocessing.Pipe()
         self.process = _context().Process(target=serve, args=(child_conn, self.target, self.device,
-                                                              str(self.log_path)), daemon=True)
+                                                              str(self.log_path), self.transport), daemon=True)
         self.process.start()
         child_conn.close()  # so the parent sees EOF when the child dies
         self.conn, self.ready = parent_conn, False
 
-    def __call__(self, backend: Backend, inputs: KernelInputs, launch: Launch) -> Outcome:
+    def submit(self, backend: Backend, inputs: KernelInputs, launch: Launch) -> Pending:
+        """Send the call to the worker (started, or replaced, first); what waits for the answer."""
         if self.process is None:
             self.start()
         fault = self._await_ready()
         if fault is not None:
-            return fault
+            return lambda: fault
         assert self.conn is not None
         start = time.perf_counter()
+        # Kept referenced until the answer is in: over IPC the worker reads this very memory.
+        shipped = _shipped(inputs, self.pool) if self.pool is not None else _moved(inputs, "cpu")
         try:
-            self.conn.send_bytes(_dumps((_moved(inputs, "cpu"), launch)))
+            self.conn.send_bytes(_dumps((shipped, launch), self.transport))
         except OSError:
-            return self._died(time.perf_counter() - start)
-        return self._answer(start)
+            died = self._died(time.perf_counter() - start)
+            return lambda: died
+        return lambda: self._answer(start, shipped)
 
-    def _answer(self, start: float) -> Outcome:
+    def __call__(self, backend: Backend, inputs: KernelInputs, launch: Launch) -> Outcome:
+        return self.submit(backend, inputs, launch)()
+
+    def _answer(self, start: float, shipped: KernelInputs) -> Outcome:
+        """The outcome of the call sent at `start`; `shipped` (its inputs) lives until then."""
         assert self.conn is not None
-        if not self.conn.poll(self.timeout):
+        if not self.conn.poll(max(0.0, start + self.timeout - time.perf_counter())):
             self.kill()
             return Fault(Verdict.TIMEOUT, f"no answer within {self.timeout:g} s; the worker was killed",
                          time.perf_counter() - start)
         try:
-            _kind, outcome = _loads(self.conn.recv_bytes())
+            _kind, outcome = _loads(self.conn.recv_bytes(), self.transport)
         except (EOFError, OSError):
             return self._died(time.perf_counter() - start)
         if isinstance(outcome, Fault) and outcome.verdict == Verdict.CRASH:
             self.stop()
-        return outcome
+        # Over IPC the outputs are the worker's memory: copied out now, before it is reused or dies.
+        return _outputs_moved(outcome, self.device, copy=self.transport == "cuda-ipc")
 
     def _await_ready(self) -> Fault | None:
         if self.ready:
@@ -244,7 +309,7 @@ class Worker:
             self.kill()
             return Fault(Verdict.TIMEOUT, f"the worker did not load {self.target} within {STARTUP_TIMEOUT:g} s", 0.0)
         try:
-            kind, payload = _loads(self.conn.recv_bytes())
+            kind, payload = _loads(self.conn.recv_bytes(), self.transport)
         except (EOFError, OSError):
             return self._died(0.0, while_="loading the backend")
         if kind != "ready":

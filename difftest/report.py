@@ -1,4 +1,4 @@
-"""Reports: the per-backend table with the -inf-mask headline, failure details, JSON and JSONL.
+"""Reports: the per-backend table with the -inf-mask headline, the results per GPU, failure details, JSON and JSONL.
 
 Two files, both optional:
 * the JSON report (write_json): written once at the end: the run, the summaries, every result;
@@ -15,6 +15,7 @@ import dataclasses
 import enum
 import json
 import math
+from collections import Counter
 from pathlib import Path
 from typing import IO, Any
 
@@ -94,6 +95,15 @@ def render_table(summaries: list[BackendSummary]) -> str:
         lines.append(f"{s.backend:<28} {s.cases:>5} {s.rows:>6}  {mismatch:<18}  {err:>11}  "
                      f"{overlap:>13}  {verdict}")
     return "\n".join(lines)
+
+
+def render_devices(results: list[CaseResult]) -> str:
+    """'results per device: cuda:0 NVIDIA H200 (PCI ...): 44, cuda:0 NVIDIA H200 (PCI ...): 44' when the
+    results were computed on more than one GPU (CaseResult.gpu); '' otherwise."""
+    counts = Counter(r.gpu for r in results if r.gpu is not None)
+    if len(counts) < 2:
+        return ""
+    return "results per device: " + ", ".join(f"{gpu}: {n}" for gpu, n in counts.items())
 
 
 def render_failures(results: list[CaseResult], limit: int = 20) -> str:

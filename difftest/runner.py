@@ -5,7 +5,9 @@ with the reason; results reach `on_result` as each one is made, so a report can 
 Every call is guarded (difftest.guards): fresh tensors poisoned, inputs checksummed (a write into
 them is FAIL(mutated-input)), `repeat` launches compared (FAIL(nondeterministic)). With isolation
 (difftest.isolate) each backend runs in a worker process of its own, so a segfault, an abort or a
-sticky CUDA error is CRASH and a hang past the timeout is TIMEOUT, and the run goes on. With
+sticky CUDA error is CRASH and a hang past the timeout is TIMEOUT, and the run goes on; a case is
+submitted to every backend's worker before any answer is awaited, so the workers compute side by
+side and results still come in backend order. With
 `sanitize`, failing results are replayed under compute-sanitizer (difftest.sanitize).
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -92,6 +95,7 @@ class CaseResult:
     stability: Stability | None = None  # how `repeat` launches agreed; None for one launch
     isolation: str | None = None  # "worker" or "in-process: why" when the run asked for isolation
     sanitizer: SanitizerReport | None = None  # the compute-sanitizer replay, when one was asked for
+    gpu: str | None = None  # the physical GPU it was computed on (gpu_description); None on the CPU
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +105,26 @@ class Reference:
     logits: torch.Tensor  # float64 [rows, max_model_len]
     row_lens: torch.Tensor  # (rows,)
     bound: torch.Tensor  # (rows,) float32 rounding bound
+
+
+def gpu_description(device: torch.device) -> str | None:
+    """The GPU `device` is, e.g. 'cuda:0 NVIDIA H200 (PCI 0000:19:00.0, CUDA_VISIBLE_DEVICES=3)' (plain
+    'cuda': the current one); None on the CPU. Isolated workers inherit CUDA_VISIBLE_DEVICES and compute
+    on its first device, as a run that never sets another current device does."""
+    if device.type != "cuda":
+        return None
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return describe_gpu(index, torch.cuda.get_device_properties(index), os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def describe_gpu(index: int, props: Any, visible: str | None) -> str:
+    """'cuda:{index} {name} (PCI {domain}:{bus}:{slot}.0, CUDA_VISIBLE_DEVICES={visible})' of
+    torch.cuda.get_device_properties(index); the UUID where this torch does not expose the PCI address."""
+    if hasattr(props, "pci_bus_id"):  # GPUs are PCI function 0
+        where = f"PCI {props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    else:
+        where = f"UUID {props.uuid}"
+    return f"cuda:{index} {props.name} ({where}, CUDA_VISIBLE_DEVICES={'unset' if visible is None else visible})"
 
 
 def make_reference(case: Case) -> Reference:
@@ -144,27 +168,40 @@ def run_backend(backend: Backend, case: Case, ref: Reference, config: RunConfig,
                 executor: Executor | None = None) -> CaseResult:
     """Encode `case` for `backend`, call it (in-process unless `executor` says where), compare;
     never raises for the backend's faults."""
-    executor = executor or InProcess()
+    return start_backend(backend, case, ref, config, executor or InProcess())()
+
+
+def start_backend(backend: Backend, case: Case, ref: Reference, config: RunConfig,
+                  executor: Executor) -> Callable[[], CaseResult]:
+    """run_backend in two halves: this one encodes and submits the call to `executor`; the function
+    it returns waits for the outcome and judges it. Calls to different worker processes overlap."""
     contract = backend.contract
     base = dict(backend=backend.name, case=case.name, description=case.describe(), rows=case.rows,
                 device=config.device, encoding=(config.encoding or contract.length_encoding).value,
                 layout=(config.layout or contract.cache_layout).value,
                 overridden=config.encoding is not None or config.layout is not None,
-                spec=case.meta.get("spec"))
+                spec=case.meta.get("spec"), gpu=gpu_description(case.device))
     reason = unsupported_reason(backend, case, config.device)
     if reason:
-        return CaseResult(verdict=Verdict.SKIP, seconds=0.0, reason=reason, **base)
+        skipped = CaseResult(verdict=Verdict.SKIP, seconds=0.0, reason=reason, **base)
+        return lambda: skipped
     try:
         inputs = encode(case, contract, encoding=config.encoding, layout=config.layout)
     except SpecError as exc:
-        return CaseResult(verdict=Verdict.SKIP, seconds=0.0, reason=f"cannot encode: {exc}", **base)
+        unencodable = CaseResult(verdict=Verdict.SKIP, seconds=0.0, reason=f"cannot encode: {exc}", **base)
+        return lambda: unencodable
     # The case's own tensors must not be the ones handed over: a backend that writes into them
     # would change the case under every backend after it.
-    outcome = executor(backend, _private(inputs, case), Launch(case.rows, case.max_model_len, config.repeat))
-    base["isolation"] = executor.note
-    if isinstance(outcome, Fault):
-        return CaseResult(verdict=outcome.verdict, seconds=outcome.seconds, reason=outcome.reason, **base)
-    return _judge(outcome, ref, contract, base)
+    pending = executor.submit(backend, _private(inputs, case), Launch(case.rows, case.max_model_len, config.repeat))
+
+    def finish() -> CaseResult:
+        outcome = pending()
+        done = {**base, "isolation": executor.note}
+        if isinstance(outcome, Fault):
+            return CaseResult(verdict=outcome.verdict, seconds=outcome.seconds, reason=outcome.reason, **done)
+        return _judge(outcome, ref, contract, done)
+
+    return finish
 
 
 def _private(inputs: KernelInputs, case: Case) -> KernelInputs:
@@ -223,10 +260,11 @@ def _run_case(backends: list[Backend], executors: list[Executor], case: Case, co
     if todo:
         case = case.validate().to(config.device)
         ref = make_reference(case)
+        # Every backend's call is submitted before any is waited for: workers compute side by side.
+        started = {index: start_backend(backends[index], case, ref, config, executors[index]) for index in todo}
         for index in todo:
             backend = backends[index]
-            result = run_backend(backend, case, ref, config, executors[index])
-            fresh[index] = _sanitized(result, backend, case, config, targets.get(backend.name))
+            fresh[index] = _sanitized(started[index](), backend, case, config, targets.get(backend.name))
             if on_result:
                 on_result(fresh[index])
     return [fresh[i] if i in fresh else done[(b.name, case.name)] for i, b in enumerate(backends)]

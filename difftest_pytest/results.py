@@ -1,6 +1,6 @@
 """Results: every check() of a test reaches the item (for the ledger) and its report's user_properties
-(so xdist carries it to the controller); the controller sums them into the `difftest` terminal
-section and the JSON report."""
+(so xdist carries it, the GPU it was computed on included, to the controller); the controller sums
+them into the `difftest` terminal section and the JSON report."""
 
 from __future__ import annotations
 
@@ -68,15 +68,19 @@ class Recorder:
             write_json(self.settings.report, self.results, self.run_info(session.config))
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-        """The `difftest` section: the per-backend table and each backend's -inf-mask headline."""
+        """The `difftest` section: the per-backend table, the results per GPU when the workers used
+        several, and each backend's -inf-mask headline."""
         if not self.results:
             return
-        from difftest.report import headline, render_table, summarize
+        from difftest.report import headline, render_devices, render_table, summarize
 
         summaries = summarize(self.results)
         terminalreporter.write_sep("=", "difftest")
         for line in render_table(summaries).splitlines():
             terminalreporter.write_line(line)
+        devices = render_devices(self.results)
+        if devices:
+            terminalreporter.write_line(devices)
         for summary in summaries:
             if summary.cases:
                 terminalreporter.write_line(f"{summary.backend}: {headline(summary)}")

@@ -9,8 +9,10 @@ except for one way real kernels break, and each break has exactly one verdict:
     reads_past_table      FAIL(nan)                   nondeterministic       FAIL(nondeterministic) with --repeat
     reorders_heads        PASS, stable within tolerance with --repeat
     strict_raises         ERROR; a factory whose backend only its own path rebuilds (isolate.recipe)
+    segfaults_on_gpu_1    PASS, but CRASH (SIGSEGV) in a process whose CUDA_VISIBLE_DEVICES is 1
 
-segfaults, aborts and hangs take the process down with them: run them only under isolation.
+segfaults, aborts and hangs take the process down with them: run them only under isolation (or,
+segfaults_on_gpu_1, in a child of a spread run, to kill that child).
 """
 
 from __future__ import annotations
@@ -49,6 +51,15 @@ def aborts(q, kv_cache, weights, context_lens, block_table, max_model_len):
 def hangs(q, kv_cache, weights, context_lens, block_table, max_model_len):
     """Never returns, like a kernel spinning on a barrier that some block never reaches."""
     time.sleep(HANG_SECONDS)
+
+
+@backend(contract=CONTRACT, name="broken-on-gpu-1")
+def segfaults_on_gpu_1(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Right, but dies of SIGSEGV where CUDA_VISIBLE_DEVICES is '1', as on a GPU whose driver faults:
+    a run spread over GPUs (--gpus) must lose only that GPU's shard."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "1":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return logits_with_limits(q, kv_cache, weights, context_lens, block_table, max_model_len)
 
 
 @backend(contract=CONTRACT, name="broken-raises")

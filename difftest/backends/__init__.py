@@ -48,6 +48,10 @@ BUILTIN: dict[str, str] = {
     "aiter-triton-fused": "difftest.backends.aiter_triton:AiterTritonFused",
     "aiter-triton-stage1-ragged": "difftest.backends.aiter_triton:AiterTritonStage1Ragged",
     "aiter-triton-fused-ragged": "difftest.backends.aiter_triton:AiterTritonFusedRagged",
+    "aiter-rocm-stage1": "difftest.backends.aiter_rocm:AiterRocmStage1",
+    "aiter-rocm-fused": "difftest.backends.aiter_rocm:AiterRocmFused",
+    "aiter-rocm-stage1-ragged": "difftest.backends.aiter_rocm:AiterRocmStage1Ragged",
+    "aiter-rocm-fused-ragged": "difftest.backends.aiter_rocm:AiterRocmFusedRagged",
 }
 
 

@@ -78,9 +78,11 @@ class _DeepGemmBase:
             length_encoding=self.encoding, cache_layout=CacheLayout.BLOCK_SPLIT,
             mask=MaskConvention.TAIL_UNSPECIFIED, devices=("cuda",), archs=self.archs,
             next_n=self._next_n(), head_dims=(32, 64, 128), block_sizes=(32, 64),
-            output_dtype=torch.bfloat16 if wide else torch.float32, rtol=1e-2 if wide else 1e-3,
-            accumulator_bits=14,  # FP8 wgmma/tcgen05 accumulation, not float32
-            library=_library_name())
+            output_dtype=torch.bfloat16 if wide else torch.float32,
+            # FP8 MMA accumulates with ~14 bits (and bf16 output on sm100): on the H200 the largest
+            # error of a correct result was 3.0e-3 of the row's largest logit (reports/h200/14-*),
+            # a row with another request's q was off by 0.5 or more (13-zero-length-straddle).
+            rtol=1e-2, library=_library_name())
 
     def _next_n(self) -> tuple[int, ...] | None:
         return None

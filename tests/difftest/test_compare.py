@@ -277,16 +277,17 @@ def test_topk_mean_over_rows():
     assert topk_overlap(expected, got, torch.tensor([3, 4])) == pytest.approx((2 / 3 + 1) / 2)
 
 
-def test_accumulator_bits_widen_the_bound_for_fp8_tensor_cores():
-    """An error above rtol * row scale but inside the 14-bit accumulator bound passes only for a
-    backend that declares a 14-bit accumulator; the float32 bound alone rejects it."""
-    import dataclasses
-
-    expected = torch.tensor([[100.0, 50.0, -math.inf]], dtype=torch.float64)
-    lens, bound = torch.tensor([2]), torch.tensor([1e-4])  # scaled by 2^10: ~0.1
-    got = expected.clone()
-    got[0, 1] += 0.09  # 9e-4 of the row scale, over rtol 1e-4, under 0.1
-    fp32 = Contract(LengthEncoding.PER_ROW, CacheLayout.BLOCK_SPLIT, MaskConvention.TAIL_NEG_INF, rtol=1e-4)
-    fp8_mma = dataclasses.replace(fp32, accumulator_bits=14)
-    assert compare(expected, got, lens, fp32, bound).verdict == Verdict.FAIL_VALUE
-    assert compare(expected, got, lens, fp8_mma, bound).verdict == Verdict.PASS
+def test_the_fp32_bound_counts_but_is_never_widened():
+    """A one-position row whose logit is a cancellation: its fp32 bound (from the sum of |terms|) is
+    small, but 2^10 times it (a worst case at FP8-MMA precision) would exceed the logit itself and
+    pass a row scored with another request's q, as DeepGEMM's zero-length bug does at H 64, D 128."""
+    expected = torch.tensor([[-6.0, -math.inf]], dtype=torch.float64)
+    lens, bound = torch.tensor([1]), torch.tensor([3.2e-3])  # x 2^10 = 3.3: half the logit
+    contract = Contract(LengthEncoding.PER_ROW, CacheLayout.BLOCK_SPLIT, MaskConvention.TAIL_NEG_INF, rtol=1e-6)
+    for error, verdict in ((2e-3, Verdict.PASS), (4e-3, Verdict.FAIL_VALUE), (3.0, Verdict.FAIL_VALUE)):
+        got = expected.clone()
+        got[0, 0] += error
+        assert compare(expected, got, lens, contract, bound).verdict == verdict, error
+    assert compare(expected, expected + torch.tensor([[3.0, 0.0]]), lens,
+                   Contract(LengthEncoding.PER_ROW, CacheLayout.BLOCK_SPLIT, MaskConvention.TAIL_NEG_INF,
+                            rtol=1e-2), bound).verdict == Verdict.FAIL_VALUE, "DeepGEMM's rtol still rejects it"

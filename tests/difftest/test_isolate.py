@@ -22,9 +22,10 @@ from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend, backend
 from difftest.cli import EXIT_FAILED, EXIT_USAGE, main
 from difftest.encode import encode
+from difftest.errors import SpecError
 from difftest.guards import Execution, Launch, execute
-from difftest.isolate import InProcess, Worker, crash_summary, exit_description, recipe
-from difftest.report import ResultStream, load_results, write_json
+from difftest.isolate import InProcess, Worker, crash_summary, exit_description, recipe, transport_for
+from difftest.report import ResultStream, load_results, to_jsonable, write_json
 from difftest.runner import RunConfig, run
 from difftest.sanitize import Finding, SanitizerReport
 from difftest.verdict import Verdict
@@ -46,7 +47,8 @@ EXPECTED = {  # backend object in tests.broken_backends -> (its name, its verdic
     "strict_raises": ("broken-raises-strict", Verdict.ERROR),  # a factory: rebuilt from its own path
 }
 CASE_FILTERS = ("length-one-*", "stale-canary-table-*")  # two edge cases: one short, one with stale columns
-RUN_ARGS = ["run", "--backends", "torch", "--cases", "edges", "--isolate", "--timeout", "1", "--repeat", "3",
+# --timeout 3: the workers of a case compute side by side, 11 of them on CI's 2 cores.
+RUN_ARGS = ["run", "--backends", "torch", "--cases", "edges", "--isolate", "--timeout", "3", "--repeat", "3",
             "--no-progress",
             *[arg for name in EXPECTED for arg in ("--backend-module", f"tests.broken_backends:{name}")],
             *[arg for glob in CASE_FILTERS for arg in ("--case-filter", glob)]]
@@ -122,6 +124,23 @@ def test_worker_gives_the_same_bits_as_in_process(tmp_path):
     assert torch.equal(isolated.outputs[0].view(torch.int64), local.outputs[0].view(torch.int64))
 
 
+@pytest.mark.parametrize("device, env, transport", [
+    ("cpu", None, "copy"), ("cpu", "cuda-ipc", "copy"),  # no GPU memory to hand over on the CPU
+    ("cuda", None, "cuda-ipc"), ("cuda", "copy", "copy"), ("cuda", "cuda-ipc", "cuda-ipc")])
+def test_transport_is_cuda_ipc_on_a_gpu_unless_asked_to_copy(monkeypatch, device, env, transport):
+    if env is None:
+        monkeypatch.delenv("DIFFTEST_WORKER_TRANSPORT", raising=False)
+    else:
+        monkeypatch.setenv("DIFFTEST_WORKER_TRANSPORT", env)
+    assert transport_for(device) == transport
+
+
+def test_an_unknown_transport_is_a_spec_error(monkeypatch):
+    monkeypatch.setenv("DIFFTEST_WORKER_TRANSPORT", "shm")
+    with pytest.raises(SpecError, match="DIFFTEST_WORKER_TRANSPORT='shm': expected one of"):
+        transport_for("cuda")
+
+
 @pytest.mark.parametrize("name, signal_name", [("segfaults", "SIGSEGV"), ("aborts", "SIGABRT")])
 def test_worker_killed_by_a_signal_is_crash_and_is_replaced(tmp_path, name, signal_name):
     case = build_case(CASE_SPEC, 0)
@@ -191,9 +210,23 @@ def _pairs(results) -> list[tuple[str, str]]:
     return [(r.backend, r.case) for r in results]
 
 
-def test_one_run_over_every_broken_backend_gives_each_its_verdict(tmp_path, capsys):
+NO_GPU = "needs a CUDA GPU: torch.cuda.is_available() is False"
+ON_GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)]
+ON_DEVICES = [  # (--device, DIFFTEST_WORKER_TRANSPORT, --timeout): a GPU's first call also loads its libraries
+    pytest.param("cpu", None, "3", id="cpu"),
+    pytest.param("cuda", "cuda-ipc", "10", id="cuda-ipc", marks=ON_GPU),
+    pytest.param("cuda", "copy", "10", id="cuda-copy", marks=ON_GPU),
+]
+
+
+@pytest.mark.parametrize("device, transport, timeout", ON_DEVICES)
+def test_one_run_over_every_broken_backend_gives_each_its_verdict(tmp_path, capsys, monkeypatch, device, transport,
+                                                                   timeout):
+    if transport:
+        monkeypatch.setenv("DIFFTEST_WORKER_TRANSPORT", transport)
     report, stream = tmp_path / "run.json", tmp_path / "run.jsonl"
-    code = main([*RUN_ARGS, "--report", str(report)])
+    argv = [*RUN_ARGS, "--device", device, "--timeout", timeout]  # the last --timeout counts
+    code = main([*argv, "--report", str(report)])
     out = capsys.readouterr().out
     assert code == EXIT_FAILED, out
     results = load_results(report)
@@ -203,7 +236,7 @@ def test_one_run_over_every_broken_backend_gives_each_its_verdict(tmp_path, caps
     assert not wrong, f"{wrong=}\n{out}"
     assert all(r.isolation == "worker" for r in results)
     assert _pairs(load_results(stream)) == _pairs(results), "the default stream sits beside the report"
-    assert "worker killed by SIGSEGV" in out and "no answer within 1 s" in out, out
+    assert "worker killed by SIGSEGV" in out and f"no answer within {timeout} s" in out, out
     for line in out.splitlines():
         name = line.split(" ")[0]
         if name in WANT and " on " not in line:
@@ -236,7 +269,8 @@ def test_a_killed_run_resumes_without_losing_or_repeating_anything(tmp_path, cap
     assert sorted(_pairs(streamed)) == sorted(_pairs(final)), "the stream holds each pair once"
     assert {r.backend: r.verdict for r in final} == WANT
     kept = {(r.backend, r.case): r for r in final}
-    assert all(kept[(r.backend, r.case)] == r for r in before), "resumed results are reused, not re-run"
+    same = [json.dumps(to_jsonable(kept[(r.backend, r.case)])) == json.dumps(to_jsonable(r)) for r in before]
+    assert all(same), "resumed results are reused, not re-run (compared as JSON: a NaN error is not == itself)"
     info = json.loads(report.read_text())["run"]
     assert info["resumed"] == len(before) and info["resumed_from"] == str(stream), f"{info=}"
 

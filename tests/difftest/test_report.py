@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend
-from difftest.report import headline, render_failures, render_table, summarize, to_jsonable, write_json
+from difftest.report import (
+    ResultStream,
+    headline,
+    load_results,
+    render_devices,
+    render_failures,
+    render_table,
+    summarize,
+    to_jsonable,
+    write_json,
+)
 from difftest.runner import RunConfig, run
 from difftest.verdict import Verdict
 from generators import build_case
@@ -54,3 +65,39 @@ def test_json_values_are_plain(tmp_path):
     doc = json.loads(path.read_text())
     assert len(doc["results"]) == 8 and len(doc["summaries"]) == 4, f"{doc.keys()=}"
     assert doc["results"][1]["comparison"]["first_mismatch"]["kind"] == "FAIL(mask)"
+
+
+H200 = "cuda:0 NVIDIA H200 (PCI 0000:{bus}:00.0, CUDA_VISIBLE_DEVICES={visible})"
+
+
+def _on_gpus(results):
+    """The results as if computed on two GPUs, alternately."""
+    return [dataclasses.replace(r, gpu=H200.format(bus=("19", "3a")[i % 2], visible=i % 2))
+            for i, r in enumerate(results)]
+
+
+def test_gpu_of_each_result_round_trips_through_json_and_jsonl(tmp_path):
+    results = _on_gpus(_results())
+    assert load_results(write_json(tmp_path / "r.json", results, {})) == results
+    stream = ResultStream(tmp_path / "r.jsonl")
+    for result in results:
+        stream.write(result)
+    stream.close()
+    assert load_results(tmp_path / "r.jsonl") == results
+    assert json.loads((tmp_path / "r.json").read_text())["results"][1]["gpu"] == H200.format(bus="3a", visible=1)
+
+
+def test_a_report_written_before_the_gpu_field_still_loads(tmp_path):
+    results = _results()
+    doc = json.loads(write_json(tmp_path / "r.json", results, {}).read_text())
+    for result in doc["results"]:
+        del result["gpu"]
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    assert load_results(tmp_path / "old.json") == results and all(r.gpu is None for r in results)
+
+
+def test_results_per_device_only_when_more_than_one():
+    results = _results()
+    assert render_devices(results) == "" and render_devices(_on_gpus(results)[::2]) == ""
+    assert render_devices(_on_gpus(results)) == (f"results per device: {H200.format(bus='19', visible=0)}: 4, "
+                                                 f"{H200.format(bus='3a', visible=1)}: 4")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ import torch
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend, backend
 from difftest.contract import LengthEncoding
-from difftest.runner import RunConfig, make_reference, run, unsupported_reason
+from difftest.runner import RunConfig, describe_gpu, gpu_description, make_reference, run, unsupported_reason
 from difftest.verdict import Verdict
 from generators import LengthDist, build_case
 from oracles.paged_mqa_logits import reference
@@ -181,7 +183,21 @@ def test_result_fields():
     assert (result.backend, result.case, result.rows, result.device) == ("torch", case.name, case.rows, "cpu")
     assert (result.encoding, result.layout, result.overridden) == ("per-row", "block-split", False)
     assert result.description == case.describe() and result.spec == case.meta["spec"], f"{result=}"
-    assert result.seconds >= 0 and result.reason is None
+    assert result.seconds >= 0 and result.reason is None and result.gpu is None
+
+
+# --------------------------------------------------------------------------- the GPU of a result
+
+def test_gpu_description_is_none_on_the_cpu():
+    assert gpu_description(torch.device("cpu")) is None
+
+
+def test_describe_gpu_names_the_physical_device():
+    h200 = SimpleNamespace(name="NVIDIA H200", pci_domain_id=0, pci_bus_id=0x19, pci_device_id=0, uuid="ignored")
+    assert describe_gpu(0, h200, "3") == "cuda:0 NVIDIA H200 (PCI 0000:19:00.0, CUDA_VISIBLE_DEVICES=3)"
+    older = SimpleNamespace(name="NVIDIA A100", uuid="5e0f6f3a-0000-1111-2222-333344445555")
+    assert describe_gpu(1, older, None) == ("cuda:1 NVIDIA A100 (UUID 5e0f6f3a-0000-1111-2222-333344445555, "
+                                            "CUDA_VISIBLE_DEVICES=unset)")
 
 
 def test_make_reference_matches_oracle():
@@ -190,3 +206,23 @@ def test_make_reference_matches_oracle():
     assert torch.equal(ref.logits, reference(case))
     assert torch.equal(ref.row_lens, case.row_lens().reshape(-1))
     assert tuple(ref.bound.shape) == (case.rows,) and (ref.bound >= 0).all()
+
+
+# --------------------------------------------------------------------------- isolated calls overlap
+
+def _calls(log: Path) -> dict[str, tuple[float, float]]:
+    rows = [line.split() for line in log.read_text().splitlines()]
+    return {name: (float(start), float(end)) for name, start, end in rows}
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+def test_isolated_workers_take_one_case_side_by_side(isolate):
+    """With isolation every backend's call on a case is sent before any answer is awaited, so the
+    workers compute at once; in-process the calls follow each other, each result reported first."""
+    log = ub.call_log()
+    log.unlink(missing_ok=True)
+    results = run([_fn(ub.recorded_a), _fn(ub.recorded_b)], [build_case(TINY, 0)], RunConfig(isolate=isolate))
+    assert [(r.backend, r.verdict) for r in results] == [("recorded-a", Verdict.PASS), ("recorded-b", Verdict.PASS)]
+    calls = _calls(log)
+    overlap = calls["recorded-a"][1] > calls["recorded-b"][0] and calls["recorded-b"][1] > calls["recorded-a"][0]
+    assert overlap == isolate, f"{calls=}"

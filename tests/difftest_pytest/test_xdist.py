@@ -1,11 +1,13 @@
-"""pytest-xdist: one seed on every worker, a summary that covers them all, one GPU per worker."""
+"""pytest-xdist: one seed on every worker, a summary and a report that cover them all, one GPU per worker."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
+from difftest.report import load_results
 from difftest_pytest.workers import gpu_for_worker
 
 
@@ -30,7 +32,8 @@ def test_two_workers_share_the_seed_and_the_summary_covers_both(pytester: pytest
     # --dist each: every worker runs every test, so the summary must count each suite case twice.
     # No --difftest-seed: a worker that drew its own seed would name other cases and write another seed.
     result = pytester.runpytest_inprocess("-n", "2", "--dist", "each", "-p", "no:cacheprovider", "--difftest-suite",
-                                          "--difftest-backends=torch", "-k", "seed or length-one or block-boundaries")
+                                          "--difftest-backends=torch", "--difftest-report=r.json",
+                                          "-k", "seed or length-one or block-boundaries")
     result.assert_outcomes(passed=8)
     header = re.search(r"^difftest: --difftest-seed=(\d+) ", result.stdout.str(), re.MULTILINE)
     assert header is not None, result.stdout.str()
@@ -39,3 +42,8 @@ def test_two_workers_share_the_seed_and_the_summary_covers_both(pytester: pytest
     assert set(seeds.values()) == {header.group(1)}
     result.stdout.fnmatch_lines(["*= difftest =*", "torch *4 *28 *0/28 *PASS",
                                  "torch: 0/28 rows with the wrong -inf mask"])
+    # Every result names the GPU it was computed on: none here, and no per-device line.
+    results = json.loads((pytester.path / "r.json").read_text())["results"]
+    assert len(results) == 4 and all("gpu" in r and r["gpu"] is None for r in results), f"{results=}"
+    assert [r.gpu for r in load_results(pytester.path / "r.json")] == [None] * 4
+    result.stdout.no_fnmatch_line("results per device:*")

@@ -1,0 +1,128 @@
+"""AITER's own Python wrappers of its paged MQA logits kernels, on ROCm: what a ROCm caller imports.
+
+    from aiter.ops.triton.pa_mqa_logits import deepgemm_fp8_paged_mqa_logits  # 0.1.7.x
+    from aiter.ops.triton.attention.pa_mqa_logits import ...                   # newer AITER
+
+The wrappers import `aiter.dtypes`, which needs AITER's ROCm build, and view the cache bytes as the
+GPU's native fp8 (`dtypes.fp8`: e4m3fnuz on gfx942, e4m3fn on gfx950), so these backends run only
+on a ROCm build of torch with AITER installed; elsewhere they skip with the reason. The kernels
+behind them are the ones `aiter_triton` launches directly (where the findings of
+docs/findings/aiter-triton-mask.md apply); this path adds AITER's own argument handling and the
+gfx942 fp8 flavour that the direct launch cannot give. Outputs are pre-filled with -inf as AITER's
+test and vLLM's stage1 call do. amd-aiter 0.1.7.post2.dev18 has no Gluon paged-MQA kernel (its only
+Gluon kernel is a GEMM), so there is none to adapt here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+from types import ModuleType
+
+import torch
+
+from difftest.backends.aiter_triton import STAGE1_CHUNK_Q, aiter_version
+from difftest.contract import CacheLayout, Contract, LengthEncoding, MaskConvention
+from difftest.encode import KernelInputs
+from difftest.fp8 import Fp8Flavour
+
+WRAPPER_MODULES = ("aiter.ops.triton.pa_mqa_logits", "aiter.ops.triton.attention.pa_mqa_logits")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Wrapper:
+    function: str  # its name in the wrapper module
+    ragged: bool  # prefix sums + flat token ids instead of lengths + a [B, W] token table
+    per_head: bool  # stage1: [H, rows, max_model_len] scores, summed over heads by the caller
+
+
+def load_wrappers() -> tuple[ModuleType | None, str]:
+    """(the wrapper module, its name) or (None, why not), trying 0.1.7's path first, as vLLM does."""
+    errors = []
+    for name in WRAPPER_MODULES:
+        try:
+            return importlib.import_module(name), name
+        except Exception as exc:  # aiter's __init__ raises more than ImportError off ROCm
+            errors.append(f"{name}: {type(exc).__name__}: {exc}")
+    return None, "; ".join(errors)
+
+
+def native_fp8() -> Fp8Flavour:
+    """The fp8 flavour `aiter.dtypes.fp8` is on this GPU: e4m3fnuz on gfx942, e4m3fn elsewhere."""
+    if torch.version.hip is not None and torch.cuda.is_available():
+        if "gfx942" in getattr(torch.cuda.get_device_properties(0), "gcnArchName", ""):
+            return Fp8Flavour.E4M3FNUZ
+    return Fp8Flavour.E4M3FN
+
+
+class _AiterRocmBackend:
+    """Shared behaviour; subclasses name the wrapper."""
+
+    name: str
+    wrapper: _Wrapper
+
+    @property
+    def contract(self) -> Contract:
+        version = aiter_version()
+        return Contract(
+            length_encoding=LengthEncoding.PREFIX_SUM if self.wrapper.ragged else LengthEncoding.PER_SEQUENCE,
+            cache_layout=CacheLayout.TOKEN_INTERLEAVED, mask=MaskConvention.TAIL_NEG_INF, fp8=native_fp8(),
+            output_dtype=torch.float32, rtol=1e-3, devices=("cuda",), block_sizes=(1,),
+            heads_multiple_of=STAGE1_CHUNK_Q if self.wrapper.per_head else 1,
+            heads_power_of_two=not self.wrapper.per_head,
+            library=f"amd-aiter {version}" if version else "amd-aiter (version unknown or not installed)")
+
+    def unavailable_reason(self, device: str) -> str | None:
+        """Why AITER's wrappers cannot run on `device`, most basic cause first; None when they can."""
+        if device != "cuda":
+            return f"AITER's wrappers run on ROCm GPUs only (device {device})"
+        if torch.version.hip is None:
+            return "AITER's wrappers need a ROCm build of torch (torch.version.hip is None)"
+        if not torch.cuda.is_available():
+            return "torch.cuda.is_available() is False"
+        module, how = load_wrappers()
+        if module is None:
+            return f"AITER's wrappers are not importable ({how})"
+        if not hasattr(module, self.wrapper.function):
+            return f"{how} has no {self.wrapper.function}"
+        return None
+
+    def __call__(self, inputs: KernelInputs, out: torch.Tensor | None) -> torch.Tensor:
+        """Logits [rows, max_model_len] float32, through the wrapper; `out` is unused."""
+        module, _ = load_wrappers()
+        batch, next_n, heads, _ = inputs.q.shape
+        rows = batch * next_n
+        shape = (heads, rows, inputs.max_model_len) if self.wrapper.per_head else (rows, inputs.max_model_len)
+        buffer = torch.full(shape, -math.inf, dtype=torch.float32, device=inputs.q.device)
+        getattr(module, self.wrapper.function)(inputs.q, inputs.kv_cache, inputs.weights, buffer,
+                                               inputs.context_lens, inputs.block_table, inputs.max_model_len)
+        return buffer.sum(dim=0) if self.wrapper.per_head else buffer
+
+
+class AiterRocmStage1(_AiterRocmBackend):
+    """`aiter-rocm-stage1`: deepgemm_fp8_paged_mqa_logits_stage1, summed over heads by the caller."""
+
+    name = "aiter-rocm-stage1"
+    wrapper = _Wrapper("deepgemm_fp8_paged_mqa_logits_stage1", ragged=False, per_head=True)
+
+
+class AiterRocmFused(_AiterRocmBackend):
+    """`aiter-rocm-fused`: deepgemm_fp8_paged_mqa_logits, the head sum in the kernel."""
+
+    name = "aiter-rocm-fused"
+    wrapper = _Wrapper("deepgemm_fp8_paged_mqa_logits", ragged=False, per_head=False)
+
+
+class AiterRocmStage1Ragged(_AiterRocmBackend):
+    """`aiter-rocm-stage1-ragged`: deepgemm_fp8_paged_mqa_logits_stage1_ragged_k (prefix sums)."""
+
+    name = "aiter-rocm-stage1-ragged"
+    wrapper = _Wrapper("deepgemm_fp8_paged_mqa_logits_stage1_ragged_k", ragged=True, per_head=True)
+
+
+class AiterRocmFusedRagged(_AiterRocmBackend):
+    """`aiter-rocm-fused-ragged`: deepgemm_fp8_paged_mqa_logits_ragged_k (prefix sums)."""
+
+    name = "aiter-rocm-fused-ragged"
+    wrapper = _Wrapper("deepgemm_fp8_paged_mqa_logits_ragged_k", ragged=True, per_head=False)

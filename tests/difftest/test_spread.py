@@ -1,0 +1,172 @@
+"""Spreading a run: --shard selection, the GPU of each child, and whole --gpus runs on the CPU.
+
+The CPU has no GPUs to spread over, so the whole runs call cmd_run with the environments --gpus
+would hand its children; the children are real `python -m difftest.cli` processes, and the one that
+dies is killed by a real SIGSEGV (tests.broken_backends:segfaults_on_gpu_1 on CUDA_VISIBLE_DEVICES=1).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from difftest.cli import EXIT_FAILED, EXIT_USAGE, cmd_run, main, parse_args
+from difftest.errors import SpecError
+from difftest.report import load_results
+from difftest.spread import child_argv, gpu_environments, parse_shard, shard_of, visible_devices_for_shard
+from tests.support import REPO_ROOT
+
+ONE_GPU_EACH = [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]
+EDGES = ["run", "--backends", "torch", "--cases", "edges", "--no-progress"]
+
+
+# --------------------------------------------------------------------------- --shard
+
+@pytest.mark.parametrize(("text", "shard"), [("0/1", (0, 1)), ("1/2", (1, 2)), ("3/8", (3, 8))])
+def test_parse_shard(text: str, shard: tuple[int, int]) -> None:
+    assert parse_shard(text) == shard
+
+
+@pytest.mark.parametrize("text", ["2/2", "-1/2", "0/0", "1", "a/b", "1/2/3", ""])
+def test_bad_shard_is_a_spec_error_naming_the_option(text: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_shard(text)
+    assert info.value.field == "--shard" and info.value.value == text, f"{info.value=}"
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 5, 11, 12])
+def test_shards_partition_the_plan_in_order(count: int) -> None:
+    plan = [f"case-{i}" for i in range(11)]
+    shards = [shard_of(plan, i, count) for i in range(count)]
+    assert sorted(item for shard in shards for item in shard) == sorted(plan), f"{shards=}"  # union, nothing twice
+    assert all(shard == sorted(shard, key=plan.index) for shard in shards), f"{shards=}"
+    assert all(plan.index(item) % count == i for i, shard in enumerate(shards) for item in shard), f"{shards=}"
+
+
+def _cases(report: Path) -> list[str]:
+    return [r.case for r in load_results(report)]
+
+
+def test_shard_option_takes_every_nth_case_after_the_filter(tmp_path: Path, capsys) -> None:
+    argv = [*EDGES, "--case-filter", "*-s*[13579]000"]  # the edges with an odd seed, in plan order
+    assert main([*argv, "--report", str(tmp_path / "all.json")]) == 0
+    for index in range(3):
+        assert main([*argv, "--shard", f"{index}/3", "--report", str(tmp_path / f"{index}.json")]) == 0
+    capsys.readouterr()
+    plan = _cases(tmp_path / "all.json")
+    assert len(plan) >= 5, f"{plan=}"
+    assert [_cases(tmp_path / f"{index}.json") for index in range(3)] == [plan[i::3] for i in range(3)]
+    assert json.loads((tmp_path / "1.json").read_text())["run"]["shard"] == "1/3"
+
+
+# --------------------------------------------------------------------------- --gpus
+
+@pytest.mark.parametrize(("shard", "gpus", "parent", "visible"), [
+    (0, 2, None, "0"), (1, 2, None, "1"), (3, 4, None, "3"),
+    (0, 2, "2,5", "2"), (1, 2, "2,5", "5"), (1, 2, " 2, 5 ", "5"), (0, 1, "2,5", "2"),
+    (1, 2, "GPU-aaaa,GPU-bbbb", "GPU-bbbb"),
+])
+def test_visible_devices_for_shard(shard: int, gpus: int, parent: str | None, visible: str) -> None:
+    assert visible_devices_for_shard(shard, gpus, parent) == visible
+
+
+@pytest.mark.parametrize("parent", ["2,5", "", "7"])
+def test_more_gpus_than_the_parent_sees_is_a_spec_error(parent: str) -> None:
+    with pytest.raises(SpecError) as info:
+        visible_devices_for_shard(0, 3, parent)
+    assert info.value.field == "--gpus" and f"CUDA_VISIBLE_DEVICES={parent!r}" in str(info.value), f"{info.value=}"
+
+
+def test_gpu_environments() -> None:
+    assert gpu_environments(2, "cuda", 2, "2,5") == [{"CUDA_VISIBLE_DEVICES": "2"}, {"CUDA_VISIBLE_DEVICES": "5"}]
+    assert gpu_environments(2, "cuda", 8, None) == ONE_GPU_EACH
+    for gpus, device, count in [(0, "cuda", 2), (2, "cpu", 2), (3, "cuda", 2)]:
+        with pytest.raises(SpecError) as info:
+            gpu_environments(gpus, device, count, None)
+        assert info.value.field == "--gpus" and info.value.value == gpus, f"{gpus=} {device=} {count=}: {info.value}"
+
+
+def test_child_argv_drops_what_only_the_parent_does(tmp_path: Path) -> None:
+    argv = ["run", "--gpus", "2", "--report", "r.json", "--seed", "3", "--stream=s.jsonl", "--gpus=4",
+            "--case-filter", "length-*", "--device", "cuda"]
+    assert child_argv(argv, 1, 2, tmp_path / "part.jsonl") == [
+        "run", "--seed", "3", "--case-filter", "length-*", "--device", "cuda",
+        "--shard", "1/2", "--stream", str(tmp_path / "part.jsonl"), "--no-progress"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--gpus", "2"], "--gpus=2: expected --device cuda as well"),
+    (["--gpus", "0"], "--gpus=0: expected an integer >= 1"),
+    (["--shard", "2/2"], "--shard='2/2': expected I/N with 0 <= I < N"),
+    (["--shard", "one/two"], "--shard='one/two': expected I/N with 0 <= I < N"),
+])
+def test_bad_gpus_or_shard_is_one_line_exit_2(capsys, argv: list[str], message: str) -> None:
+    assert main([*EDGES, *argv]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith(f"difftest: error: {message}") and err.count("\n") == 1, err
+
+
+def test_run_options_are_never_abbreviated(capsys) -> None:
+    """A child's command line is its parent's less --gpus, --report and --stream: an abbreviation would slip by."""
+    with pytest.raises(SystemExit) as info:
+        main([*EDGES, "--gpu", "2"])
+    assert info.value.code == EXIT_USAGE and "unrecognized arguments: --gpu" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("extra", "option"), [(["--shard", "0/2"], "--shard"), (["--resume", "r.jsonl"], "--resume")])
+def test_spread_refuses_shard_and_resume(extra: list[str], option: str) -> None:
+    with pytest.raises(SpecError) as info:
+        cmd_run(parse_args([*EDGES, *extra]), shard_envs=ONE_GPU_EACH)
+    assert info.value.field == option and "without --gpus" in str(info.value), f"{info.value}"
+
+
+# --------------------------------------------------------------------------- whole spread runs
+
+def _verdicts(report: Path) -> list[tuple[str, str, str]]:
+    return [(r.backend, r.case, r.verdict.value) for r in load_results(report)]
+
+
+def test_two_shards_give_the_unsharded_verdicts_case_for_case(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(REPO_ROOT)  # the children import tests.user_backends from the working directory
+    argv = [*EDGES, "--backend-module", "tests.user_backends:window_one_short", "--case-filter", "*-s*[02468]000"]
+    assert main([*argv, "--report", str(tmp_path / "one.json")]) == EXIT_FAILED
+    capsys.readouterr()
+    spread = [*argv, "--report", str(tmp_path / "two.json")]
+    assert cmd_run(parse_args(spread), shard_envs=ONE_GPU_EACH) == EXIT_FAILED
+    out = capsys.readouterr().out
+    one, two = _verdicts(tmp_path / "one.json"), _verdicts(tmp_path / "two.json")
+    assert two == one, f"{two=}\n{one=}\n{out}"
+    assert {verdict for _, _, verdict in one} == {"PASS", "FAIL(mask)"}, f"{one=}"
+    assert load_results(tmp_path / "two.jsonl") == load_results(tmp_path / "two.json"), "the stream beside the report"
+    cases = list(dict.fromkeys(case for _, case, _ in one))
+    shards = json.loads((tmp_path / "two.json").read_text())["run"]["shards"]
+    assert [(s["env"], s["died"], s["results"]) for s in shards] == [
+        (env, False, 2 * len(cases[i::2])) for i, env in enumerate(ONE_GPU_EACH)], f"{shards=}"
+    assert "shard 1/2 (CUDA_VISIBLE_DEVICES=1): exited with status 1" in out and "FAIL(mask)" in out, out
+
+
+def test_a_dead_child_is_reported_and_the_other_shard_kept(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(REPO_ROOT)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # the resumed run below is this process
+    first_four = ("all-padding-*", "length-one-*", "shorter-than-next-n-*", "block-boundaries-*")
+    argv = [*EDGES, "--backend-module", "tests.broken_backends:segfaults_on_gpu_1",
+            *[word for glob in first_four for word in ("--case-filter", glob)]]
+    assert cmd_run(parse_args([*argv, "--report", str(tmp_path / "r.json")]), shard_envs=ONE_GPU_EACH) == EXIT_FAILED
+    out = capsys.readouterr().out
+    assert "shard 0/2 (CUDA_VISIBLE_DEVICES=0): exited with status 0, 4 of 4 results" in out, out
+    assert "shard 1/2 (CUDA_VISIBLE_DEVICES=1) died: killed by SIGSEGV, 1 of 4 results: " in out, out
+    assert "Fatal Python error: Segmentation fault" in out and "segfaults_on_gpu_1" in out, out
+    results = load_results(tmp_path / "r.json")
+    # Shard 0 ran the plan's first and third cases; shard 1 streamed torch on the second, then died.
+    assert [(r.backend, r.case) for r in results] == [
+        ("torch", "all-padding-s0"), ("broken-on-gpu-1", "all-padding-s0"), ("torch", "length-one-s1000"),
+        ("torch", "shorter-than-next-n-s2000"), ("broken-on-gpu-1", "shorter-than-next-n-s2000")], f"{results=}"
+    assert all(r.verdict.value == "PASS" and r.gpu is None for r in results), f"{results=}"
+    dead = json.loads((tmp_path / "r.json").read_text())["run"]["shards"][1]
+    assert dead["died"] and dead["exit"] == "killed by SIGSEGV" and dead["expected"] == 4, f"{dead=}"
+    # The dead shard's cases run again in one process (no CUDA_VISIBLE_DEVICES=1 here), the rest kept.
+    assert main([*argv, "--resume", str(tmp_path / "r.json"), "--report", str(tmp_path / "all.json")]) == 0
+    assert len(load_results(tmp_path / "all.json")) == 8
+    assert json.loads((tmp_path / "all.json").read_text())["run"]["resumed"] == 5
