@@ -75,5 +75,9 @@ step 04-not-isolated $dt run --device cuda --no-isolate --no-progress $cases --b
 step 05-kill-resume kill_and_resume
 step 06-isolation-cost python3 bench/isolation_cost.py --device cuda --backends torch,deepgemm --count 2 \
   --json "$out/06-isolation-cost.json"
+# The whole default suite (`difftest run --device cuda`): every backend that runs on this GPU.
+step 06b-isolation-cost-default python3 bench/isolation_cost.py --device cuda --repeats 2 \
+  --backends torch,deepgemm,deepgemm-flattened,aiter-triton-stage1,aiter-triton-fused,aiter-triton-stage1-ragged,aiter-triton-fused-ragged \
+  --json "$out/06b-isolation-cost-default.json"
 step 07-pytest python3 -m pytest -q -p no:cacheprovider tests/difftest/test_isolate.py tests/difftest/test_guards.py \
   tests/difftest/test_sanitize.py tests/difftest/test_fuzz_inputs.py

@@ -17,10 +17,21 @@ step 04-long-context $dt run --device cuda --no-progress --cases random --batch 
 step 05-vllm59420-declared $dt run --device cuda --no-progress --cases random --batch 16 --next-n 3 $big --count 1 --backends torch,aiter-triton-stage1,aiter-triton-fused,deepgemm-flattened --report "$out/05-vllm59420-declared.json"
 step 06-vllm59420-per-row $dt run --device cuda --no-progress --cases random --batch 16 --next-n 3 $big --count 1 --backends aiter-triton-stage1,aiter-triton-fused --encoding per-row --report "$out/06-vllm59420-per-row.json"
 step 07-native-vs-flattened python3 bench/deepgemm_native_vs_flattened.py --batch 40 --next-n 2 --context 120000 --repeats 50 --json "$out/07-native-vs-flattened.json"
-# The device image has no network to `pip install -e .`, so the pytest11 entry point is named here.
-step 08-pytest python3 -m pytest -q -p no:cacheprovider -p difftest_pytest.plugin tests
+# The plugin comes from PYTEST_PLUGINS (scripts/device_env.sh): the image cannot `pip install -e .`.
+step 08-pytest python3 -m pytest -q -p no:cacheprovider tests
+step 08b-pytest-gpu-marked python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests
 step 09-oracle-vs-loop python3 bench/oracle_vs_loop.py --quick --device cuda
 step 10-diag-deepgemm-long python3 scripts/diag_deepgemm_long.py --launches 3
 spec='{"name":"random-mtp2-edges-bs64","batch":64,"next_n":2,"heads":64,"head_dim":128,"block_size":64,"max_model_len":131072,"length_dist":"edges"}'
-step 11-deepgemm-long-shrink bash -c "$dt run --device cuda --no-progress --backends deepgemm --spec '$spec' --seed 4000 --repro-dir /tmp/r11; $dt shrink /tmp/r11/deepgemm--random-mtp2-edges-bs64-s4000 --seconds 80 --out $out/11-shrunk"
+step 11-deepgemm-long-shrink bash -c "$dt run --device cuda --no-progress --backends deepgemm --spec '$spec' --seed 4000 --repro-dir /tmp/r11; $dt shrink /tmp/r11/deepgemm--random-mtp2-edges-bs64-s4000 --seconds 150 --out $out/11-shrunk"
 step 12-deepgemm-edges $dt run --device cuda --no-progress --cases edges --next-n 1,2,4 $big --backends torch,deepgemm,deepgemm-flattened --report "$out/12-deepgemm-edges.json"
+# The zero-length finding's smallest case at the indexer's shape: [S, 0, 1], S = 131 * 256 + 1 on 132 SMs
+# (docs/findings/deepgemm-zero-length-request.md); torch on the same case as the control.
+straddle='{"name":"zero-length-straddle","batch":3,"next_n":1,"heads":64,"head_dim":128,"block_size":64,"max_model_len":33537,"lengths":[33537,0,1]}'
+step 13-zero-length-straddle $dt run --device cuda --no-progress --backends torch,deepgemm,deepgemm-flattened \
+  --spec "$straddle" --report "$out/13-zero-length-straddle.json"
+# --gpus on the one GPU there is: the spread run's machinery and its per-result GPU record, against the
+# same run without --gpus, verdict for verdict (issue 6; a second GPU was never lent).
+gpus_args="--device cuda --no-progress --cases edges --next-n 1,2 $big --backends torch,deepgemm,deepgemm-flattened"
+step 14-gpus-1 bash -c "$dt run $gpus_args --gpus 1 --report $out/14-gpus-1.json; $dt run $gpus_args --report $out/14-one-process.json;
+  python3 scripts/same_verdicts.py $out/14-one-process.json $out/14-gpus-1.json"
