@@ -52,6 +52,9 @@ BUILTIN: dict[str, str] = {
     "aiter-rocm-fused": "difftest.backends.aiter_rocm:AiterRocmFused",
     "aiter-rocm-stage1-ragged": "difftest.backends.aiter_rocm:AiterRocmStage1Ragged",
     "aiter-rocm-fused-ragged": "difftest.backends.aiter_rocm:AiterRocmFusedRagged",
+    "vllm-torch-ref": "difftest.backends.vllm_indexer:VllmTorchRef",
+    "vllm-triton-decode": "difftest.backends.vllm_indexer:VllmTritonDecode",
+    "vllm-deepgemm": "difftest.backends.vllm_indexer:VllmDeepGemm",
 }
 
 
