@@ -10,8 +10,8 @@ One long-lived worker per backend, fed cases over a duplex pipe:
 How tensors travel is the worker's transport (transport_for). On the CPU, and on a GPU with
 DIFFTEST_WORKER_TRANSPORT=copy, frames are torch.save bytes of CPU copies: the worker owns every
 byte it touches, at the price of two device-host copies and a pickle each way. On a GPU the default
-is CUDA IPC: frames carry memory handles, not bytes, so a call costs the same for a 4K and a 128K
-context. The parent first copies the inputs into a memory pool of their own (torch.cuda.MemPool),
+is CUDA IPC: frames carry memory handles, not bytes, so no tensor goes through the pipe however
+long the context. The parent first copies the inputs into a memory pool of their own (torch.cuda.MemPool),
 so the only parent memory a worker can reach holds nothing but that call's inputs: a kernel that
 writes past them damages nothing the parent keeps (and its writes into them are what the input
 checksums catch). The parent copies the outputs out of the worker's memory as soon as they arrive.
@@ -183,10 +183,10 @@ def _outputs_moved(outcome: Outcome, device: str | torch.device, copy: bool = Fa
 def _shipped(inputs: KernelInputs, pool: Any) -> KernelInputs:
     """Copies of `inputs`' tensors allocated from `pool` (a torch.cuda.MemPool): what a worker may reach."""
     with torch.cuda.use_mem_pool(pool):
-        return _moved_copy(inputs)
+        return _cloned(inputs)
 
 
-def _moved_copy(inputs: KernelInputs) -> KernelInputs:
+def _cloned(inputs: KernelInputs) -> KernelInputs:
     tensors = {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs)}
     return dataclasses.replace(inputs, **{k: v.clone() for k, v in tensors.items() if isinstance(v, torch.Tensor)})
 
