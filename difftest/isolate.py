@@ -193,8 +193,16 @@ def _cloned(inputs: KernelInputs) -> KernelInputs:
 
 # --------------------------------------------------------------------------- the worker process
 
-def serve(conn: Connection, target: str, device: str, log_path: str, transport: str = "copy") -> None:
-    """The worker's main: rebuild the backend, then answer cases until the pipe closes."""
+def serve(conn: Connection, target: str, device: str, log_path: str, transport: str = "copy",
+          environ: Mapping[str, str] | None = None) -> None:
+    """The worker's main: take the parent's environment, rebuild the backend, then answer cases
+    until the pipe closes."""
+    if environ is not None:
+        # Forked from a fork server, the worker would otherwise inherit the environment of the
+        # moment the server started: a CUDA_VISIBLE_DEVICES or library switch set since then in
+        # the parent would be silently missing. CUDA is not initialised yet, so it all applies.
+        os.environ.clear()
+        os.environ.update(environ)
     _redirect_output(log_path)
     try:
         backend = load_backend(target, "backend")
@@ -258,8 +266,8 @@ class Worker:
         self.started += 1
         self.log_dir.mkdir(parents=True, exist_ok=True)
         parent_conn, child_conn = multiprocessing.Pipe()
-        self.process = _context().Process(target=serve, args=(child_conn, self.target, self.device,
-                                                              str(self.log_path), self.transport), daemon=True)
+        self.process = _context().Process(target=serve, args=(child_conn, self.target, self.device, str(self.log_path),
+                                                              self.transport, dict(os.environ)), daemon=True)
         self.process.start()
         child_conn.close()  # so the parent sees EOF when the child dies
         self.conn, self.ready = parent_conn, False

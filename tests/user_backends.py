@@ -7,9 +7,7 @@ lengths (or fails to write) differs from the truth; the expected verdicts follow
 from __future__ import annotations
 
 import os
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
@@ -113,18 +111,14 @@ def make_per_sequence_reader():
     return FunctionBackend.from_function(per_sequence_reader)
 
 
-def call_log() -> Path:
-    """Where the recording backends append "name start end" per call: one file per xdist worker. Not
-    an environment variable of the test's own: a worker process is forked from a fork server that
-    may have started, with the environment of that moment, before the test set it."""
-    return Path(tempfile.gettempdir()) / f"difftest-calls-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.log"
+CALL_LOG = "DIFFTEST_TEST_CALL_LOG"  # where the recording backends append "name start end" per call
 
 
 def _recorded(name: str, q, kv_cache, weights, context_lens, block_table, max_model_len) -> torch.Tensor:
     start = time.time()
     time.sleep(0.5)  # long enough that two calls in flight at once must overlap
     logits = logits_with_limits(q, kv_cache, weights, context_lens, block_table, max_model_len)
-    with call_log().open("a") as log:
+    with open(os.environ[CALL_LOG], "a") as log:
         log.write(f"{name} {start} {time.time()}\n")
     return logits
 

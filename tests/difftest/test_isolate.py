@@ -31,6 +31,7 @@ from difftest.sanitize import Finding, SanitizerReport
 from difftest.verdict import Verdict
 from generators import build_case
 from tests import broken_backends as bb
+from tests import user_backends as ub
 from tests.support import REPO_ROOT, TINY
 
 CASE_SPEC = TINY.replace(next_n=2, lengths=(7, 20, 0))
@@ -139,6 +140,19 @@ def test_an_unknown_transport_is_a_spec_error(monkeypatch):
     monkeypatch.setenv("DIFFTEST_WORKER_TRANSPORT", "shm")
     with pytest.raises(SpecError, match="DIFFTEST_WORKER_TRANSPORT='shm': expected one of"):
         transport_for("cuda")
+
+
+def test_a_worker_runs_with_the_environment_of_its_start(tmp_path, monkeypatch):
+    """Workers fork from a fork server started once per process; each must still see the parent's
+    environment as it is when the worker starts, not as it was when the server did."""
+    monkeypatch.delenv(ub.CALL_LOG, raising=False)
+    case = build_case(CASE_SPEC, 0)
+    (before,) = run([_fn(ub.recorded_a)], [case], RunConfig(isolate=True))  # the fork server is up now
+    assert before.verdict == Verdict.ERROR and ub.CALL_LOG in before.reason, f"{before=}"
+    log = tmp_path / "calls.log"
+    monkeypatch.setenv(ub.CALL_LOG, str(log))
+    (after,) = run([_fn(ub.recorded_a)], [case], RunConfig(isolate=True))
+    assert after.verdict == Verdict.PASS and log.read_text().startswith("recorded-a "), f"{after=}"
 
 
 @pytest.mark.parametrize("name, signal_name", [("segfaults", "SIGSEGV"), ("aborts", "SIGABRT")])

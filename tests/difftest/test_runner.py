@@ -216,11 +216,11 @@ def _calls(log: Path) -> dict[str, tuple[float, float]]:
 
 
 @pytest.mark.parametrize("isolate", [True, False])
-def test_isolated_workers_take_one_case_side_by_side(isolate):
+def test_isolated_workers_take_one_case_side_by_side(tmp_path, monkeypatch, isolate):
     """With isolation every backend's call on a case is sent before any answer is awaited, so the
     workers compute at once; in-process the calls follow each other, each result reported first."""
-    log = ub.call_log()
-    log.unlink(missing_ok=True)
+    log = tmp_path / "calls.log"
+    monkeypatch.setenv(ub.CALL_LOG, str(log))
     # Two cases: on the second both workers are long started, so only the runner decides the overlap.
     results = run([_fn(ub.recorded_a), _fn(ub.recorded_b)], [build_case(TINY, 0), build_case(TINY, 1)],
                   RunConfig(isolate=isolate))
