@@ -168,9 +168,14 @@ def _loads(data: bytes, transport: str = "copy") -> Any:
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
-def _moved(inputs: KernelInputs, device: str | torch.device) -> KernelInputs:
+def _mapped(inputs: KernelInputs, change: Callable[[torch.Tensor], torch.Tensor]) -> KernelInputs:
+    """`inputs` with `change` applied to every tensor field."""
     tensors = {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs)}
-    return dataclasses.replace(inputs, **{k: v.to(device) for k, v in tensors.items() if isinstance(v, torch.Tensor)})
+    return dataclasses.replace(inputs, **{k: change(v) for k, v in tensors.items() if isinstance(v, torch.Tensor)})
+
+
+def _moved(inputs: KernelInputs, device: str | torch.device) -> KernelInputs:
+    return _mapped(inputs, lambda t: t.to(device))
 
 
 def _outputs_moved(outcome: Outcome, device: str | torch.device, copy: bool = False) -> Outcome:
@@ -183,12 +188,7 @@ def _outputs_moved(outcome: Outcome, device: str | torch.device, copy: bool = Fa
 def _shipped(inputs: KernelInputs, pool: Any) -> KernelInputs:
     """Copies of `inputs`' tensors allocated from `pool` (a torch.cuda.MemPool): what a worker may reach."""
     with torch.cuda.use_mem_pool(pool):
-        return _cloned(inputs)
-
-
-def _cloned(inputs: KernelInputs) -> KernelInputs:
-    tensors = {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs)}
-    return dataclasses.replace(inputs, **{k: v.clone() for k, v in tensors.items() if isinstance(v, torch.Tensor)})
+        return _mapped(inputs, torch.Tensor.clone)
 
 
 # --------------------------------------------------------------------------- the worker process

@@ -22,8 +22,15 @@ from types import ModuleType
 
 import torch
 
-from difftest.backends.aiter_triton import STAGE1_CHUNK_Q, aiter_version
-from difftest.contract import CacheLayout, Contract, LengthEncoding, MaskConvention
+from difftest.backends.aiter_triton import (
+    AiterTritonFused,
+    AiterTritonFusedRagged,
+    AiterTritonStage1,
+    AiterTritonStage1Ragged,
+    KernelVariant,
+    kernel_contract,
+)
+from difftest.contract import Contract
 from difftest.encode import KernelInputs
 from difftest.fp8 import Fp8Flavour
 
@@ -33,8 +40,7 @@ WRAPPER_MODULES = ("aiter.ops.triton.pa_mqa_logits", "aiter.ops.triton.attention
 @dataclasses.dataclass(frozen=True)
 class _Wrapper:
     function: str  # its name in the wrapper module
-    ragged: bool  # prefix sums + flat token ids instead of lengths + a [B, W] token table
-    per_head: bool  # stage1: [H, rows, max_model_len] scores, summed over heads by the caller
+    variant: KernelVariant  # the kernel it launches: what it reads and writes
 
 
 def load_wrappers() -> tuple[ModuleType | None, str]:
@@ -64,14 +70,8 @@ class _AiterRocmBackend:
 
     @property
     def contract(self) -> Contract:
-        version = aiter_version()
-        return Contract(
-            length_encoding=LengthEncoding.PREFIX_SUM if self.wrapper.ragged else LengthEncoding.PER_SEQUENCE,
-            cache_layout=CacheLayout.TOKEN_INTERLEAVED, mask=MaskConvention.TAIL_NEG_INF, fp8=native_fp8(),
-            output_dtype=torch.float32, rtol=1e-3, devices=("cuda",), block_sizes=(1,),
-            heads_multiple_of=STAGE1_CHUNK_Q if self.wrapper.per_head else 1,
-            heads_power_of_two=not self.wrapper.per_head,
-            library=f"amd-aiter {version}" if version else "amd-aiter (version unknown or not installed)")
+        """The kernel's contract (aiter_triton), on ROCm GPUs only and in the GPU's own fp8 flavour."""
+        return dataclasses.replace(kernel_contract(self.wrapper.variant), devices=("cuda",), fp8=native_fp8())
 
     def unavailable_reason(self, device: str) -> str | None:
         """Why AITER's wrappers cannot run on `device`, most basic cause first; None when they can."""
@@ -93,36 +93,37 @@ class _AiterRocmBackend:
         module, _ = load_wrappers()
         batch, next_n, heads, _ = inputs.q.shape
         rows = batch * next_n
-        shape = (heads, rows, inputs.max_model_len) if self.wrapper.per_head else (rows, inputs.max_model_len)
+        per_head = self.wrapper.variant.per_head
+        shape = (heads, rows, inputs.max_model_len) if per_head else (rows, inputs.max_model_len)
         buffer = torch.full(shape, -math.inf, dtype=torch.float32, device=inputs.q.device)
         getattr(module, self.wrapper.function)(inputs.q, inputs.kv_cache, inputs.weights, buffer,
                                                inputs.context_lens, inputs.block_table, inputs.max_model_len)
-        return buffer.sum(dim=0) if self.wrapper.per_head else buffer
+        return buffer.sum(dim=0) if per_head else buffer
 
 
 class AiterRocmStage1(_AiterRocmBackend):
     """`aiter-rocm-stage1`: deepgemm_fp8_paged_mqa_logits_stage1, summed over heads by the caller."""
 
     name = "aiter-rocm-stage1"
-    wrapper = _Wrapper("deepgemm_fp8_paged_mqa_logits_stage1", ragged=False, per_head=True)
+    wrapper = _Wrapper("deepgemm_fp8_paged_mqa_logits_stage1", AiterTritonStage1.variant)
 
 
 class AiterRocmFused(_AiterRocmBackend):
     """`aiter-rocm-fused`: deepgemm_fp8_paged_mqa_logits, the head sum in the kernel."""
 
     name = "aiter-rocm-fused"
-    wrapper = _Wrapper("deepgemm_fp8_paged_mqa_logits", ragged=False, per_head=False)
+    wrapper = _Wrapper("deepgemm_fp8_paged_mqa_logits", AiterTritonFused.variant)
 
 
 class AiterRocmStage1Ragged(_AiterRocmBackend):
     """`aiter-rocm-stage1-ragged`: deepgemm_fp8_paged_mqa_logits_stage1_ragged_k (prefix sums)."""
 
     name = "aiter-rocm-stage1-ragged"
-    wrapper = _Wrapper("deepgemm_fp8_paged_mqa_logits_stage1_ragged_k", ragged=True, per_head=True)
+    wrapper = _Wrapper("deepgemm_fp8_paged_mqa_logits_stage1_ragged_k", AiterTritonStage1Ragged.variant)
 
 
 class AiterRocmFusedRagged(_AiterRocmBackend):
     """`aiter-rocm-fused-ragged`: deepgemm_fp8_paged_mqa_logits_ragged_k (prefix sums)."""
 
     name = "aiter-rocm-fused-ragged"
-    wrapper = _Wrapper("deepgemm_fp8_paged_mqa_logits_ragged_k", ragged=True, per_head=False)
+    wrapper = _Wrapper("deepgemm_fp8_paged_mqa_logits_ragged_k", AiterTritonFusedRagged.variant)

@@ -66,7 +66,7 @@ class OutOfBoundsWrite(UserWarning):
 
 
 @dataclasses.dataclass(frozen=True)
-class _Variant:
+class KernelVariant:
     """One of the four kernels: its name in the file, what it reads and what it writes."""
 
     kernel: str
@@ -221,7 +221,7 @@ def _interpreter_compat() -> Iterator[None]:
         _restore(snapshot)
 
 
-def _signature_reason(variant: _Variant) -> str | None:
+def _signature_reason(variant: KernelVariant) -> str | None:
     """Why the installed kernel file cannot be launched as this adapter launches it, or None."""
     try:
         module = load_kernels(interpret=True)
@@ -270,7 +270,7 @@ def _guarded_full(shape: tuple[int, ...], device: torch.device) -> tuple[torch.T
     return storage[:numel].view(shape), storage[numel:]
 
 
-def _launch(variant: _Variant, inputs: KernelInputs, out: torch.Tensor) -> None:
+def _launch(variant: KernelVariant, inputs: KernelInputs, out: torch.Tensor) -> None:
     """One launch with the wrapper's grid and config; `out` is [H, rows, L] or [rows, L].
 
     Lengths and token ids go in as encoded: (B,) lengths and the [B, W] token table, or (B + 1,)
@@ -294,7 +294,9 @@ def _launch(variant: _Variant, inputs: KernelInputs, out: torch.Tensor) -> None:
 
 # --------------------------------------------------------------------------- the backends
 
-def _contract(variant: _Variant) -> Contract:
+def kernel_contract(variant: KernelVariant) -> Contract:
+    """What one of the four kernels takes and promises, however it is launched (here or through
+    AITER's own wrappers, difftest.backends.aiter_rocm)."""
     version = aiter_version()
     return Contract(
         length_encoding=LengthEncoding.PREFIX_SUM if variant.ragged else LengthEncoding.PER_SEQUENCE,
@@ -323,7 +325,7 @@ class _AiterTritonBackend:
     """Shared behaviour of the four kernels; subclasses name the kernel."""
 
     name: str
-    variant: _Variant
+    variant: KernelVariant
     contract: Contract
 
     def __init__(self) -> None:
@@ -378,29 +380,29 @@ class AiterTritonStage1(_AiterTritonBackend):
     """`aiter-triton-stage1`: per-head scores into a -inf [H, rows, max_model_len] buffer, summed by the caller."""
 
     name = "aiter-triton-stage1"
-    variant = _Variant("_deepgemm_fp8_paged_mqa_logits_stage1", ragged=False, per_head=True)
-    contract = _contract(variant)
+    variant = KernelVariant("_deepgemm_fp8_paged_mqa_logits_stage1", ragged=False, per_head=True)
+    contract = kernel_contract(variant)
 
 
 class AiterTritonFused(_AiterTritonBackend):
     """`aiter-triton-fused`: the head sum in the kernel, into a -inf [rows, max_model_len] buffer."""
 
     name = "aiter-triton-fused"
-    variant = _Variant("_deepgemm_fp8_paged_mqa_logits", ragged=False, per_head=False)
-    contract = _contract(variant)
+    variant = KernelVariant("_deepgemm_fp8_paged_mqa_logits", ragged=False, per_head=False)
+    contract = kernel_contract(variant)
 
 
 class AiterTritonStage1Ragged(_AiterTritonBackend):
     """`aiter-triton-stage1-ragged`: stage1 reading prefix sums of the lengths and flat token ids."""
 
     name = "aiter-triton-stage1-ragged"
-    variant = _Variant("_deepgemm_fp8_paged_mqa_logits_stage1_ragged_k", ragged=True, per_head=True)
-    contract = _contract(variant)
+    variant = KernelVariant("_deepgemm_fp8_paged_mqa_logits_stage1_ragged_k", ragged=True, per_head=True)
+    contract = kernel_contract(variant)
 
 
 class AiterTritonFusedRagged(_AiterTritonBackend):
     """`aiter-triton-fused-ragged`: the fused kernel reading prefix sums of the lengths and flat token ids."""
 
     name = "aiter-triton-fused-ragged"
-    variant = _Variant("_deepgemm_fp8_paged_mqa_logits_ragged_k", ragged=True, per_head=False)
-    contract = _contract(variant)
+    variant = KernelVariant("_deepgemm_fp8_paged_mqa_logits_ragged_k", ragged=True, per_head=False)
+    contract = kernel_contract(variant)

@@ -206,10 +206,10 @@ def test_unavailable_reasons_name_the_cause(monkeypatch):
 
 def test_a_kernel_with_other_arguments_is_refused(monkeypatch):
     kernel = backend("aiter-triton-fused")
-    variant = aiter_triton._Variant("_deepgemm_fp8_paged_mqa_logits_ragged_k", ragged=False, per_head=False)
+    variant = aiter_triton.KernelVariant("_deepgemm_fp8_paged_mqa_logits_ragged_k", ragged=False, per_head=False)
     monkeypatch.setattr(kernel, "variant", variant)
     assert "not the amd-aiter 0.1.7 arguments" in kernel.unavailable_reason("cpu")
-    monkeypatch.setattr(kernel, "variant", aiter_triton._Variant("_no_such_kernel", ragged=False, per_head=False))
+    monkeypatch.setattr(kernel, "variant", aiter_triton.KernelVariant("_no_such_kernel", ragged=False, per_head=False))
     assert kernel.unavailable_reason("cpu").endswith("defines no _no_such_kernel")
 
 
