@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # vLLM's indexer paths on a CPU machine with network: a venv with the pinned vllm wheel and its
-# dependencies (torch 2.14, about 9.5 GB), difftest in it, then every command whose output backs a
+# dependencies (torch 2.14; the venv comes to 9.7 GB), difftest in it, then every command whose output backs a
 # claim under reports/cpu/vllm-0.33.0/. From the repo root:
 #   bash scripts/vllm_cpu_session.sh OUTDIR        (VENV=/path reuses a venv made by an earlier run)
 # Writes OUTDIR/<step>.txt (the command line, its output, its exit status) and the run's JSON report.
