@@ -9,10 +9,10 @@ from difftest.backends.user import backend
 from difftest.case import Case
 from difftest.check import check
 from difftest.compare import Comparison, compare
-from difftest.contract import CacheLayout, Contract, LengthEncoding, MaskConvention
+from difftest.contract import Contract
 from difftest.encode import KernelInputs, encode
 from difftest.errors import SpecError
-from difftest.fp8 import Fp8Flavour
+from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention
 from difftest.runner import CaseResult, RunConfig, run
 from difftest.verdict import Verdict
 

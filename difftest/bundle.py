@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from difftest.case import Case
-from difftest.contract import CacheLayout, LengthEncoding
 from difftest.errors import require
+from difftest.kinds import CacheLayout, LengthEncoding
 from difftest.runner import CaseResult, RunConfig
 from difftest.verdict import Verdict
 

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from difftest.errors import require
-from difftest.fp8 import Fp8Flavour, decode
+from difftest.fp8 import decode
+from difftest.kinds import Fp8Flavour
 
 
 def row_limits(seq_lens: torch.Tensor, next_n: int) -> torch.Tensor:
@@ -65,6 +66,11 @@ class Case:
         return self.batch * self.next_n
 
     @property
+    def pool_bytes(self) -> int:
+        """Bytes of the cache a kernel is handed: num_blocks * block_size * (D + 4)."""
+        return self.k_pool.shape[0] * self.block_size * (self.head_dim + 4)
+
+    @property
     def device(self) -> torch.device:
         return self.q.device
 
@@ -110,7 +116,8 @@ class Case:
 
     def save(self, path: str | Path) -> Path:
         """Write the case as an .npz in the golden-file format (block-split bytes plus a JSON meta)."""
-        from difftest.encode import CacheLayout, pack_cache
+        from difftest.encode import pack_cache
+        from difftest.kinds import CacheLayout
 
         path = Path(path)
         meta = {**self.meta, "name": self.name, "B": self.batch, "next_n": self.next_n,
@@ -128,7 +135,8 @@ class Case:
     @classmethod
     def load(cls, path: str | Path) -> Case:
         """Read a case written by save(), or one of shared/golden's files."""
-        from difftest.encode import CacheLayout, unpack_cache
+        from difftest.encode import unpack_cache
+        from difftest.kinds import CacheLayout
 
         with np.load(path) as z:
             arrays = {k: torch.from_numpy(z[k].copy()) for k in z.files if k != "meta"}

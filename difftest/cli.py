@@ -264,7 +264,7 @@ def case_name(spec: CaseSpec, seed: int) -> str:
 
 def _config(args: argparse.Namespace) -> RunConfig:
     """The RunConfig of the options; its SpecError names the option, not the field."""
-    from difftest.contract import CacheLayout, LengthEncoding
+    from difftest.kinds import CacheLayout, LengthEncoding
     from difftest.runner import RunConfig
 
     try:

@@ -7,7 +7,8 @@ import math
 
 import torch
 
-from difftest.contract import Contract, MaskConvention
+from difftest.contract import Contract
+from difftest.kinds import MaskConvention
 from difftest.poison import is_poison
 from difftest.verdict import Mismatch, Verdict, worst
 

@@ -1,42 +1,44 @@
-"""What a backend declares about itself; the engine adapts the canonical case to it."""
+"""What a backend declares about itself: how it reads a case and the whole envelope it accepts.
+
+The engine adapts the canonical case to the declared encoding, layout and fp8 flavour; the planner
+draws cases inside the declared envelope (heads, head dims, block sizes, next_n, the longest
+context and pool) and derives its edge cases from the declared tile sizes and work partition.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import enum
+from typing import TYPE_CHECKING
 
 import torch
 
-from difftest.fp8 import Fp8Flavour
+from difftest import hardware
+from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention, PartitionScope
+
+if TYPE_CHECKING:
+    from difftest.case import Case
 
 
-class LengthEncoding(str, enum.Enum):
-    """How the causal limits reach the kernel (DOMAIN.md section 2)."""
+@dataclasses.dataclass(frozen=True)
+class WorkPartition:
+    """How a kernel cuts its work among workers: units of `unit_tokens` key positions, handed out in
+    contiguous ranges. Where a range boundary falls next to an empty or one-token request is where
+    schedulers have gone wrong, so the planner derives edge cases from these facts."""
 
-    PER_ROW = "per-row"  # (B, next_n): len[b, j] = max(L_b - next_n + j + 1, 0)
-    PER_SEQUENCE = "per-sequence"  # (B,): L_b; the kernel derives each row's limit itself
-    FLATTENED = "flattened"  # (B * next_n,) rows of next_n = 1, block-table rows repeated
-    FLATTENED_INDICES = "flattened-indices"  # (T,) limits plus (T,) request id of each row
-    PREFIX_SUM = "prefix-sum"  # (B + 1,) prefix sums of L_b over flat token indices (ragged)
+    unit_tokens: int  # key positions per unit of work (a split, a chunk)
+    scope: PartitionScope
+    workers: int | None = None  # workers sharing the units; None: the GPU's SM count
+    halved_at_next_n: tuple[int, ...] = ()  # next_n values at which each worker takes two query atoms
 
-
-class CacheLayout(str, enum.Enum):
-    """Byte layout of the uint8 [num_blocks, block_size, 1, D + 4] cache (DOMAIN.md section 3)."""
-
-    BLOCK_SPLIT = "block-split"  # per block: block_size * D key bytes, then block_size fp32 scales
-    TOKEN_INTERLEAVED = "token-interleaved"  # per token: D key bytes, then its 4 scale bytes
-
-
-class MaskConvention(str, enum.Enum):
-    """What a backend promises about positions at or past a row's limit."""
-
-    TAIL_NEG_INF = "tail-neg-inf"  # every position past the limit is -inf
-    TAIL_UNSPECIFIED = "tail-unspecified"  # past the limit anything may be written (not cleaned)
+    def worker_count(self, next_n: int, sms: int) -> int:
+        """How many workers share the units at `next_n` on a GPU with `sms` SMs."""
+        workers = self.workers if self.workers is not None else sms
+        return max(1, workers // 2) if next_n in self.halved_at_next_n else workers
 
 
 @dataclasses.dataclass(frozen=True)
 class Contract:
-    """A backend's declared interface. `None` in a `supported_*` field means any value."""
+    """A backend's declared interface and envelope. `None` in an envelope field means any value."""
 
     length_encoding: LengthEncoding
     cache_layout: CacheLayout
@@ -45,11 +47,52 @@ class Contract:
     output_dtype: torch.dtype = torch.float32
     rtol: float = 1e-3  # allowed error, relative to the row's largest |expected| in the window
     devices: tuple[str, ...] = ("cpu", "cuda")
-    archs: tuple[str, ...] | None = None  # e.g. ("sm90",): CUDA compute capabilities accepted
+    archs: tuple[str, ...] | None = None  # e.g. ("sm90",): GPU archs accepted
     next_n: tuple[int, ...] | None = None
     block_sizes: tuple[int, ...] | None = None  # a case of another block size is re-paged when 1 is listed
     head_dims: tuple[int, ...] | None = None
+    heads: tuple[int, ...] | None = None
     heads_multiple_of: int = 1
     heads_power_of_two: bool = False  # e.g. all heads as one tl.arange block
+    max_context: int | None = None  # the longest max_model_len it takes
+    max_pool_bytes: int | None = None  # the largest cache (num_blocks * block_size * (D + 4) bytes) it takes
+    tiles: tuple[int, ...] = ()  # key-position tile sizes it is known to use: their multiples +-1 are edges
+    partition: WorkPartition | None = None  # how it spreads work over workers, when known
     writes_into_output: bool = False  # the backend fills a buffer the engine allocates (poisoned)
     library: str = ""  # distribution name and version actually loaded, for the report
+
+    def block_size_for(self, block_size: int) -> int | None:
+        """The block size a case of `block_size` is handed at (itself, or 1 when it can be re-paged
+        to tokens); None when the contract takes neither."""
+        if self.block_sizes is None or block_size in self.block_sizes:
+            return block_size
+        return 1 if 1 in self.block_sizes else None
+
+    def accepts(self, case: Case, device: str) -> str | None:
+        """Why this contract does not take `case` on `device`, or None when it does."""
+        if device not in self.devices:
+            return f"contract devices {list(self.devices)} exclude {device}"
+        if self.archs is not None and device == "cuda" and hardware.arch() not in self.archs:
+            return f"contract archs {list(self.archs)} exclude {hardware.arch()}"
+        return self.shape_reason(case.next_n, case.heads, case.head_dim, case.block_size) or self._size_reason(case)
+
+    def shape_reason(self, next_n: int, heads: int, head_dim: int, block_size: int) -> str | None:
+        """Why this contract does not take a case of these dimensions, or None when it does."""
+        checks = [("next_n", next_n, self.next_n), ("head_dim", head_dim, self.head_dims), ("heads", heads, self.heads)]
+        for field, value, allowed in checks:
+            if allowed is not None and value not in allowed:
+                return f"contract {field} {list(allowed)} excludes {value}"
+        if heads % self.heads_multiple_of:
+            return f"heads={heads} is not a multiple of {self.heads_multiple_of}"
+        if self.heads_power_of_two and heads & (heads - 1):
+            return f"heads={heads} is not a power of two"
+        if self.block_size_for(block_size) is None:
+            return f"contract block_sizes {list(self.block_sizes or ())} exclude {block_size} (and 1 is not listed)"
+        return None
+
+    def _size_reason(self, case: Case) -> str | None:
+        if self.max_context is not None and case.max_model_len > self.max_context:
+            return f"max_model_len={case.max_model_len} exceeds the contract's max_context {self.max_context}"
+        if self.max_pool_bytes is not None and case.pool_bytes > self.max_pool_bytes:
+            return f"a {case.pool_bytes}-byte cache exceeds the contract's max_pool_bytes {self.max_pool_bytes}"
+        return None

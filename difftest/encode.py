@@ -10,9 +10,10 @@ import dataclasses
 import torch
 
 from difftest.case import Case
-from difftest.contract import CacheLayout, Contract, LengthEncoding
+from difftest.contract import Contract
 from difftest.errors import SpecError, require
-from difftest.fp8 import Fp8Flavour, convert
+from difftest.fp8 import convert
+from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,28 +2,10 @@
 
 from __future__ import annotations
 
-import enum
-
 import torch
 
 from difftest.errors import SpecError
-
-
-class Fp8Flavour(str, enum.Enum):
-    """Which e4m3 encoding a byte is in. e4m3fnuz's exponent bias is one higher: half the value."""
-
-    E4M3FN = "e4m3fn"
-    E4M3FNUZ = "e4m3fnuz"
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return {Fp8Flavour.E4M3FN: torch.float8_e4m3fn, Fp8Flavour.E4M3FNUZ: torch.float8_e4m3fnuz}[self]
-
-    @property
-    def nan_byte(self) -> int:
-        """A byte that decodes to NaN: the canary written into blocks nobody should read."""
-        return {Fp8Flavour.E4M3FN: 0x7F, Fp8Flavour.E4M3FNUZ: 0x80}[self]
-
+from difftest.kinds import Fp8Flavour
 
 # Largest magnitude representable in both flavours, so a case converts between them exactly.
 COMMON_MAX = 240.0

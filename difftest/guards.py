@@ -33,8 +33,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from difftest.backends import Backend
 from difftest.compare import tolerance
-from difftest.contract import Contract, MaskConvention
+from difftest.contract import Contract
 from difftest.encode import KernelInputs
+from difftest.kinds import MaskConvention
 from difftest.poison import POISON_BITS, poisoned
 from difftest.verdict import Verdict
 

@@ -25,11 +25,12 @@ import torch
 from difftest.backends import Backend
 from difftest.case import Case
 from difftest.compare import Comparison, compare
-from difftest.contract import CacheLayout, Contract, LengthEncoding
+from difftest.contract import Contract
 from difftest.encode import KernelInputs, adapt_block_size, encode
 from difftest.errors import SpecError, require
 from difftest.guards import Execution, Fault, Launch, Stability, StabilityKind, classify_stability
 from difftest.isolate import Executor, InProcess, WorkerPool, recipe
+from difftest.kinds import CacheLayout, LengthEncoding
 from difftest.sanitize import TOOLS, SanitizerReport, sanitize
 from difftest.verdict import Verdict, worst
 from oracles.paged_mqa_logits import fp32_error_bound, reference

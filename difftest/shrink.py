@@ -32,7 +32,7 @@ from difftest.backends import Backend
 from difftest.bundle import Bundle
 from difftest.case import Case
 from difftest.errors import SpecError
-from difftest.fp8 import Fp8Flavour
+from difftest.kinds import Fp8Flavour
 from difftest.replay import run_case
 from difftest.runner import CaseResult, RunConfig
 from difftest.verdict import Verdict

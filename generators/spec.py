@@ -6,7 +6,7 @@ import dataclasses
 import enum
 
 from difftest.errors import require
-from difftest.fp8 import Fp8Flavour
+from difftest.kinds import Fp8Flavour
 
 
 class LengthDist(str, enum.Enum):

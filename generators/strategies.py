@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from difftest.case import Case
-from difftest.fp8 import Fp8Flavour
+from difftest.kinds import Fp8Flavour
 from generators.spec import CaseSpec, Stale, Values
 from generators.tensors import build_case
 

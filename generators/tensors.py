@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from difftest.case import Case
-from difftest.fp8 import COMMON_MAX, Fp8Flavour, convert
+from difftest.fp8 import COMMON_MAX, convert
+from difftest.kinds import Fp8Flavour
 from generators.spec import CaseSpec, LengthDist, Stale, Values
 
 

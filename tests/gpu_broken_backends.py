@@ -25,8 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-from difftest.contract import CacheLayout, Contract, LengthEncoding, MaskConvention
+from difftest.contract import Contract
 from difftest.encode import KernelInputs
+from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
 
 # Elements past the output that BUG = 2 stores to: far outside any allocation. A constexpr, since
 # a jit function may read no other kind of global.

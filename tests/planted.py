@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from difftest.backends.user import backend
-from difftest.contract import CacheLayout, Contract, LengthEncoding, MaskConvention
+from difftest.contract import Contract
+from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
 from tests.user_backends import logits_with_limits
 
 CONTRACT = Contract(length_encoding=LengthEncoding.PER_ROW, cache_layout=CacheLayout.BLOCK_SPLIT,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from difftest.case import Case
-from difftest.fp8 import Fp8Flavour
+from difftest.kinds import Fp8Flavour
 from generators import CaseSpec, LengthDist, Stale, Values
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

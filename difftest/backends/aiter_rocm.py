@@ -32,7 +32,7 @@ from difftest.backends.aiter_triton import (
 )
 from difftest.contract import Contract
 from difftest.encode import KernelInputs
-from difftest.fp8 import Fp8Flavour
+from difftest.kinds import Fp8Flavour
 
 WRAPPER_MODULES = ("aiter.ops.triton.pa_mqa_logits", "aiter.ops.triton.attention.pa_mqa_logits")
 

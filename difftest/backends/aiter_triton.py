@@ -31,17 +31,16 @@ import importlib.util
 import math
 import os
 import re
-import sys
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
-from difftest.contract import CacheLayout, Contract, LengthEncoding, MaskConvention
+from difftest.contract import Contract
 from difftest.encode import KernelInputs
-from difftest.fp8 import Fp8Flavour
+from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention
+from difftest.triton_interpret import interpreter_compat, load_kernel_module
 
 DISTRIBUTION = "amd-aiter"
 # Where the kernels live inside the `aiter` package: 0.1.7.x first, then newer AITER's layout.
@@ -117,108 +116,12 @@ def kernel_file() -> Path | None:
     return next((package / rel for rel in KERNEL_FILES if (package / rel).is_file()), None)
 
 
-@contextlib.contextmanager
-def _environ(name: str, value: str) -> Iterator[None]:
-    """`os.environ[name] = value` for the duration of the block only."""
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = old
-
-
-_MODULES: dict[bool, ModuleType] = {}
-
-
 def load_kernels(interpret: bool) -> ModuleType:
-    """The kernel file as a module: interpreted (CPU) or compiled (GPU); both may coexist.
-
-    triton.jit decides between InterpretedFunction and JITFunction when the decorator runs, so
-    each mode gets its own module object, executed with TRITON_INTERPRET set accordingly. Triton
-    itself (and gluon, imported lazily at the first launch) is imported first, without the
-    variable, so its standard library stays compiled-mode for GPU launches in the same process.
-    """
-    if interpret in _MODULES:
-        return _MODULES[interpret]
+    """The kernel file as a module: interpreted (CPU) or compiled (GPU); both may coexist."""
     path = kernel_file()
     if path is None:
         raise FileNotFoundError(f"no {' or '.join(KERNEL_FILES)} under the aiter package")
-    importlib.import_module("triton.language")
-    with contextlib.suppress(ImportError):
-        importlib.import_module("triton.experimental.gluon")
-    name = f"difftest_aiter_pa_mqa_logits_{'interpreted' if interpret else 'compiled'}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    with _environ("TRITON_INTERPRET", "1" if interpret else "0"):
-        spec.loader.exec_module(module)
-    sys.modules[name] = module
-    _MODULES[interpret] = module
-    return module
-
-
-_MISSING = object()
-
-
-def _snapshot(objects: tuple[object, ...]) -> list[tuple[object, dict[str, object]]]:
-    return [(obj, dict(vars(obj))) for obj in objects]
-
-
-def _restore(snapshot: list[tuple[object, dict[str, object]]]) -> None:
-    """Put every attribute back as it was; drop those added since (submodules excepted)."""
-    for obj, before in snapshot:
-        now = dict(vars(obj))
-        for name, value in now.items():
-            if name not in before and not isinstance(value, ModuleType):
-                delattr(obj, name)
-        for name, value in before.items():
-            if now.get(name, _MISSING) is not value:
-                setattr(obj, name, value)
-
-
-
-@contextlib.contextmanager
-def _interpreter_compat() -> Iterator[None]:
-    """Let interpreted kernels run in a process whose Triton was imported in compiled mode.
-
-    Three things stand in the way, all in Triton's machinery, none in the kernel:
-    * tl.cdiv and the rest of Triton's standard library are JITFunctions, which the interpreter
-      refuses to call; they are swapped for InterpretedFunctions of the same Python code.
-    * The interpreter turns a scalar into a Python int with int() of a 1-element 1-D array, which
-      numpy >= 2.4 rejects (`range(...)` over loaded lengths fails); .item() does the same job.
-    * An interpreted device-function call (tl.cdiv, the kernels' _sum_combine) patches
-      triton.language's builtins with numpy ones and never restores them, which breaks every
-      later GPU compile in the process ("'block_argument' object has no attribute 'dtype'").
-    Everything the interpreter may patch is snapshotted before and put back on exit.
-    """
-    import triton.language as tl
-    from triton.runtime import interpreter
-    from triton.runtime.jit import JITFunction
-
-    patched = (tl, tl.core, tl.math, tl.core.tensor, tl.core.dtype, tl.core.tensor_descriptor_base)
-    snapshot = _snapshot(patched)
-    swapped = [(module, name, fn) for module in (tl, tl.standard)
-               for name, fn in list(vars(module).items()) if isinstance(fn, JITFunction)]
-    original_patch = interpreter._patch_lang_tensor
-
-    def patch_lang_tensor(tensor: type, scope: interpreter._LangPatchScope) -> None:
-        original_patch(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
-
-    try:
-        for module, name, fn in swapped:
-            setattr(module, name, interpreter.InterpretedFunction(fn.fn))
-        interpreter._patch_lang_tensor = patch_lang_tensor
-        yield
-    finally:
-        interpreter._patch_lang_tensor = original_patch
-        for module, name, fn in swapped:
-            setattr(module, name, fn)
-        _restore(snapshot)
+    return load_kernel_module(path, "difftest_aiter_pa_mqa_logits", interpret)
 
 
 def _signature_reason(variant: KernelVariant) -> str | None:
@@ -285,7 +188,7 @@ def _launch(variant: KernelVariant, inputs: KernelInputs, out: torch.Tensor) -> 
     table_width = () if variant.ragged else (inputs.block_table.shape[1],)
     interpret = q.device.type == "cpu"
     fn = getattr(load_kernels(interpret), variant.kernel)
-    with _interpreter_compat() if interpret else contextlib.nullcontext():
+    with interpreter_compat() if interpret else contextlib.nullcontext():
         fn[grid](batch, next_n, heads, q, q.stride(0), q.stride(1), q.stride(2),
                  keys, keys.stride(0), scales, scales.stride(0), inputs.context_lens, inputs.block_table,
                  weights, weights.stride(0), out, *out_strides, inputs.max_model_len, *table_width,

@@ -20,8 +20,9 @@ from types import ModuleType
 
 import torch
 
-from difftest.contract import CacheLayout, Contract, LengthEncoding, MaskConvention
+from difftest.contract import Contract
 from difftest.encode import KernelInputs
+from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
 
 SM90_NATIVE_NEXT_N = (1, 2, 4)
 _MODULES = ("deep_gemm", "vllm.third_party.deep_gemm")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from difftest.contract import CacheLayout, Contract, LengthEncoding, MaskConvention
+from difftest.contract import Contract
 from difftest.encode import KernelInputs, decode_row_lens, unpack_cache
 from difftest.fp8 import decode
+from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
 from oracles.paged_mqa_logits import paged_mqa_logits
 
 

@@ -34,9 +34,9 @@ from types import ModuleType
 import torch
 
 from difftest.backends.deep_gemm import SM90_NATIVE_NEXT_N, arch, load_deep_gemm
-from difftest.contract import CacheLayout, Contract, LengthEncoding, MaskConvention
+from difftest.contract import Contract
 from difftest.encode import KernelInputs
-from difftest.fp8 import Fp8Flavour
+from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention
 
 OPS = "vllm.v1.attention.ops.rocm_aiter_mla_sparse"
 DEEP_GEMM = "vllm.utils.deep_gemm"

@@ -11,7 +11,7 @@ import torch
 
 from difftest.case import Case, row_limits
 from difftest.errors import SpecError
-from difftest.fp8 import Fp8Flavour
+from difftest.kinds import Fp8Flavour
 from generators import build_case
 from tests.support import TINY, TINY_SPECS, bits, golden_params
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from difftest.compare import TOPK, compare, topk_overlap
-from difftest.contract import CacheLayout, Contract, LengthEncoding, MaskConvention
+from difftest.contract import Contract
+from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
 from difftest.poison import is_poison, poisoned
 from difftest.verdict import Mismatch, Verdict
 from generators import build_case

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from difftest.contract import CacheLayout, Contract, LengthEncoding, MaskConvention
-from difftest.fp8 import Fp8Flavour
+from difftest.contract import Contract
+from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention
 
 
 def test_enum_strings():

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from difftest.backends.torch_ref import TorchBackend
-from difftest.contract import CacheLayout, Contract, LengthEncoding
+from difftest.contract import Contract
 from difftest.encode import (
     decode_row_lens,
     encode,
@@ -22,7 +22,8 @@ from difftest.encode import (
     unpack_cache,
 )
 from difftest.errors import SpecError
-from difftest.fp8 import Fp8Flavour, decode
+from difftest.fp8 import decode
+from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding
 from generators import CaseSpec, LengthDist, Stale, Values, build_case
 from oracles.paged_mqa_logits import reference
 from tests.support import TINY_SPECS, assert_same_logits, bits

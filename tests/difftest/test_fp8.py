@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from difftest.errors import SpecError
-from difftest.fp8 import COMMON_MAX, Fp8Flavour, convert, decode, encode_exact
+from difftest.fp8 import COMMON_MAX, convert, decode, encode_exact
+from difftest.kinds import Fp8Flavour
 from tests.support import FP8_TABLES
 
 ALL_BYTES = torch.arange(256, dtype=torch.uint8)

@@ -9,7 +9,6 @@ import torch
 
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend, backend
-from difftest.contract import MaskConvention
 from difftest.encode import encode
 from difftest.errors import SpecError
 from difftest.guards import (
@@ -23,6 +22,7 @@ from difftest.guards import (
     fingerprint,
     input_fingerprints,
 )
+from difftest.kinds import MaskConvention
 from difftest.poison import is_poison
 from difftest.runner import RunConfig, make_reference, run
 from difftest.verdict import Verdict

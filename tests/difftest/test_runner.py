@@ -11,7 +11,7 @@ import torch
 
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend, backend
-from difftest.contract import LengthEncoding
+from difftest.kinds import LengthEncoding
 from difftest.runner import RunConfig, describe_gpu, gpu_description, make_reference, run, unsupported_reason
 from difftest.verdict import Verdict
 from generators import LengthDist, build_case

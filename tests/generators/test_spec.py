@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from difftest.errors import SpecError
-from difftest.fp8 import Fp8Flavour
+from difftest.kinds import Fp8Flavour
 from generators import CaseSpec, LengthDist, Stale, Values
 from generators.cases import default_specs, edge_cases
 

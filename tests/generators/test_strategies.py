@@ -7,7 +7,7 @@ import torch
 from hypothesis import find, given, settings
 from hypothesis.errors import InvalidArgument
 
-from difftest.fp8 import Fp8Flavour
+from difftest.kinds import Fp8Flavour
 from generators import CaseSpec, Stale, Values, build_case
 from generators.strategies import CI_PROFILE, DEV_PROFILE, NIGHTLY_PROFILE, cases, register_profiles, specs
 

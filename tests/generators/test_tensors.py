@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from difftest.errors import SpecError
-from difftest.fp8 import COMMON_MAX, Fp8Flavour
+from difftest.fp8 import COMMON_MAX
+from difftest.kinds import Fp8Flavour
 from generators import CaseSpec, LengthDist, Stale, Values, build_case, random_cases
 from generators.cases import edge_cases
 from tests.support import TINY, TINY_SPECS, bits

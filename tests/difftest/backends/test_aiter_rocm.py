@@ -8,8 +8,7 @@ import torch
 
 from difftest.backends import get_backends
 from difftest.backends.aiter_rocm import WRAPPER_MODULES, load_wrappers, native_fp8
-from difftest.contract import LengthEncoding, MaskConvention
-from difftest.fp8 import Fp8Flavour
+from difftest.kinds import Fp8Flavour, LengthEncoding, MaskConvention
 from difftest.runner import RunConfig, run
 from generators import CaseSpec, build_case
 

@@ -21,9 +21,8 @@ import torch
 
 from difftest.backends import BUILTIN, load_backend
 from difftest.case import Case
-from difftest.contract import CacheLayout, LengthEncoding, MaskConvention
 from difftest.encode import encode, token_table
-from difftest.fp8 import Fp8Flavour
+from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention
 from oracles.paged_mqa_logits import reference
 from tests.support import golden_params
 

@@ -17,8 +17,8 @@ from difftest.backends.deep_gemm import (
     arch,
     load_deep_gemm,
 )
-from difftest.contract import CacheLayout, LengthEncoding, MaskConvention
 from difftest.encode import encode
+from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
 from difftest.runner import RunConfig, make_reference, run
 from difftest.verdict import Verdict
 from generators import CaseSpec, build_case

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from difftest.backends.torch_ref import TorchBackend
-from difftest.contract import CacheLayout, LengthEncoding, MaskConvention
 from difftest.encode import encode
+from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
 from generators import build_case
 from oracles.paged_mqa_logits import reference
 from tests.support import TINY

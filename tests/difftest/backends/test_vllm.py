@@ -19,8 +19,8 @@ import torch
 from difftest.backends import BUILTIN, load_backend
 from difftest.backends import vllm_indexer as vi
 from difftest.case import Case
-from difftest.contract import CacheLayout, LengthEncoding, MaskConvention
 from difftest.encode import KernelInputs, decode_row_lens, encode, unpack_cache
+from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
 from difftest.runner import CaseResult, RunConfig, run
 from difftest.verdict import Verdict
 from generators import CaseSpec, build_case

@@ -1,0 +1,93 @@
+"""Hardware facts, asked in one place: is there a GPU (and if not, why), its arch, SMs and memory.
+
+Backends, the runner, the planner and the pytest markers all ask here, so a reason reads the same
+wherever it is printed. torch is imported inside each function: the plugin and `difftest --help`
+import this module without paying for torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+CUDA_UNAVAILABLE = "torch.cuda.is_available() is False"
+
+
+def cuda_unavailable_reason() -> str | None:
+    """Why torch cannot run work on a GPU here, or None when it can."""
+    import torch  # deferred: torch is heavy
+
+    return None if torch.cuda.is_available() else CUDA_UNAVAILABLE
+
+
+def is_rocm() -> bool:
+    """Whether this torch is a ROCm build (its 'cuda' device is an AMD GPU)."""
+    import torch  # deferred: torch is heavy
+
+    return torch.version.hip is not None
+
+
+def arch(index: int | None = None) -> str:
+    """'sm90', 'sm100', ... of a CUDA GPU, or 'gfx942', 'gfx950', ... of a ROCm one (current device by default)."""
+    import torch  # deferred: torch is heavy
+
+    index = torch.cuda.current_device() if index is None else index
+    if is_rocm():
+        return torch.cuda.get_device_properties(index).gcnArchName.split(":")[0]
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm{major}{minor}"
+
+
+def sm_count(index: int | None = None) -> int:
+    """Streaming multiprocessors (compute units on ROCm) of a GPU: the workers of a persistent kernel."""
+    import torch  # deferred: torch is heavy
+
+    index = torch.cuda.current_device() if index is None else index
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+def free_memory(index: int | None = None) -> int:
+    """Bytes a new allocation can still take on a GPU (the driver's free count plus torch's cache)."""
+    import torch  # deferred: torch is heavy
+
+    index = torch.cuda.current_device() if index is None else index
+    free, _total = torch.cuda.mem_get_info(index)
+    return int(free + torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index))
+
+
+def describe_gpu(index: int, props: Any, visible: str | None) -> str:
+    """'cuda:{index} {name} (PCI {domain}:{bus}:{slot}.0, CUDA_VISIBLE_DEVICES={visible})' of
+    torch.cuda.get_device_properties(index); the UUID where this torch does not expose the PCI address."""
+    if hasattr(props, "pci_bus_id"):  # GPUs are PCI function 0
+        where = f"PCI {props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    else:
+        where = f"UUID {props.uuid}"
+    return f"cuda:{index} {props.name} ({where}, CUDA_VISIBLE_DEVICES={'unset' if visible is None else visible})"
+
+
+def gpu_description(device: Any) -> str | None:
+    """The GPU a torch.device is (plain 'cuda': the current one); None on the CPU. Isolated workers
+    inherit CUDA_VISIBLE_DEVICES and compute on its first device, as a run that never sets another
+    current device does."""
+    if device.type != "cuda":
+        return None
+    import torch  # deferred: torch is heavy
+
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return describe_gpu(index, torch.cuda.get_device_properties(index), os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """What torch sees: a GPU at all, a ROCm build, and the current GPU's arch ('sm90', 'gfx942')."""
+
+    gpu: bool
+    rocm: bool
+    arch: str | None
+
+    @classmethod
+    def probe(cls) -> Hardware:
+        """The hardware of this process's current device."""
+        gpu = cuda_unavailable_reason() is None
+        return cls(gpu=gpu, rocm=is_rocm(), arch=arch() if gpu else None)

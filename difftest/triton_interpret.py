@@ -1,0 +1,115 @@
+"""Triton kernels on the CPU: loading a kernel file in interpreted or compiled mode, and the shims
+the interpreter needs when the same process also compiles Triton kernels for a GPU.
+
+`triton.jit` decides between an InterpretedFunction and a JITFunction when the decorator runs, so a
+kernel file is executed once per mode (load_kernel_module), each time as a module object of its own,
+with TRITON_INTERPRET set only while it executes. Launches of interpreted kernels go inside
+interpreter_compat().
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+_LOADED: dict[tuple[str, bool], ModuleType] = {}
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def environ(name: str, value: str) -> Iterator[None]:
+    """`os.environ[name] = value` for the duration of the block only."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
+def load_kernel_module(path: Path, name: str, interpret: bool) -> ModuleType:
+    """The Triton kernel file at `path` as a module named `name`-interpreted or -compiled; cached.
+
+    Triton itself (and gluon, imported lazily at the first launch) is imported first, without the
+    variable, so its standard library stays compiled-mode for GPU launches in the same process.
+    """
+    key = (str(path), interpret)
+    if key in _LOADED:
+        return _LOADED[key]
+    importlib.import_module("triton.language")
+    with contextlib.suppress(ImportError):
+        importlib.import_module("triton.experimental.gluon")
+    full_name = f"{name}_{'interpreted' if interpret else 'compiled'}"
+    spec = importlib.util.spec_from_file_location(full_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    with environ("TRITON_INTERPRET", "1" if interpret else "0"):
+        spec.loader.exec_module(module)
+    sys.modules[full_name] = module
+    _LOADED[key] = module
+    return module
+
+
+def _snapshot(objects: tuple[object, ...]) -> list[tuple[object, dict[str, object]]]:
+    return [(obj, dict(vars(obj))) for obj in objects]
+
+
+def _restore(snapshot: list[tuple[object, dict[str, object]]]) -> None:
+    """Put every attribute back as it was; drop those added since (submodules excepted)."""
+    for obj, before in snapshot:
+        now = dict(vars(obj))
+        for name, value in now.items():
+            if name not in before and not isinstance(value, ModuleType):
+                delattr(obj, name)
+        for name, value in before.items():
+            if now.get(name, _MISSING) is not value:
+                setattr(obj, name, value)
+
+
+@contextlib.contextmanager
+def interpreter_compat() -> Iterator[None]:
+    """Let interpreted kernels run in a process whose Triton was imported in compiled mode.
+
+    Three things stand in the way, all in Triton's machinery, none in the kernel:
+    * tl.cdiv and the rest of Triton's standard library are JITFunctions, which the interpreter
+      refuses to call; they are swapped for InterpretedFunctions of the same Python code.
+    * The interpreter turns a scalar into a Python int with int() of a 1-element 1-D array, which
+      numpy >= 2.4 rejects (`range(...)` over loaded lengths fails); .item() does the same job.
+    * An interpreted device-function call (tl.cdiv, a kernel's own combine function) patches
+      triton.language's builtins with numpy ones and never restores them, which breaks every
+      later GPU compile in the process ("'block_argument' object has no attribute 'dtype'").
+    Everything the interpreter may patch is snapshotted before and put back on exit.
+    """
+    import triton.language as tl
+    from triton.runtime import interpreter
+    from triton.runtime.jit import JITFunction
+
+    patched = (tl, tl.core, tl.math, tl.core.tensor, tl.core.dtype, tl.core.tensor_descriptor_base)
+    snapshot = _snapshot(patched)
+    swapped = [(module, name, fn) for module in (tl, tl.standard)
+               for name, fn in list(vars(module).items()) if isinstance(fn, JITFunction)]
+    original_patch = interpreter._patch_lang_tensor
+
+    def patch_lang_tensor(tensor: type, scope: interpreter._LangPatchScope) -> None:
+        original_patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    try:
+        for module, name, fn in swapped:
+            setattr(module, name, interpreter.InterpretedFunction(fn.fn))
+        interpreter._patch_lang_tensor = patch_lang_tensor
+        yield
+    finally:
+        interpreter._patch_lang_tensor = original_patch
+        for module, name, fn in swapped:
+            setattr(module, name, fn)
+        _restore(snapshot)
