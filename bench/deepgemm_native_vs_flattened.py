@@ -16,8 +16,10 @@ import sys
 import torch
 
 from difftest.backends.deep_gemm import DeepGemmFlattened, DeepGemmNative
-from difftest.encode import KernelInputs, encode
-from difftest.runner import RunConfig, make_reference, run_backend
+from difftest.config import RunConfig
+from difftest.kernel_inputs import KernelInputs, encode
+from difftest.reference import make_reference
+from difftest.runner import run_backend
 from generators import CaseSpec, build_case
 
 

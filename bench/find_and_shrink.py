@@ -31,8 +31,8 @@ from hypothesis import given, settings
 from difftest.backends import as_backend
 from difftest.bundle import load_bundle, write_bundle
 from difftest.case import Case
-from difftest.replay import run_case
-from difftest.runner import RunConfig
+from difftest.config import RunConfig
+from difftest.runner import run_one
 from difftest.shrink import shrink
 from generators import CaseSpec, Stale, Values, build_case
 from generators.strategies import cases
@@ -68,7 +68,7 @@ def hypothesis_row() -> Row:
     def agrees(case: Case) -> None:
         nonlocal runs
         runs += 1
-        if run_case(BACKEND, case, RunConfig()).verdict.failed:
+        if run_one(BACKEND, case, RunConfig()).verdict.failed:
             failing.append(case)
             raise AssertionError("planted bug found")
 
@@ -84,7 +84,7 @@ def hypothesis_row() -> Row:
 
 
 def shrink_row(method: str, case: Case, folder: Path) -> Row:
-    bundle = load_bundle(write_bundle(folder, case, run_case(BACKEND, case, RunConfig()), RunConfig()))
+    bundle = load_bundle(write_bundle(folder, case, run_one(BACKEND, case, RunConfig()), RunConfig()))
     found = shrink(bundle, BACKEND, budget_seconds=30.0)
     return Row(method, found.seconds, found.probes, case, found.case)
 
@@ -92,7 +92,7 @@ def shrink_row(method: str, case: Case, folder: Path) -> Row:
 def main() -> None:
     torch.set_num_threads(1)
     large = build_case(LARGE, seed=7)
-    run_case(BACKEND, large, RunConfig())  # warm-up: lazy imports and first-touch allocations
+    run_one(BACKEND, large, RunConfig())  # warm-up: lazy imports and first-touch allocations
     with tempfile.TemporaryDirectory() as tmp:
         rows = [hypothesis_row(),
                 shrink_row("difftest shrink (spec)", large, Path(tmp) / "spec"),

@@ -32,7 +32,9 @@ import torch  # after the path: a plain checkout needs it
 
 from difftest.backends import get_backends
 from difftest.case import Case
-from difftest.runner import CaseResult, RunConfig, run
+from difftest.config import RunConfig
+from difftest.result import CaseResult
+from difftest.runner import run
 from generators import build_case
 from generators.cases import suite
 

@@ -27,7 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from difftest.backends import Backend, available_names, get_backends, load_backend
 from difftest.case import Case
-from difftest.runner import CaseResult, RunConfig, make_reference, run
+from difftest.config import RunConfig
+from difftest.reference import make_reference
+from difftest.result import CaseResult
+from difftest.runner import run
 from generators import CaseSpec, build_case
 from generators.cases import suite
 from oracles.paged_mqa_logits import reference
@@ -169,7 +172,7 @@ def print_oracle_table(points: tuple[Point, ...], repeats: int, device: str) -> 
 
 def build_cases(pairs: list[tuple[CaseSpec, int]]) -> list[Case]:
     # Named as cmd_run names them, so the engine sees exactly what `difftest run` builds.
-    return [build_case(spec, seed, name=f"{spec.name}-s{seed}") for spec, seed in pairs]
+    return [build_case(spec, seed) for spec, seed in pairs]
 
 
 def generate_and_reference(pairs: list[tuple[CaseSpec, int]]) -> None:
@@ -179,7 +182,7 @@ def generate_and_reference(pairs: list[tuple[CaseSpec, int]]) -> None:
 
 
 def full_run(pairs: list[tuple[CaseSpec, int]], backend: Backend) -> list[CaseResult]:
-    cases = (build_case(spec, seed, name=f"{spec.name}-s{seed}") for spec, seed in pairs)
+    cases = (build_case(spec, seed) for spec, seed in pairs)
     return run([backend], cases, RunConfig(device="cpu"))
 
 

@@ -2,22 +2,50 @@
 
 Cases (generators) go through the oracle and every backend; the comparison reports, per row, a
 wrong -inf mask, NaN, unwritten output or a value error, under each backend's declared contract.
+Documentation: docs/README.md in the repository.
+
+The names below are imported on first use (PEP 562), so `import difftest.errors` or the pytest
+plugin costs no torch import.
 """
 
-from difftest.backends import Backend, get_backends, load_backend
-from difftest.backends.user import backend
-from difftest.case import Case
-from difftest.check import check
-from difftest.compare import Comparison, compare
-from difftest.contract import Contract
-from difftest.encode import KernelInputs, encode
-from difftest.errors import SpecError
-from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention
-from difftest.runner import CaseResult, RunConfig, run
-from difftest.verdict import Verdict
+from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
-__all__ = ["Backend", "CacheLayout", "Case", "CaseResult", "Comparison", "Contract", "Fp8Flavour",
-           "KernelInputs", "LengthEncoding", "MaskConvention", "RunConfig", "SpecError", "Verdict",
-           "backend", "check", "compare", "encode", "get_backends", "load_backend", "run"]
+# public name -> the module that defines it
+_EXPORTS = {
+    "Backend": "difftest.backends", "get_backends": "difftest.backends", "load_backend": "difftest.backends",
+    "backend": "difftest.backends.user",
+    "Case": "difftest.case",
+    "check": "difftest.checking",
+    "Comparison": "difftest.comparison", "compare": "difftest.comparison",
+    "RunConfig": "difftest.config",
+    "Contract": "difftest.contract", "WorkPartition": "difftest.contract",
+    "KernelInputs": "difftest.kernel_inputs", "encode": "difftest.kernel_inputs",
+    "SpecError": "difftest.errors",
+    "CacheLayout": "difftest.kinds", "Fp8Flavour": "difftest.kinds", "LengthEncoding": "difftest.kinds",
+    "MaskConvention": "difftest.kinds", "PartitionScope": "difftest.kinds",
+    "CaseResult": "difftest.result",
+    "run": "difftest.runner",
+    "Verdict": "difftest.verdict",
+}
+
+__all__ = sorted(_EXPORTS)
+
+try:
+    __version__ = version("difftest")
+except PackageNotFoundError:  # a plain checkout on sys.path, not installed
+    __version__ = "0+unknown"
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module that defines `name` on first use."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'difftest' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

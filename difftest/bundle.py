@@ -1,7 +1,9 @@
 """Reproducer bundles: everything needed to re-run one failing (backend, case) bit for bit.
 
-A bundle is a folder holding case.npz (Case.save: the exact tensors) and bundle.json (backend,
-library versions, device, run config, verdict, first mismatch, and the command that replays it).
+A bundle is a folder holding case.npz (Case.save: the exact tensors) and bundle.json (backend and
+where it was loaded from, library versions, device, run config, verdict, first mismatch, and the
+command that replays it). A bundle is data: loading one imports nothing it names
+(docs/reference/bundles.md says what replay does with the recorded origin).
 """
 
 from __future__ import annotations
@@ -15,10 +17,14 @@ from typing import Any
 
 import torch
 
+from difftest import __version__
+from difftest.backends import Origin
 from difftest.case import Case
+from difftest.config import RunConfig
 from difftest.errors import require
 from difftest.kinds import CacheLayout, LengthEncoding
-from difftest.runner import CaseResult, RunConfig
+from difftest.result import CaseResult
+from difftest.serialize import to_jsonable
 from difftest.verdict import Verdict
 
 CASE_FILE, INFO_FILE = "case.npz", "bundle.json"
@@ -31,7 +37,7 @@ class Bundle:
     path: Path
     case: Case
     backend: str
-    backend_module: str | None  # 'pkg.mod:obj' for a backend not in the registry
+    origin: Origin  # where the backend was loaded from when the bundle was written
     config: RunConfig
     verdict: Verdict
     info: dict[str, Any]
@@ -43,16 +49,13 @@ def bundle_name(result: CaseResult) -> str:
 
 
 def write_bundle(directory: str | Path, case: Case, result: CaseResult, config: RunConfig,
-                 backend_module: str | None = None, library: str = "") -> Path:
+                 origin: Origin, library: str = "") -> Path:
     """Write the bundle of `result` under `directory`; returns the bundle's folder."""
-    from difftest import __version__
-    from difftest.report import to_jsonable
-
     folder = Path(directory) / bundle_name(result)
     folder.mkdir(parents=True, exist_ok=True)
     case.save(folder / CASE_FILE)
     info = {
-        "backend": result.backend, "backend_module": backend_module, "library": library,
+        "backend": result.backend, "origin": to_jsonable(origin), "library": library,
         "device": config.device, "encoding_override": config.encoding.value if config.encoding else None,
         "layout_override": config.layout.value if config.layout else None,
         "verdict": result.verdict.value, "reason": result.reason,
@@ -75,5 +78,4 @@ def load_bundle(path: str | Path) -> Bundle:
     config = RunConfig(device=info["device"], encoding=LengthEncoding(encoding) if encoding else None,
                        layout=CacheLayout(layout) if layout else None)
     return Bundle(path=folder, case=Case.load(folder / CASE_FILE), backend=info["backend"],
-                  backend_module=info.get("backend_module"), config=config, verdict=Verdict(info["verdict"]),
-                  info=info)
+                  origin=Origin(**info["origin"]), config=config, verdict=Verdict(info["verdict"]), info=info)

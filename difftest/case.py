@@ -17,7 +17,8 @@ import torch
 
 from difftest.errors import require
 from difftest.fp8 import decode
-from difftest.kinds import Fp8Flavour
+from difftest.kinds import CacheLayout, Fp8Flavour
+from difftest.layout import pack_cache, unpack_cache
 
 
 def row_limits(seq_lens: torch.Tensor, next_n: int) -> torch.Tensor:
@@ -116,9 +117,6 @@ class Case:
 
     def save(self, path: str | Path) -> Path:
         """Write the case as an .npz in the golden-file format (block-split bytes plus a JSON meta)."""
-        from difftest.encode import pack_cache
-        from difftest.kinds import CacheLayout
-
         path = Path(path)
         meta = {**self.meta, "name": self.name, "B": self.batch, "next_n": self.next_n,
                 "H": self.heads, "D": self.head_dim, "block_size": self.block_size,
@@ -135,9 +133,6 @@ class Case:
     @classmethod
     def load(cls, path: str | Path) -> Case:
         """Read a case written by save(), or one of shared/golden's files."""
-        from difftest.encode import unpack_cache
-        from difftest.kinds import CacheLayout
-
         with np.load(path) as z:
             arrays = {k: torch.from_numpy(z[k].copy()) for k in z.files if k != "meta"}
             meta = json.loads(str(z["meta"]))

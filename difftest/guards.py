@@ -1,4 +1,4 @@
-"""What the engine does around one backend call: poison, checksum, repeat, and judge the repeats.
+"""What the engine does around one backend call: poison, checksum and repeat.
 
 Poisoning (what a backend that leaves output unwritten shows as FAIL(unwritten)):
 * Guaranteed, CPU and CUDA: a buffer the engine hands over (contract.writes_into_output) is all
@@ -16,14 +16,13 @@ Poisoning (what a backend that leaves output unwritten shows as FAIL(unwritten))
 
 Checksums: every input tensor (q, kv_cache, weights, context_lens, block_table, indices) is
 fingerprinted before the first launch and after the last; a change names the tensor.
-Repeats: the backend is launched `repeat` times on the same inputs and the outputs are compared
-(classify_stability).
+Repeats: the backend is launched `repeat` times on the same inputs; difftest.stability compares the
+outputs.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,11 +31,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from difftest.backends import Backend
-from difftest.compare import tolerance
-from difftest.contract import Contract
-from difftest.encode import KernelInputs
-from difftest.kinds import MaskConvention
-from difftest.poison import POISON_BITS, poisoned
+from difftest.kernel_inputs import KernelInputs
+from difftest.poison import INT_OF_SIZE, POISON_BITS, poisoned
 from difftest.verdict import Verdict
 
 INPUT_FIELDS = ("q", "kv_cache", "weights", "context_lens", "block_table", "indices")
@@ -46,7 +42,6 @@ _CHUNK_WORDS = 1 << 24
 _POISONED_BLOCKS = 4
 _EMPTY_FACTORIES = {torch.ops.aten.empty, torch.ops.aten.empty_strided, torch.ops.aten.empty_like,
                     torch.ops.aten.new_empty, torch.ops.aten.new_empty_strided}
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +69,7 @@ class Fault:
     verdict: Verdict
     reason: str
     seconds: float
+    error_type: str | None = None  # the class name of the exception, when one was raised
 
 
 Outcome = Execution | Fault
@@ -123,7 +119,7 @@ def fill_poison(tensor: torch.Tensor) -> None:
     """Overwrite `tensor` with the poison of its dtype, bit for bit; other dtypes are left alone."""
     if tensor.dtype not in POISON_BITS or tensor.numel() == 0:
         return
-    as_int = _INT_OF_SIZE[tensor.element_size()]
+    as_int = INT_OF_SIZE[tensor.element_size()]
     # Copied as integers: a float copy may quiet or canonicalise the NaN payload.
     sentinel = poisoned((), tensor.dtype, tensor.device).view(as_int)
     tensor.view(as_int).copy_(sentinel.expand(tensor.shape))
@@ -154,8 +150,8 @@ def execute(backend: Backend, inputs: KernelInputs, launch: Launch) -> Outcome:
         reason = f"{type(exc).__name__}: {exc}"
         broken = device_failure(inputs.q.device)
         if broken is not None:
-            return Fault(Verdict.CRASH, f"{reason} (device unusable afterwards: {broken})", seconds)
-        return Fault(Verdict.ERROR, reason, seconds)
+            return Fault(Verdict.CRASH, f"{reason} (device unusable afterwards: {broken})", seconds, type(exc).__name__)
+        return Fault(Verdict.ERROR, reason, seconds, type(exc).__name__)
 
 
 def _launches(backend: Backend, inputs: KernelInputs, launch: Launch) -> Execution:
@@ -196,7 +192,7 @@ def _bit_copy(values: torch.Tensor) -> torch.Tensor:
     """A copy of `values`, NaN payloads (the poison) included: copied as integers of the same width."""
     if not values.dtype.is_floating_point:
         return values.clone()
-    as_int = _INT_OF_SIZE[values.element_size()]
+    as_int = INT_OF_SIZE[values.element_size()]
     return values.view(as_int).clone().view(values.dtype)
 
 
@@ -216,61 +212,3 @@ def device_failure(device: torch.device) -> str | None:
     except Exception as exc:  # any failure here means the context is gone
         return f"{type(exc).__name__}: {exc}"
     return None
-
-
-# --------------------------------------------------------------------------- repeats
-
-class StabilityKind(str, enum.Enum):
-    """How identical launches of one backend on one case agreed."""
-
-    BITWISE = "bitwise-stable"  # every launch gave the same bits
-    WITHIN_TOLERANCE = "stable-within-tolerance"  # bits moved, never further than the backend's tolerance
-    UNSTABLE = "unstable"  # some launch moved a value past the tolerance, or changed a -inf, NaN or poison
-
-
-@dataclasses.dataclass(frozen=True)
-class Stability:
-    """Launches 2..K compared with launch 1, over the positions the comparison checks."""
-
-    kind: StabilityKind
-    launches: int
-    moved_rows: list[int]  # rows whose bits changed in any launch
-    unstable_rows: list[int]  # rows that moved past the tolerance (a subset of moved_rows)
-    max_abs_diff: float  # largest |launch k - launch 1| between finite values inside the windows
-
-
-def classify_stability(outputs: tuple[torch.Tensor, ...], expected: torch.Tensor, row_lens: torch.Tensor,
-                       contract: Contract, bound: torch.Tensor | None = None) -> Stability:
-    """Compare every launch with the first, under the comparison's tolerance (compare.tolerance). Positions
-    past a row's window count only when the contract promises -inf there."""
-    rows, width = expected.shape
-    inside = torch.arange(width, device=expected.device)[None, :] < row_lens.to(expected.device)[:, None]
-    checked = inside | (contract.mask == MaskConvention.TAIL_NEG_INF)
-    tol = tolerance(expected, inside, contract, bound)
-    first = outputs[0].to(expected.device)
-    moved = torch.zeros(rows, dtype=torch.bool, device=expected.device)
-    beyond, max_diff = moved.clone(), 0.0
-    for other in outputs[1:]:
-        other = other.to(expected.device)
-        if other.shape != first.shape or other.dtype != first.dtype:
-            moved[:], beyond[:] = True, True
-            continue
-        changed = (_bits(other) != _bits(first)) & checked
-        a, b = first.double(), other.double()
-        finite = inside & torch.isfinite(a) & torch.isfinite(b)
-        diff = torch.where(finite, (a - b).abs(), 0.0)
-        moved |= changed.any(dim=1)
-        beyond |= (changed & ~(finite & (diff <= tol[:, None]))).any(dim=1)
-        max_diff = max(max_diff, float(torch.where(changed, diff, 0.0).max()))
-    kind = (StabilityKind.UNSTABLE if beyond.any() else StabilityKind.WITHIN_TOLERANCE if moved.any()
-            else StabilityKind.BITWISE)
-    return Stability(kind, len(outputs), _rows(moved), _rows(beyond), max_diff)
-
-
-def _bits(values: torch.Tensor) -> torch.Tensor:
-    """The values as integers of the same width, so NaN payloads and -0.0 compare exactly."""
-    return values.view(_INT_OF_SIZE[values.element_size()]) if values.dtype.is_floating_point else values
-
-
-def _rows(mask: torch.Tensor) -> list[int]:
-    return torch.nonzero(mask).flatten().tolist()

@@ -48,26 +48,26 @@ from typing import Any, Protocol
 import torch
 import torch.multiprocessing  # registers the CUDA-IPC reductions ForkingPickler uses
 
-from difftest.backends import Backend, load_backend
-from difftest.backends.user import FunctionBackend
-from difftest.encode import KernelInputs
+from difftest.backends import Backend, Loaded, Origin, rebuild
 from difftest.errors import SpecError
 from difftest.guards import Execution, Fault, Launch, Outcome, PoisonFreshTensors, execute
+from difftest.kernel_inputs import KernelInputs
+from difftest.kinds import Isolation, Transport
 from difftest.verdict import Verdict
 
-TRANSPORTS = ("copy", "cuda-ipc")
 DEFAULT_TIMEOUT = 600.0  # seconds one case may take in a worker when the run sets no --timeout
 STARTUP_TIMEOUT = 600.0  # seconds a worker may take to import and build its backend (a JIT library)
 _STDERR_LINES = 4  # last lines of a dead worker's stderr quoted when faulthandler said nothing
 
 
-def transport_for(device: str) -> str:
-    """How tensors reach a worker on `device`: 'cuda-ipc' on a GPU, 'copy' on the CPU or when
+def transport_for(device: str) -> Transport:
+    """How tensors reach a worker on `device`: CUDA IPC on a GPU, copies on the CPU or when
     DIFFTEST_WORKER_TRANSPORT=copy (SpecError for any other value)."""
     chosen = os.environ.get("DIFFTEST_WORKER_TRANSPORT")
-    if chosen is not None and chosen not in TRANSPORTS:
-        raise SpecError("DIFFTEST_WORKER_TRANSPORT", chosen, f"one of {list(TRANSPORTS)}")
-    return "copy" if device != "cuda" else chosen or "cuda-ipc"
+    choices = [t.value for t in Transport]
+    if chosen is not None and chosen not in choices:
+        raise SpecError("DIFFTEST_WORKER_TRANSPORT", chosen, f"one of {choices}")
+    return Transport.COPY if device != "cuda" else Transport(chosen or Transport.CUDA_IPC)
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -95,10 +95,11 @@ Pending = Callable[[], Outcome]  # waits for a submitted call's outcome
 
 
 class Executor(Protocol):
-    """Where a backend's call runs: `note` is what the result records about it (None: nothing).
+    """Where a backend's call runs: `isolation` and `note` are what the result records about it.
     `submit` starts the call and returns what waits for its outcome, so that calls in different
     processes overlap; calling the executor does both."""
 
+    isolation: Isolation
     note: str | None
 
     def submit(self, backend: Backend, inputs: KernelInputs, launch: Launch) -> Pending: ...
@@ -111,7 +112,8 @@ class InProcess:
     """The call runs in this process, when its outcome is asked for: a backend that kills the
     process then finds every earlier result already reported."""
 
-    note: str | None = None
+    note: str | None = None  # why, when isolation was asked for
+    isolation: Isolation = Isolation.IN_PROCESS
 
     def submit(self, backend: Backend, inputs: KernelInputs, launch: Launch) -> Pending:
         return lambda: execute(backend, inputs, launch)
@@ -120,50 +122,19 @@ class InProcess:
         return self.submit(backend, inputs, launch)()
 
 
-def recipe(backend: Backend, hint: str | None = None) -> tuple[str | None, str]:
-    """('package.module:object' that rebuilds `backend` in a fresh process, '') or (None, why not).
-
-    `hint` (the --backend-module or registry target it was loaded from) is tried first, then the
-    backend's own class or function; a target counts only if what it builds equals `backend`.
-    """
-    source = backend.fn if isinstance(backend, FunctionBackend) else type(backend)
-    module, qualname = getattr(source, "__module__", None), getattr(source, "__qualname__", "")
-    own = None if not module or module == "__main__" or "<locals>" in qualname else f"{module}:{qualname}"
-    tried = []
-    for target in dict.fromkeys(t for t in (hint, own) if t):
-        why = _rebuild_difference(backend, target)
-        if why is None:
-            return target, ""
-        tried.append(f"{target} {why}")
-    if not tried:
-        return None, f"{backend.name} is defined in {module or '?'}:{qualname}, which a fresh process cannot import"
-    return None, "; ".join(tried)
-
-
-def _rebuild_difference(backend: Backend, target: str) -> str | None:
-    """How what `target` builds differs from `backend`, or None when it is the same backend."""
-    try:
-        again = load_backend(target, "backend")
-    except SpecError as exc:
-        return f"does not load: {exc}"
-    same = (type(again) is type(backend) and again.name == backend.name and again.contract == backend.contract
-            and getattr(again, "fn", None) is getattr(backend, "fn", None))
-    return None if same else "builds a different backend (this one was changed after it was made)"
-
-
 # --------------------------------------------------------------------------- frames
 
-def _dumps(obj: object, transport: str = "copy") -> memoryview | bytes:
-    if transport == "cuda-ipc":
+def _dumps(obj: object, transport: Transport = Transport.COPY) -> memoryview | bytes:
+    if transport == Transport.CUDA_IPC:
         return ForkingPickler.dumps(obj)  # torch.multiprocessing's reductions: CUDA tensors as IPC handles
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     return buffer.getbuffer()  # no copy: a 100K-context cache is a gigabyte
 
 
-def _loads(data: bytes, transport: str = "copy") -> Any:
+def _loads(data: bytes, transport: Transport = Transport.COPY) -> Any:
     # Frames come only from this module's own processes.
-    if transport == "cuda-ipc":
+    if transport == Transport.CUDA_IPC:
         return pickle.loads(data)
     return torch.load(io.BytesIO(data), weights_only=False)
 
@@ -193,7 +164,7 @@ def _shipped(inputs: KernelInputs, pool: Any) -> KernelInputs:
 
 # --------------------------------------------------------------------------- the worker process
 
-def serve(conn: Connection, target: str, device: str, log_path: str, transport: str = "copy",
+def serve(conn: Connection, origin: Origin, device: str, log_path: str, transport: Transport = Transport.COPY,
           environ: Mapping[str, str] | None = None) -> None:
     """The worker's main: take the parent's environment, rebuild the backend, then answer cases
     until the pipe closes."""
@@ -205,7 +176,7 @@ def serve(conn: Connection, target: str, device: str, log_path: str, transport: 
         os.environ.update(environ)
     _redirect_output(log_path)
     try:
-        backend = load_backend(target, "backend")
+        backend = rebuild(origin)
     except BaseException as exc:  # anything that stops the import is the answer
         conn.send_bytes(_dumps(("fault", f"{type(exc).__name__}: {exc}"), transport))
         return
@@ -223,7 +194,7 @@ def serve(conn: Connection, target: str, device: str, log_path: str, transport: 
         del inputs  # over IPC: the parent's memory, released as soon as the call is over
         # Over IPC the outputs stay on the GPU (the parent copies them out); a CPU tensor among them
         # would need a file descriptor passed along, so it goes over as a GPU tensor too.
-        outgoing = _outputs_moved(outcome, device if transport == "cuda-ipc" else "cpu")
+        outgoing = _outputs_moved(outcome, device if transport == Transport.CUDA_IPC else "cpu")
         try:
             conn.send_bytes(_dumps(("outcome", outgoing), transport))
         except Exception as exc:  # an output the transport cannot carry
@@ -245,13 +216,13 @@ def _redirect_output(log_path: str) -> None:
 class Worker:
     """One backend's worker process, started on demand and replaced after it dies or hangs."""
 
-    note = "worker"
+    isolation, note = Isolation.WORKER, None
 
-    def __init__(self, target: str, device: str, timeout: float, log_dir: Path) -> None:
-        self.target, self.device, self.timeout, self.log_dir = target, device, timeout, log_dir
+    def __init__(self, origin: Origin, device: str, timeout: float, log_dir: Path) -> None:
+        self.origin, self.device, self.timeout, self.log_dir = origin, device, timeout, log_dir
         self.transport = transport_for(device)
         # The only parent memory a worker can reach over IPC: one call's inputs at a time.
-        self.pool = torch.cuda.MemPool() if self.transport == "cuda-ipc" else None
+        self.pool = torch.cuda.MemPool() if self.transport == Transport.CUDA_IPC else None
         self.process: multiprocessing.process.BaseProcess | None = None
         self.conn: Connection | None = None
         self.ready = False
@@ -266,7 +237,7 @@ class Worker:
         self.started += 1
         self.log_dir.mkdir(parents=True, exist_ok=True)
         parent_conn, child_conn = multiprocessing.Pipe()
-        self.process = _context().Process(target=serve, args=(child_conn, self.target, self.device, str(self.log_path),
+        self.process = _context().Process(target=serve, args=(child_conn, self.origin, self.device, str(self.log_path),
                                                               self.transport, dict(os.environ)), daemon=True)
         self.process.start()
         child_conn.close()  # so the parent sees EOF when the child dies
@@ -307,7 +278,7 @@ class Worker:
         if isinstance(outcome, Fault) and outcome.verdict == Verdict.CRASH:
             self.stop()
         # Over IPC the outputs are the worker's memory: copied out now, before it is reused or dies.
-        return _outputs_moved(outcome, self.device, copy=self.transport == "cuda-ipc")
+        return _outputs_moved(outcome, self.device, copy=self.transport == Transport.CUDA_IPC)
 
     def _await_ready(self) -> Fault | None:
         if self.ready:
@@ -315,14 +286,15 @@ class Worker:
         assert self.conn is not None
         if not self.conn.poll(STARTUP_TIMEOUT):
             self.kill()
-            return Fault(Verdict.TIMEOUT, f"the worker did not load {self.target} within {STARTUP_TIMEOUT:g} s", 0.0)
+            why = f"the worker did not load {self.origin.target} within {STARTUP_TIMEOUT:g} s"
+            return Fault(Verdict.TIMEOUT, why, 0.0)
         try:
             kind, payload = _loads(self.conn.recv_bytes(), self.transport)
         except (EOFError, OSError):
             return self._died(0.0, while_="loading the backend")
         if kind != "ready":
             self.stop()
-            return Fault(Verdict.ERROR, f"the worker could not load {self.target}: {payload}", 0.0)
+            return Fault(Verdict.ERROR, f"the worker could not load {self.origin.target}: {payload}", 0.0)
         self.ready = True
         return None
 
@@ -387,18 +359,15 @@ def crash_summary(path: Path) -> str:
 class WorkerPool:
     """A Worker for every backend that can be rebuilt in a fresh process, InProcess for the rest."""
 
-    def __init__(self, backends: list[Backend], device: str, timeout: float | None,
-                 hints: Mapping[str, str] | None = None) -> None:
+    def __init__(self, backends: list[Loaded], device: str, timeout: float | None) -> None:
         self.log_dir = Path(tempfile.mkdtemp(prefix="difftest-workers-"))
-        hints, limit = hints or {}, timeout or DEFAULT_TIMEOUT
-        self.executors: list[Executor] = [self._executor(b, hints.get(b.name), index, device, limit)
-                                          for index, b in enumerate(backends)]
+        limit = timeout or DEFAULT_TIMEOUT
+        self.executors: list[Executor] = [self._executor(b, index, device, limit) for index, b in enumerate(backends)]
 
-    def _executor(self, backend: Backend, hint: str | None, index: int, device: str, timeout: float) -> Executor:
-        target, why = recipe(backend, hint)
-        if target is None:
-            return InProcess(note=f"in-process: {why}")
-        return Worker(target, device, timeout, self.log_dir / str(index))
+    def _executor(self, backend: Loaded, index: int, device: str, timeout: float) -> Executor:
+        if backend.origin.target is None:
+            return InProcess(note=backend.origin.why_not)
+        return Worker(backend.origin, device, timeout, self.log_dir / str(index))
 
     def __enter__(self) -> WorkerPool:
         # Started together, so the backends' imports overlap.

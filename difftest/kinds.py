@@ -64,3 +64,42 @@ class Device(str, enum.Enum):
 
     CPU = "cpu"
     CUDA = "cuda"
+
+
+class SanitizerTool(str, enum.Enum):
+    """The compute-sanitizer tool a failing result is replayed under."""
+
+    MEMCHECK = "memcheck"
+    RACECHECK = "racecheck"
+    INITCHECK = "initcheck"
+    SYNCCHECK = "synccheck"
+
+
+class Transport(str, enum.Enum):
+    """How tensors reach a worker process."""
+
+    COPY = "copy"  # CPU copies through the pipe
+    CUDA_IPC = "cuda-ipc"  # CUDA memory handles: no bytes go through the pipe
+
+
+class Isolation(str, enum.Enum):
+    """Where a backend's call ran."""
+
+    WORKER = "worker"  # a worker process of its own
+    IN_PROCESS = "in-process"  # the run's own process (the result's isolation note says why, when isolation was asked)
+
+
+class CaseKind(str, enum.Enum):
+    """Which cases a suite draws."""
+
+    RANDOM = "random"
+    EDGES = "edges"
+    ALL = "all"
+
+
+class ExitStatus(enum.IntEnum):
+    """What `difftest` exits with (docs/reference/cli.md lists them)."""
+
+    OK = 0  # every result passed or was skipped
+    FAILED = 1  # some backend failed (or a shard of a spread run died)
+    USAGE = 2  # a bad option or an impossible spec: one line names the field, its value and what is allowed

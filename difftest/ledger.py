@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from difftest.errors import SpecError, require
-from difftest.runner import CaseResult
+from difftest.result import CaseResult
+from generators.spec import CaseSpec
 
 ISSUE = re.compile(r"https?://\S+|[\w.-]+/[\w.-]+#\d+")
 REQUIRED = ("backend", "case", "reason", "issue")
@@ -109,8 +110,6 @@ def _field_matches(value: Any, want: Any) -> bool:
 
 
 def _spec_fields() -> set[str]:
-    from generators.spec import CaseSpec
-
     return {f.name for f in dataclasses.fields(CaseSpec)}
 
 

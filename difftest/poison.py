@@ -9,6 +9,14 @@ POISON_BITS = {torch.float32: (0x7FC0DEAD, torch.int32), torch.bfloat16: (0x7FDE
                 torch.float16: (0x7EAD, torch.int16)}
 
 
+INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # same-width integers
+
+
+def bits(values: torch.Tensor) -> torch.Tensor:
+    """The values as integers of the same width, so NaN payloads and -0.0 compare exactly."""
+    return values.view(INT_OF_SIZE[values.element_size()]) if values.dtype.is_floating_point else values
+
+
 def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
     """A [shape] buffer of `dtype` holding the poison NaN everywhere."""
     bits, int_dtype = POISON_BITS[dtype]

@@ -1,6 +1,7 @@
 """Re-run a (backend, case) under NVIDIA compute-sanitizer and keep what it found.
 
-The case is written as a reproducer bundle (difftest.bundle) and replayed in a fresh process,
+The runner writes the case as a reproducer bundle (difftest.bundle) and this module replays it in a
+fresh process,
 
     compute-sanitizer --tool TOOL --error-exitcode 99 python -m difftest.cli replay BUNDLE
 
@@ -20,15 +21,11 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from difftest.case import Case
-    from difftest.runner import CaseResult, RunConfig
+from difftest import hardware
+from difftest.kinds import SanitizerTool
 
-TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 ERROR_EXITCODE = 99  # what the sanitizer exits with when it reported errors
 TIMEOUT = 900.0  # seconds: replays under memcheck run tens of times slower than the kernel
 _PREFIX = "========="
@@ -56,7 +53,7 @@ class Finding:
 class SanitizerReport:
     """What one sanitizer run found, or why it did not run."""
 
-    tool: str
+    tool: SanitizerTool
     ran: bool
     reason: str | None = None  # why it did not run or did not finish
     command: str | None = None
@@ -68,8 +65,8 @@ class SanitizerReport:
     def summary(self) -> str:
         """One line: the error count and the distinct findings, or why there are none."""
         if not self.ran:
-            return f"{self.tool}: not run: {self.reason}"
-        head = f"{self.tool}: {self.errors if self.errors is not None else '?'} errors"
+            return f"{SanitizerTool(self.tool).value}: not run: {self.reason}"
+        head = f"{SanitizerTool(self.tool).value}: {self.errors if self.errors is not None else '?'} errors"
         if self.reason:
             head += f" ({self.reason})"
         found = "; ".join(f.describe() for f in self.findings)
@@ -90,23 +87,19 @@ def find_sanitizer() -> str | None:
 
 def unavailable_reason(device: str) -> str | None:
     """Why no sanitizer run is possible for a run on `device`, or None."""
-    import torch
-
     if device != "cuda":
         return f"compute-sanitizer checks CUDA kernels; this run is on {device}"
-    if not torch.cuda.is_available():
-        return "torch.cuda.is_available() is False"
+    if hardware.cuda_unavailable_reason():
+        return hardware.CUDA_UNAVAILABLE
     if find_sanitizer() is None:
         return "compute-sanitizer not found on PATH, in $CUDA_HOME/bin or in /usr/local/cuda/bin"
     return None
 
 
-def sanitizer_command(tool: str, bundle: str | Path, sanitizer: str = "compute-sanitizer",
+def sanitizer_command(tool: SanitizerTool, bundle: str | Path, sanitizer: str = "compute-sanitizer",
                       python: str = sys.executable) -> list[str]:
     """The argv that replays `bundle` under `tool`."""
-    if tool not in TOOLS:
-        raise ValueError(f"tool={tool!r}: expected one of {list(TOOLS)}")
-    return [sanitizer, "--tool", tool, "--error-exitcode", str(ERROR_EXITCODE),
+    return [sanitizer, "--tool", SanitizerTool(tool).value, "--error-exitcode", str(ERROR_EXITCODE),
             python, "-m", "difftest.cli", "replay", str(bundle)]
 
 
@@ -168,27 +161,15 @@ def _is_backtrace(line: str) -> bool:
     return line.startswith(("Host Frame", "Saved host backtrace", "Device Frame", "in /", "in lib"))
 
 
-def sanitize(tool: str, case: Case, result: CaseResult, config: RunConfig, backend_module: str | None,
-             library: str = "") -> SanitizerReport:
-    """Replay (case, result's backend) under `tool` in a fresh process; the report never raises.
-
-    `backend_module` is 'package.module:object' that rebuilds the backend (isolate.recipe); None
-    when it cannot be rebuilt, which the report then gives as its reason.
-    """
-    from difftest.bundle import write_bundle
-
-    reason = unavailable_reason(config.device)
-    if reason is None and backend_module is None:
-        reason = "the backend cannot be rebuilt in a fresh process (see the result's isolation note)"
+def replay_under(tool: SanitizerTool, bundle: Path, device: str) -> SanitizerReport:
+    """Replay the bundle folder `bundle` under `tool` in a fresh process; the report never raises."""
+    reason = unavailable_reason(device)
     if reason is not None:
         return SanitizerReport(tool=tool, ran=False, reason=reason)
-    with tempfile.TemporaryDirectory(prefix="difftest-sanitize-") as folder:
-        bundle = write_bundle(folder, case, result, config, backend_module, library)
-        argv = sanitizer_command(tool, bundle, find_sanitizer() or "compute-sanitizer")
-        return run_sanitizer(tool, argv)
+    return run_sanitizer(tool, sanitizer_command(tool, bundle, find_sanitizer() or "compute-sanitizer"))
 
 
-def run_sanitizer(tool: str, argv: list[str], timeout: float = TIMEOUT) -> SanitizerReport:
+def run_sanitizer(tool: SanitizerTool, argv: list[str], timeout: float = TIMEOUT) -> SanitizerReport:
     """Run `argv` (sanitizer_command's) and parse its output; a timeout or a missing binary is a reason."""
     command = shlex.join(argv)
     try:

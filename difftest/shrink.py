@@ -1,6 +1,6 @@
 """Shrink a failing case: deterministic, time-bounded delta reduction, no hypothesis database.
 
-A probe rebuilds a smaller candidate, runs the oracle and the backend (runner.run_backend) and
+A probe rebuilds a smaller candidate, runs the oracle and the backend (runner.run_one) and
 keeps the candidate only when the backend still fails the same way: the same verdict (and, for an
 ERROR, the same exception type). A case that carries its spec and seed (every generated case and
 every bundle written from one) is reduced on the spec, each probe rebuilt with build_case; a case
@@ -31,10 +31,11 @@ import torch
 from difftest.backends import Backend
 from difftest.bundle import Bundle
 from difftest.case import Case
+from difftest.config import RunConfig
 from difftest.errors import SpecError
 from difftest.kinds import Fp8Flavour
-from difftest.replay import run_case
-from difftest.runner import CaseResult, RunConfig
+from difftest.result import CaseResult
+from difftest.runner import run_one
 from difftest.verdict import Verdict
 from generators.spec import CaseSpec, Stale, Values
 from generators.tensors import build_case
@@ -55,7 +56,7 @@ class Failure:
         """The failure `result` shows, or None when it passed or was skipped."""
         if not result.verdict.failed:
             return None
-        error = (result.reason or "").partition(":")[0] if result.verdict == Verdict.ERROR else None
+        error = result.error_type if result.verdict == Verdict.ERROR else None
         return cls(result.verdict, error)
 
 
@@ -103,7 +104,7 @@ def shrink(target: Bundle | Case, backend: Backend, config: RunConfig | None = N
     start = time.perf_counter()
     original = target.case if isinstance(target, Bundle) else target
     config = config or (target.config if isinstance(target, Bundle) else RunConfig())
-    first = run_case(backend, original, config)
+    first = run_one(backend, original, config)
     failure = Failure.of(first)
     if failure is None:
         raise SpecError("case", original.name, f"a case {backend.name} fails on; it gives {first.verdict.value}")
@@ -312,7 +313,7 @@ class _Search:
         except SpecError:
             self.seen[state] = False
             return False
-        result = run_case(self.backend, case, self.config)
+        result = run_one(self.backend, case, self.config)
         self.seen[state] = same = Failure.of(result) == self.failure
         if same:
             self.state, self.case, self.result, self.accepted = state, case, result, self.accepted + 1

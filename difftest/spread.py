@@ -2,7 +2,7 @@
 
 The parent plans the run as usual, then starts `python -m difftest.cli run ... --shard I/N` for
 I = 0 .. N-1, child I seeing only its own GPU (CUDA_VISIBLE_DEVICES: visible_devices_for_shard).
-Shard I runs the planned (spec, seed) pairs whose index in the plan is I mod N (shard_of) and
+Shard I runs the planned (spec, seed) pairs whose index in the plan is I mod N (difftest.plan.Shard) and
 streams its results as JSONL into a part folder. The parent waits for every child and merges their
 results in plan order (merge): the report reads as one process's run, and each result names the
 GPU it was computed on (CaseResult.gpu). A child that dies costs only the results it had not
@@ -18,52 +18,34 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TypeVar
 
-from difftest.cli import EXIT_FAILED, EXIT_OK
-from difftest.errors import SpecError, require
+from difftest.errors import require
 from difftest.isolate import crash_summary, exit_description
-from difftest.report import load_results
-from difftest.runner import CaseResult
+from difftest.kinds import ExitStatus
+from difftest.result import CaseResult
+from difftest.serialize import load_results
 
-T = TypeVar("T")
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 PARENT_ONLY = ("--gpus", "--report", "--stream")  # `run` options only the parent acts on; each takes a value
-SHARD_FORM = "I/N with 0 <= I < N, e.g. 0/2"
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """(I, N) of `--shard I/N`; SpecError naming --shard unless 0 <= I < N."""
-    index, _, count = text.partition("/")
-    try:
-        shard = int(index), int(count)
-    except ValueError:
-        raise SpecError("--shard", text, SHARD_FORM) from None
-    require(0 <= shard[0] < shard[1], "--shard", text, SHARD_FORM)
-    return shard
-
-
-def shard_of(plan: Sequence[T], index: int, count: int) -> list[T]:
-    """Shard index/count of `plan`: the items whose position is `index` mod `count`, in their order."""
-    return list(plan[index::count])
 
 
 def visible_devices_for_shard(shard: int, gpus: int, parent_visible: str | None) -> str:
     """CUDA_VISIBLE_DEVICES of shard `shard` of a run over `gpus` GPUs: entry `shard` of the parent's
     CUDA_VISIBLE_DEVICES (indices and UUIDs alike) when it is set, else `shard` itself. SpecError
-    naming --gpus when the parent's list has fewer than `gpus` entries."""
+    naming `gpus` when the parent's list has fewer than `gpus` entries."""
     if parent_visible is None:
         return str(shard)
     listed = [entry.strip() for entry in parent_visible.split(",") if entry.strip()]
-    require(gpus <= len(listed), "--gpus", gpus, f"at most the {len(listed)} GPUs of {VISIBLE}={parent_visible!r}")
+    require(gpus <= len(listed), "gpus", gpus, f"at most the {len(listed)} GPUs of {VISIBLE}={parent_visible!r}")
     return listed[shard]
 
 
 def gpu_environments(gpus: int, device: str, device_count: int, parent_visible: str | None) -> list[dict[str, str]]:
-    """What `--gpus` adds to each child's environment: its own CUDA_VISIBLE_DEVICES; SpecError naming --gpus."""
-    require(gpus >= 1, "--gpus", gpus, "an integer >= 1")
-    require(device == "cuda", "--gpus", gpus, "--device cuda as well (a CPU run is not spread over GPUs)")
-    require(gpus <= device_count, "--gpus", gpus, f"at most the {device_count} GPUs torch sees")
+    """What spreading over `gpus` GPUs adds to each child's environment: its own CUDA_VISIBLE_DEVICES;
+    SpecError naming `gpus`."""
+    require(gpus >= 1, "gpus", gpus, "an integer >= 1")
+    require(device == "cuda", "gpus", gpus, "device 'cuda' as well (a CPU run is not spread over GPUs)")
+    require(gpus <= device_count, "gpus", gpus, f"at most the {device_count} GPUs torch sees")
     return [{VISIBLE: visible_devices_for_shard(i, gpus, parent_visible)} for i in range(gpus)]
 
 
@@ -96,7 +78,7 @@ class ShardRun:
     @property
     def died(self) -> bool:
         """True unless it ended as a run ends: 0 (every result passed or skipped) or 1 (some failed)."""
-        return self.returncode not in (EXIT_OK, EXIT_FAILED)
+        return self.returncode not in (ExitStatus.OK, ExitStatus.FAILED)
 
     def describe(self) -> str:
         """'shard 0/2 (CUDA_VISIBLE_DEVICES=0): exited with status 0, 14 of 14 results', or for a dead one
@@ -143,7 +125,7 @@ def _start(argv: Sequence[str], index: int, count: int, env: dict[str, str], fol
 def _collected(shard: ShardRun, folder: Path) -> ShardRun:
     """`shard` with the results its stream holds (a torn last line ignored) and, if it died, its log's summary."""
     stream = folder / f"shard-{shard.index}.jsonl"
-    results = load_results(stream, "--gpus") if stream.exists() else []
+    results = load_results(stream, "gpus") if stream.exists() else []
     log = crash_summary(folder / f"shard-{shard.index}.log") if shard.died else ""
     return dataclasses.replace(shard, results=results, log=log)
 

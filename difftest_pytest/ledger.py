@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 def load(path: Path) -> Ledger:
     """The ledger at `path`; a missing file, bad TOML or an entry without an issue is a UsageError."""
-    from difftest.errors import SpecError
+    from difftest.errors import SpecError  # deferred: with the ledger, which loads torch
     from difftest.ledger import load_ledger
 
     try:

@@ -22,7 +22,7 @@ from difftest_pytest import markers
 from difftest_pytest.ledger import LedgerPlugin, load
 from difftest_pytest.options import add_options, read_settings
 from difftest_pytest.results import Recorder
-from difftest_pytest.selection import Selection, case_name
+from difftest_pytest.selection import Selection
 from difftest_pytest.suite import SuitePlugin
 from difftest_pytest.workers import SeedToWorkers, pin_gpu
 
@@ -75,8 +75,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         ids = selection.backend_ids(backends)
         metafunc.parametrize("difftest_backend", ids, ids=ids, indirect=True)
     if "difftest_case" in wanted:
-        pairs = selection.case_pairs(next_n)
-        metafunc.parametrize("difftest_case", pairs, ids=[case_name(*pair) for pair in pairs], indirect=True)
+        cases = selection.cases(next_n)
+        metafunc.parametrize("difftest_case", cases, ids=[c.name for c in cases], indirect=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -94,7 +94,7 @@ def difftest_backend(request: pytest.FixtureRequest) -> Backend:
 @pytest.fixture
 def difftest_case(request: pytest.FixtureRequest) -> Case:
     """One seeded case per test (--difftest-cases, drawn from --difftest-seed) on --difftest-device."""
-    return request.config.stash[SELECTION].build(*request.param)
+    return request.config.stash[SELECTION].build(request.param)
 
 
 @pytest.fixture

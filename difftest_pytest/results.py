@@ -15,9 +15,9 @@ import pytest
 from difftest_pytest.options import SEED, Settings
 
 if TYPE_CHECKING:
-    from difftest.runner import CaseResult
+    from difftest.result import CaseResult
 
-PROPERTY = "difftest"  # user_properties name of one result, as difftest.report.to_jsonable writes it
+PROPERTY = "difftest"  # user_properties name of one result, as difftest.serialize.to_jsonable writes it
 RESULTS = pytest.StashKey[list["CaseResult"]]()  # an item's results, in the order its checks ran
 
 
@@ -36,26 +36,26 @@ class Recorder:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
-        """Run the test with an Observer attached to difftest.check."""
+        """Run the test with an Observer attached to difftest.check (difftest.observe)."""
         # A test that can call check() has imported difftest by now (at collection, or by an earlier
-        # test); the lookup keeps torch unimported for runs that never touch difftest.
-        check = sys.modules.get("difftest.check")
-        if check is None:
+        # test); the lookup keeps difftest unimported for runs that never touch it.
+        if "difftest" not in sys.modules:
             return (yield)
+        from difftest import observe  # deferred: the plugin loads in every pytest run
 
         def record(result: CaseResult) -> None:
-            from difftest.report import to_jsonable
+            from difftest.serialize import to_jsonable  # deferred: loads torch
 
             item.stash.setdefault(RESULTS, []).append(result)
             item.user_properties.append((PROPERTY, to_jsonable(result)))
 
-        with check.observed(check.Observer(on_result=record, repro_dir=self.settings.repro_dir)):
+        with observe.observed(observe.Observer(on_result=record, repro_dir=self.settings.repro_dir)):
             return (yield)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Gather the results of a finished test (from any xdist worker) on the controller."""
         if report.when == "teardown" and self.controller:
-            from difftest.report import result_from_json
+            from difftest.serialize import result_from_json  # deferred: loads torch
 
             self.results.extend(result_from_json(value) for name, value in report.user_properties
                                 if name == PROPERTY)
@@ -63,7 +63,7 @@ class Recorder:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """Write the JSON report (controller only, empty when nothing was checked) before the summary names it."""
         if self.settings.report is not None and self.controller:
-            from difftest.report import write_json
+            from difftest.report import write_json  # deferred: loads torch
 
             write_json(self.settings.report, self.results, self.run_info(session.config))
 
@@ -72,7 +72,7 @@ class Recorder:
         several, and each backend's -inf-mask headline."""
         if not self.results:
             return
-        from difftest.report import headline, render_devices, render_table, summarize
+        from difftest.report import headline, render_devices, render_table, summarize  # deferred: loads torch
 
         summaries = summarize(self.results)
         terminalreporter.write_sep("=", "difftest")
@@ -90,12 +90,12 @@ class Recorder:
 
     def run_info(self, config: pytest.Config) -> dict[str, Any]:
         """How the run was made, for the JSON report's `run` field."""
-        import torch
+        import torch  # deferred: the plugin loads without torch
 
-        import difftest
+        from difftest import __version__  # deferred: the plugin loads in every pytest run
 
         return {"command": shlex.join(["pytest", *config.invocation_params.args]), "seed": self.settings.seed,
                 "cases": self.settings.cases_text, "device": self.settings.device,
-                "backends": self.settings.backends, "torch": torch.__version__, "difftest": difftest.__version__,
+                "backends": self.settings.backends, "torch": torch.__version__, "difftest": __version__,
                 "python": platform.python_version()}
 

@@ -12,12 +12,7 @@ from difftest_pytest.options import BACKENDS, Settings, usage_error
 if TYPE_CHECKING:
     from difftest.backends import Backend
     from difftest.case import Case
-    from generators.spec import CaseSpec
-
-
-def case_name(spec: CaseSpec, seed: int) -> str:
-    """'block-boundaries-s3000': the case's name and its test id, as `difftest run` names it."""
-    return f"{spec.name}-s{seed}"
+    from difftest.plan import PlannedCase
 
 
 class Selection:
@@ -30,25 +25,21 @@ class Selection:
         self._loaded: dict[str, Backend] = {}
 
     def targets(self) -> dict[str, str]:
-        """backend id -> 'module:object' it loads from; every registered backend unless some are named."""
+        """backend id -> what loads it (a registered name or 'module:object'); every registered backend
+        unless some are named."""
         if self._targets is None:
             self._targets = self._resolve()
         return self._targets
 
     def _resolve(self) -> dict[str, str]:
-        from difftest.backends import available_names, load_backend
+        from difftest.backends import available_names, load_backend  # deferred: loads torch
         from difftest.errors import SpecError
 
         known = available_names()
         if self.settings.backends is None:
-            return known
+            return {name: name for name in known}
         targets = {}
         for token in self.settings.backends:
-            if token in known:
-                targets[token] = known[token]
-                continue
-            if ":" not in token:
-                raise usage_error(BACKENDS, token, f"registered names among {sorted(known)} or package.module:object")
             try:
                 backend = load_backend(token, BACKENDS)
             except SpecError as exc:
@@ -61,7 +52,7 @@ class Selection:
         """The selected ids, restricted to `only` (a difftest marker's backends) when given."""
         if only is None:
             return list(self.targets())
-        from difftest.backends import available_names
+        from difftest.backends import available_names  # deferred: loads torch
 
         unknown = [name for name in only if name not in self.targets() and name not in available_names()]
         if unknown:
@@ -72,7 +63,7 @@ class Selection:
     def backend(self, backend_id: str) -> Backend:
         """The backend, loaded once; the calling test skips with its unavailable_reason on this device."""
         if backend_id not in self._loaded:
-            from difftest.backends import load_backend
+            from difftest.backends import load_backend  # deferred: loads torch
             from difftest.errors import SpecError
 
             try:
@@ -85,14 +76,17 @@ class Selection:
             pytest.skip(reason)
         return backend
 
-    def case_pairs(self, next_n: tuple[int, ...] | None = None) -> list[tuple[CaseSpec, int]]:
-        """(spec, seed) of every selected case; `next_n` makes one copy of each spec per value."""
-        from generators.cases import suite
+    def cases(self, next_n: tuple[int, ...] | None = None) -> list[PlannedCase]:
+        """Every selected case (difftest.plan); `next_n` makes one copy of each spec per value."""
+        from difftest.kinds import CaseKind  # deferred: the plugin loads in every pytest run
+        from difftest.plan import SuiteRequest, plan
 
-        return suite(self.settings.cases, self.settings.count, self.settings.seed, next_n)
+        request = SuiteRequest(cases=CaseKind(self.settings.cases), count=self.settings.count,
+                               seed=self.settings.seed, next_n=next_n)
+        return plan(request)
 
-    def build(self, spec: CaseSpec, seed: int) -> Case:
-        """The case of (spec, seed), drawn on the selected device."""
-        from generators import build_case
+    def build(self, planned: PlannedCase) -> Case:
+        """The planned case, drawn on the selected device."""
+        from generators.tensors import build_case  # deferred: loads torch
 
-        return build_case(spec, seed, self.settings.device, name=case_name(spec, seed))
+        return build_case(planned.spec, planned.seed, self.settings.device, name=planned.name)

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from difftest_pytest.selection import Selection, case_name
+from difftest_pytest.selection import Selection
 
 if TYPE_CHECKING:
     from _pytest._code.code import TerminalRepr
 
-    from generators.spec import CaseSpec
+    from difftest.plan import PlannedCase
 
 COLLECTOR = "difftest"
 
@@ -36,23 +36,23 @@ class DifftestSuite(pytest.Collector):
 
     def collect(self) -> Iterator[SuiteItem]:
         """One item per (backend, case), backend-major, named 'suite[backend::case]'."""
-        pairs = self.selection.case_pairs()
+        cases = self.selection.cases()
         for backend_id in self.selection.targets():
-            for spec, seed in pairs:
-                name = f"suite[{backend_id}::{case_name(spec, seed)}]"
+            for planned in cases:
+                name = f"suite[{backend_id}::{planned.name}]"
                 # The node id as a string: parsed, its [...] part becomes the id's params, as in the
                 # ids --lf reads back from the cache.
                 yield SuiteItem.from_parent(self, name=name, nodeid=f"{self.nodeid}::{name}",
-                                            backend_id=backend_id, spec=spec, seed=seed)
+                                            backend_id=backend_id, planned=planned)
 
 
 class SuiteItem(pytest.Item):
     """One backend on one case: difftest.check, so a failure is the row table and its replay line."""
 
-    def __init__(self, *, backend_id: str, spec: CaseSpec, seed: int, **kwargs: Any) -> None:
-        """A pytest node (from_parent's keywords) for backend `backend_id` on the case of (spec, seed)."""
+    def __init__(self, *, backend_id: str, planned: PlannedCase, **kwargs: Any) -> None:
+        """A pytest node (from_parent's keywords) for backend `backend_id` on the planned case."""
         super().__init__(**kwargs)
-        self.backend_id, self.spec, self.seed = backend_id, spec, seed
+        self.backend_id, self.planned = backend_id, planned
         self.add_marker(pytest.mark.difftest)  # `-m difftest` selects the suite
 
     @property
@@ -63,9 +63,9 @@ class SuiteItem(pytest.Item):
 
     def runtest(self) -> None:
         """Check the backend (skipped with its reason where it cannot run) on the drawn case."""
-        from difftest.check import check
+        from difftest.checking import check  # deferred: loads torch
 
-        check(self.selection.backend(self.backend_id), self.selection.build(self.spec, self.seed))
+        check(self.selection.backend(self.backend_id), self.selection.build(self.planned))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
                      style: Any = None) -> str | TerminalRepr:

@@ -56,7 +56,7 @@ def suite(kind: str = "all", count: int = 6, seed: int = 0, next_n: tuple[int, .
     per spec so no two specs share lengths.
     """
     if kind not in SUITES:
-        raise SpecError("--cases", kind, f"one of {list(SUITES)}")
+        raise SpecError("cases", kind, f"one of {list(SUITES)}")
     shape = {k: overrides.pop(k) for k in ("heads", "head_dim") if k in overrides}
     randoms = [s.replace(**overrides, **shape) for s in default_specs()] if kind != "edges" else []
     randoms = _vary(_vary(randoms, "next_n", next_n), "block_size", block_sizes)

@@ -54,10 +54,25 @@ class CaseSpec:
     extra_columns: int = 0  # block-table columns past ceil(max_model_len / block_size)
     canary_blocks: int = 2  # unused pool blocks filled with NaN keys and scales
     fp8: Fp8Flavour = Fp8Flavour.E4M3FN
+    # Physical blocks in the pool; None: the used ones plus canary_blocks. Every block no sequence
+    # uses holds NaN canaries, so a big pool costs one NaN fill, and keys are drawn only for used blocks.
+    pool_blocks: int | None = None
+    # Used blocks take the pool's highest ids, so in a big pool block_id * bytes_per_block passes 2^31.
+    high_block_ids: bool = False
 
     @property
     def total_batch(self) -> int:
         return (len(self.lengths) if self.lengths is not None else self.batch) + self.padding
+
+    @property
+    def max_used_blocks(self) -> int:
+        """An upper bound on the blocks the sequences use: exact with `lengths`, else as if every drawn
+        length were the longest its distribution reaches (padding requests use none)."""
+        if self.lengths is not None:
+            return sum(-(-n // self.block_size) for n in self.lengths)
+        longest = min(self.max_model_len, 2 * self.next_n + 1) if self.length_dist == LengthDist.SHORT \
+            else self.max_model_len
+        return self.batch * -(-longest // self.block_size)
 
     def validate(self) -> CaseSpec:
         """SpecError naming the first field that cannot describe a case."""
@@ -76,6 +91,10 @@ class CaseSpec:
             require(len(self.lengths) >= 1, "lengths", self.lengths, "at least one length")
             require(all(0 <= n <= self.max_model_len for n in self.lengths), "lengths", self.lengths,
                     f"every length in [0, max_model_len = {self.max_model_len}]")
+        if self.pool_blocks is not None:
+            least = self.max_used_blocks + self.canary_blocks
+            require(self.pool_blocks >= least, "pool_blocks", self.pool_blocks,
+                    f"at least {least}: the blocks the lengths can use plus canary_blocks = {self.canary_blocks}")
         return self
 
     def replace(self, **changes: object) -> CaseSpec:
@@ -88,6 +107,11 @@ class CaseSpec:
             if isinstance(value, enum.Enum):
                 out[key] = value.value
         out["lengths"] = list(self.lengths) if self.lengths is not None else None
+        # Pool fields at their defaults are left out, so every spec written before they existed
+        # (reports, bundles, --resume) has the same JSON; from_json fills them back in.
+        for key in _POOL_FIELDS:
+            if out[key] == _DEFAULTS[key]:
+                del out[key]
         return out
 
     @classmethod
@@ -100,3 +124,12 @@ class CaseSpec:
         if kwargs.get("lengths") is not None:
             kwargs["lengths"] = tuple(kwargs["lengths"])  # type: ignore[arg-type]
         return cls(**kwargs).validate()  # type: ignore[arg-type]
+
+
+_POOL_FIELDS = ("pool_blocks", "high_block_ids")
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(CaseSpec)}
+
+
+def case_name(spec: CaseSpec, seed: int) -> str:
+    """'block-boundaries-s3000': the name of the case drawn from (spec, seed), everywhere it is named."""
+    return f"{spec.name}-s{seed}"

@@ -7,7 +7,7 @@ import torch
 from difftest.case import Case
 from difftest.fp8 import COMMON_MAX, convert
 from difftest.kinds import Fp8Flavour
-from generators.spec import CaseSpec, LengthDist, Stale, Values
+from generators.spec import CaseSpec, LengthDist, Stale, Values, case_name
 
 
 def build_case(spec: CaseSpec, seed: int, device: str | torch.device = "cpu", name: str | None = None) -> Case:
@@ -19,10 +19,13 @@ def build_case(spec: CaseSpec, seed: int, device: str | torch.device = "cpu", na
     gen = torch.Generator(device=device).manual_seed(seed)
     seq_lens = draw_lengths(spec, gen, device)
     table, num_blocks = draw_block_table(spec, seq_lens, gen, device)
-    k_pool, scale_pool = draw_pool(spec, num_blocks, gen, device)
+    if spec.pool_blocks is None:
+        k_pool, scale_pool = draw_pool(spec, num_blocks, gen, device)
+    else:
+        k_pool, scale_pool = draw_used_pool(spec, table, seq_lens, num_blocks, gen, device)
     fill_canaries(spec, k_pool, scale_pool, table, seq_lens)
     q, weights = draw_queries(spec, len(seq_lens), gen, device)
-    case = Case(name=name or f"{spec.name}-s{seed}", q=convert(q, Fp8Flavour.E4M3FN, spec.fp8, "q"),
+    case = Case(name=name or case_name(spec, seed), q=convert(q, Fp8Flavour.E4M3FN, spec.fp8, "q"),
                 k_pool=convert(k_pool, Fp8Flavour.E4M3FN, spec.fp8, "k_pool"), scale_pool=scale_pool,
                 weights=weights, block_table=table, seq_lens=seq_lens, max_model_len=spec.max_model_len,
                 fp8=spec.fp8, meta={"seed": seed, "spec": spec.to_json()})
@@ -62,15 +65,21 @@ def draw_block_table(spec: CaseSpec, seq_lens: torch.Tensor, gen: torch.Generato
     """(block_table int32 [B, W], pool size).
 
     Used blocks are a random permutation of the pool; canary blocks are the last ids drawn. With
-    shared_blocks, sequence b reuses b-1's full prefix blocks, as prefix caching does.
+    pool_blocks the pool has that many blocks, the rest canaries; with high_block_ids the used blocks
+    are the pool's top ids (in random order) and the canaries the ids below. With shared_blocks,
+    sequence b reuses b-1's full prefix blocks, as prefix caching does.
     """
     batch, bs = len(seq_lens), spec.block_size
     width = -(-spec.max_model_len // bs) + spec.extra_columns
     used = (seq_lens + bs - 1) // bs
     num_own = int(used.sum())
-    num_blocks = num_own + spec.canary_blocks
-    ids = torch.randperm(num_blocks, generator=gen, device=device)
-    own, canaries = ids[:num_own], ids[num_own:]
+    num_blocks = num_own + spec.canary_blocks if spec.pool_blocks is None else spec.pool_blocks
+    if spec.high_block_ids:
+        own = num_blocks - num_own + torch.randperm(num_own, generator=gen, device=device)
+        canaries = torch.arange(num_blocks - num_own, device=device)
+    else:
+        ids = torch.randperm(num_blocks, generator=gen, device=device)
+        own, canaries = ids[:num_own], ids[num_own:]
     table = torch.empty((batch, width), dtype=torch.int64, device=device)
     columns = torch.arange(width, device=device)[None, :]
     inside = columns < used[:, None]
@@ -104,6 +113,21 @@ def draw_pool(spec: CaseSpec, num_blocks: int, gen: torch.Generator,
     return keys, _scales(spec.values, shape, gen, device)
 
 
+def draw_used_pool(spec: CaseSpec, table: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int,
+                   gen: torch.Generator, device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """draw_pool for a spec with pool_blocks: keys and scales drawn for the used blocks only (in
+    ascending id order), every other block NaN from the start, so a 2^31-byte pool costs one fill."""
+    bs = spec.block_size
+    used = torch.arange(table.shape[1], device=device)[None, :] < ((seq_lens + bs - 1) // bs)[:, None]
+    ids = torch.unique(table[used].long())
+    keys, scales = draw_pool(spec, ids.numel(), gen, device)
+    k_pool = torch.full((num_blocks, bs, spec.head_dim), Fp8Flavour.E4M3FN.nan_byte, dtype=torch.uint8,
+                        device=device)
+    scale_pool = torch.full((num_blocks, bs), float("nan"), device=device)
+    k_pool[ids], scale_pool[ids] = keys, scales
+    return k_pool, scale_pool
+
+
 def fill_canaries(spec: CaseSpec, k_pool: torch.Tensor, scale_pool: torch.Tensor,
                   table: torch.Tensor, seq_lens: torch.Tensor) -> None:
     """NaN keys and scales in every block no sequence uses and in the slots past each last token."""
@@ -114,11 +138,12 @@ def fill_canaries(spec: CaseSpec, k_pool: torch.Tensor, scale_pool: torch.Tensor
     unused[table[used].long()] = False
     k_pool[unused] = nan
     scale_pool[unused] = float("nan")
-    positions = torch.arange(table.shape[1] * bs, device=table.device)
-    last_block = (positions[None, :] // bs) == ((seq_lens[:, None] - 1) // bs)
-    past_end = last_block & (positions[None, :] >= seq_lens[:, None]) & (seq_lens[:, None] > 0)
-    blocks = table.long().repeat_interleave(bs, dim=1)[past_end]
-    slots = (positions % bs).expand_as(past_end)[past_end]
+    # Only each sequence's last block has slots past its end: (B, block_size) masks, not (B, W * block_size).
+    last = ((seq_lens - 1) // bs).clamp(min=0)
+    slot = torch.arange(bs, device=table.device)[None, :]
+    past_end = (slot >= (seq_lens - last * bs)[:, None]) & (seq_lens[:, None] > 0)
+    blocks = table.long().gather(1, last[:, None]).expand(-1, bs)[past_end]
+    slots = slot.expand_as(past_end)[past_end]
     k_pool[blocks, slots] = nan
     scale_pool[blocks, slots] = float("nan")
 

@@ -14,9 +14,9 @@ import torch
 
 from difftest.backends.deep_gemm import DeepGemmFlattened, DeepGemmNative
 from difftest.case import Case
-from difftest.compare import compare
-from difftest.encode import encode
-from difftest.runner import make_reference
+from difftest.comparison import compare
+from difftest.kernel_inputs import encode
+from difftest.reference import make_reference
 from generators import build_case
 from generators.cases import suite
 from oracles.paged_mqa_logits import paged_mqa_logits
@@ -76,7 +76,7 @@ def main() -> None:
     args = parser.parse_args()
     pairs = suite("random", 1, 0, (1, 2, 4), (64,), batch=64, max_model_len=131072, heads=64, head_dim=128)
     spec = next(s for s, seed in pairs if s.name == args.name and seed == args.seed)
-    case = build_case(spec, args.seed, "cuda", name=f"{spec.name}-s{args.seed}")
+    case = build_case(spec, args.seed, "cuda")
     ref = make_reference(case)
     lens = case.seq_lens.tolist()
     print(case.describe(), "pool blocks", case.k_pool.shape[0])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 import sys
 
-from difftest.report import load_results
+from difftest.serialize import load_results
 
 
 def main(baseline: str, other: str) -> int:

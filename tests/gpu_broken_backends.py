@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from difftest.contract import Contract
-from difftest.encode import KernelInputs
+from difftest.kernel_inputs import KernelInputs
 from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
 
 # Elements past the output that BUG = 2 stores to: far outside any allocation. A constexpr, since

@@ -13,9 +13,10 @@ import torch
 
 from difftest.backends.user import backend
 from difftest.contract import Contract
-from difftest.encode import KernelInputs, unpack_cache
 from difftest.fp8 import decode
+from difftest.kernel_inputs import KernelInputs
 from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention
+from difftest.layout import unpack_cache
 from oracles.paged_mqa_logits import paged_mqa_logits
 
 PER_SEQUENCE = Contract(LengthEncoding.PER_SEQUENCE, CacheLayout.BLOCK_SPLIT, MaskConvention.TAIL_NEG_INF,

@@ -16,31 +16,40 @@ Gluon kernel is a GEMM), so there is none to adapt here.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import math
+from collections.abc import Callable
 from types import ModuleType
 
 import torch
 
-from difftest.backends.aiter_triton import (
-    AiterTritonFused,
-    AiterTritonFusedRagged,
-    AiterTritonStage1,
-    AiterTritonStage1Ragged,
-    KernelVariant,
-    kernel_contract,
-)
+from difftest import hardware
+from difftest.backends.aiter_triton import VARIANTS as KERNELS
+from difftest.backends.aiter_triton import KernelVariant, kernel_contract
+from difftest.backends.base import Backend
 from difftest.contract import Contract
-from difftest.encode import KernelInputs
+from difftest.kernel_inputs import KernelInputs
 from difftest.kinds import Fp8Flavour
 
 WRAPPER_MODULES = ("aiter.ops.triton.pa_mqa_logits", "aiter.ops.triton.attention.pa_mqa_logits")
 
 
 @dataclasses.dataclass(frozen=True)
-class _Wrapper:
+class Wrapper:
+    """One of AITER's wrapper functions and the kernel it launches."""
+
     function: str  # its name in the wrapper module
     variant: KernelVariant  # the kernel it launches: what it reads and writes
+
+
+WRAPPERS: dict[str, Wrapper] = {
+    "aiter-rocm-stage1": Wrapper("deepgemm_fp8_paged_mqa_logits_stage1", KERNELS["aiter-triton-stage1"]),
+    "aiter-rocm-fused": Wrapper("deepgemm_fp8_paged_mqa_logits", KERNELS["aiter-triton-fused"]),
+    "aiter-rocm-stage1-ragged": Wrapper("deepgemm_fp8_paged_mqa_logits_stage1_ragged_k",
+                                        KERNELS["aiter-triton-stage1-ragged"]),
+    "aiter-rocm-fused-ragged": Wrapper("deepgemm_fp8_paged_mqa_logits_ragged_k", KERNELS["aiter-triton-fused-ragged"]),
+}
 
 
 def load_wrappers() -> tuple[ModuleType | None, str]:
@@ -56,31 +65,33 @@ def load_wrappers() -> tuple[ModuleType | None, str]:
 
 def native_fp8() -> Fp8Flavour:
     """The fp8 flavour `aiter.dtypes.fp8` is on this GPU: e4m3fnuz on gfx942, e4m3fn elsewhere."""
-    if torch.version.hip is not None and torch.cuda.is_available():
-        if "gfx942" in getattr(torch.cuda.get_device_properties(0), "gcnArchName", ""):
-            return Fp8Flavour.E4M3FNUZ
+    if hardware.is_rocm() and hardware.cuda_unavailable_reason() is None and hardware.arch() == "gfx942":
+        return Fp8Flavour.E4M3FNUZ
     return Fp8Flavour.E4M3FN
 
 
-class _AiterRocmBackend:
-    """Shared behaviour; subclasses name the wrapper."""
+class AiterRocm:
+    """One of AITER's wrappers (WRAPPERS[name]), called as a ROCm caller calls it."""
 
-    name: str
-    wrapper: _Wrapper
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.wrapper = WRAPPERS[name]
 
     @property
     def contract(self) -> Contract:
-        """The kernel's contract (aiter_triton), on ROCm GPUs only and in the GPU's own fp8 flavour."""
+        """The kernel's contract (aiter_triton), envelope included, on ROCm GPUs only and in the
+        GPU's own fp8 flavour."""
         return dataclasses.replace(kernel_contract(self.wrapper.variant), devices=("cuda",), fp8=native_fp8())
 
     def unavailable_reason(self, device: str) -> str | None:
         """Why AITER's wrappers cannot run on `device`, most basic cause first; None when they can."""
         if device != "cuda":
             return f"AITER's wrappers run on ROCm GPUs only (device {device})"
-        if torch.version.hip is None:
+        if not hardware.is_rocm():
             return "AITER's wrappers need a ROCm build of torch (torch.version.hip is None)"
-        if not torch.cuda.is_available():
-            return "torch.cuda.is_available() is False"
+        reason = hardware.cuda_unavailable_reason()
+        if reason:
+            return reason
         module, how = load_wrappers()
         if module is None:
             return f"AITER's wrappers are not importable ({how})"
@@ -101,29 +112,4 @@ class _AiterRocmBackend:
         return buffer.sum(dim=0) if per_head else buffer
 
 
-class AiterRocmStage1(_AiterRocmBackend):
-    """`aiter-rocm-stage1`: deepgemm_fp8_paged_mqa_logits_stage1, summed over heads by the caller."""
-
-    name = "aiter-rocm-stage1"
-    wrapper = _Wrapper("deepgemm_fp8_paged_mqa_logits_stage1", AiterTritonStage1.variant)
-
-
-class AiterRocmFused(_AiterRocmBackend):
-    """`aiter-rocm-fused`: deepgemm_fp8_paged_mqa_logits, the head sum in the kernel."""
-
-    name = "aiter-rocm-fused"
-    wrapper = _Wrapper("deepgemm_fp8_paged_mqa_logits", AiterTritonFused.variant)
-
-
-class AiterRocmStage1Ragged(_AiterRocmBackend):
-    """`aiter-rocm-stage1-ragged`: deepgemm_fp8_paged_mqa_logits_stage1_ragged_k (prefix sums)."""
-
-    name = "aiter-rocm-stage1-ragged"
-    wrapper = _Wrapper("deepgemm_fp8_paged_mqa_logits_stage1_ragged_k", AiterTritonStage1Ragged.variant)
-
-
-class AiterRocmFusedRagged(_AiterRocmBackend):
-    """`aiter-rocm-fused-ragged`: deepgemm_fp8_paged_mqa_logits_ragged_k (prefix sums)."""
-
-    name = "aiter-rocm-fused-ragged"
-    wrapper = _Wrapper("deepgemm_fp8_paged_mqa_logits_ragged_k", AiterTritonFusedRagged.variant)
+BACKENDS: dict[str, Callable[[], Backend]] = {name: functools.partial(AiterRocm, name) for name in WRAPPERS}

@@ -1,6 +1,7 @@
 """AITER's Triton paged MQA logits kernels (amd-aiter 0.1.7.x), launched the way their callers launch them.
 
-Four backends, one per kernel in aiter/ops/triton/_triton_kernels/pa_mqa_logits.py:
+Four backends (the VARIANTS table; one class), one per kernel in
+aiter/ops/triton/_triton_kernels/pa_mqa_logits.py:
 
 * `aiter-triton-stage1`: per-head scores into a [H, rows, max_model_len] float32 buffer that the
   caller pre-fills with -inf; the caller then sums over heads (vLLM's `rocm_fp8_paged_mqa_logits`,
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
@@ -32,14 +34,17 @@ import math
 import os
 import re
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
-from difftest.contract import Contract
-from difftest.encode import KernelInputs
-from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention
+from difftest import hardware
+from difftest.backends.base import Backend
+from difftest.contract import Contract, WorkPartition
+from difftest.kernel_inputs import KernelInputs
+from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention, PartitionScope
 from difftest.triton_interpret import interpreter_compat, load_kernel_module
 
 DISTRIBUTION = "amd-aiter"
@@ -47,7 +52,8 @@ DISTRIBUTION = "amd-aiter"
 KERNEL_FILES = ("ops/triton/_triton_kernels/pa_mqa_logits.py",
                 "ops/triton/_triton_kernels/attention/pa_mqa_logits.py")
 
-# The wrappers' config dicts (aiter/ops/triton/pa_mqa_logits.py, amd-aiter 0.1.7.post2.dev18).
+# The wrappers' config dicts (aiter/ops/triton/pa_mqa_logits.py, amd-aiter 0.1.7.post2.dev18: the
+# fused wrappers' defaults at lines 23-24, the stage1 wrappers' dicts at lines 85-88 and 137-140).
 CHUNK_K = 64  # key positions per loop step; also the width of every (unmasked) store
 SPLIT_KV = 5  # programs per query row, each taking a contiguous share of the chunks
 STAGE1_CHUNK_Q = 32  # heads per stage1 program; the fused kernels take all heads at once
@@ -142,11 +148,8 @@ def _signature_reason(variant: KernelVariant) -> str | None:
 
 def _rocm_fnuz_reason() -> str | None:
     """gfx942 reads e4m3fnuz; this adapter hands the kernels e4m3fn (NVIDIA, gfx950, CPU)."""
-    if torch.version.hip is None:
-        return None
-    arch = getattr(torch.cuda.get_device_properties(0), "gcnArchName", "")
-    if "gfx942" in arch:
-        return f"{arch} reads fp8 as e4m3fnuz; use AITER's own wrappers there"
+    if hardware.is_rocm() and hardware.arch() == "gfx942":
+        return "gfx942 reads fp8 as e4m3fnuz; use AITER's own wrappers there"
     return None
 
 
@@ -197,6 +200,26 @@ def _launch(variant: KernelVariant, inputs: KernelInputs, out: torch.Tensor) -> 
 
 # --------------------------------------------------------------------------- the backends
 
+VARIANTS: dict[str, KernelVariant] = {
+    "aiter-triton-stage1": KernelVariant("_deepgemm_fp8_paged_mqa_logits_stage1", ragged=False, per_head=True),
+    "aiter-triton-fused": KernelVariant("_deepgemm_fp8_paged_mqa_logits", ragged=False, per_head=False),
+    "aiter-triton-stage1-ragged": KernelVariant("_deepgemm_fp8_paged_mqa_logits_stage1_ragged_k",
+                                                ragged=True, per_head=True),
+    "aiter-triton-fused-ragged": KernelVariant("_deepgemm_fp8_paged_mqa_logits_ragged_k", ragged=True, per_head=False),
+}
+
+# Each row's CHUNK_K-token chunks are cut among its own SPLIT_KV programs, cdiv(cdiv(L, ChunkK),
+# SplitKV) contiguous chunks each (_triton_kernels/pa_mqa_logits.py:51-57, the stage1 ragged kernel;
+# the same lines in the other three).
+PARTITION = WorkPartition(CHUNK_K, PartitionScope.PER_ROW, workers=SPLIT_KV)
+# Key rows are addressed as `KV_buffer + token_id * stride_k_seq` (_triton_kernels/pa_mqa_logits.py:
+# 84-85, 179-180, 273-274, 367-368): an int32 token id times an int32 stride, so every byte offset
+# into the cache, below num_tokens * (D + 4), must fit in int32. Measured on the H200 (Triton 3.6,
+# stage1 and fused-ragged, 2026-12-02): keys in the last slots of a 2147483580-byte cache read
+# right; 64 slots more (past byte 2**31) is an illegal memory access.
+MAX_POOL_BYTES = 2**31
+
+
 def kernel_contract(variant: KernelVariant) -> Contract:
     """What one of the four kernels takes and promises, however it is launched (here or through
     AITER's own wrappers, difftest.backends.aiter_rocm)."""
@@ -220,18 +243,23 @@ def kernel_contract(variant: KernelVariant) -> Contract:
         head_dims=HEAD_DIMS,
         heads_multiple_of=STAGE1_CHUNK_Q if variant.per_head else 1,
         heads_power_of_two=not variant.per_head,  # the fused kernels take all heads as one tl.arange block
+        # next_n, heads and max_context: any (runtime arguments with no bound in the kernels). The
+        # output offsets are int32 too (`row * stride_out_batch + p`, plus `head * stride_out_heads`
+        # in stage1), which bounds rows * max_model_len (times H in stage1), not max_context alone.
+        max_pool_bytes=MAX_POOL_BYTES,
+        tiles=(CHUNK_K,),
+        partition=PARTITION,
         writes_into_output=False,
         library=f"{DISTRIBUTION} {version}" if version else f"{DISTRIBUTION} (version unknown or not installed)")
 
 
-class _AiterTritonBackend:
-    """Shared behaviour of the four kernels; subclasses name the kernel."""
+class AiterTriton:
+    """One of the four kernels (VARIANTS[name]), launched with its wrapper's grid and config."""
 
-    name: str
-    variant: KernelVariant
-    contract: Contract
-
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.variant = VARIANTS[name]
+        self.contract = kernel_contract(self.variant)
         self.last_out_of_bounds = 0  # floats the last call stored past its buffer's end
 
     def unavailable_reason(self, device: str) -> str | None:
@@ -253,8 +281,9 @@ class _AiterTritonBackend:
         return _signature_reason(self.variant)
 
     def _cuda_reason(self) -> str | None:
-        if not torch.cuda.is_available():
-            return "torch.cuda.is_available() is False"
+        reason = hardware.cuda_unavailable_reason()
+        if reason:
+            return reason
         if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
             return "TRITON_INTERPRET is set in the environment, so Triton compiles nothing for the GPU"
         return _rocm_fnuz_reason()
@@ -279,33 +308,4 @@ class _AiterTritonBackend:
                 OutOfBoundsWrite, stacklevel=2)
 
 
-class AiterTritonStage1(_AiterTritonBackend):
-    """`aiter-triton-stage1`: per-head scores into a -inf [H, rows, max_model_len] buffer, summed by the caller."""
-
-    name = "aiter-triton-stage1"
-    variant = KernelVariant("_deepgemm_fp8_paged_mqa_logits_stage1", ragged=False, per_head=True)
-    contract = kernel_contract(variant)
-
-
-class AiterTritonFused(_AiterTritonBackend):
-    """`aiter-triton-fused`: the head sum in the kernel, into a -inf [rows, max_model_len] buffer."""
-
-    name = "aiter-triton-fused"
-    variant = KernelVariant("_deepgemm_fp8_paged_mqa_logits", ragged=False, per_head=False)
-    contract = kernel_contract(variant)
-
-
-class AiterTritonStage1Ragged(_AiterTritonBackend):
-    """`aiter-triton-stage1-ragged`: stage1 reading prefix sums of the lengths and flat token ids."""
-
-    name = "aiter-triton-stage1-ragged"
-    variant = KernelVariant("_deepgemm_fp8_paged_mqa_logits_stage1_ragged_k", ragged=True, per_head=True)
-    contract = kernel_contract(variant)
-
-
-class AiterTritonFusedRagged(_AiterTritonBackend):
-    """`aiter-triton-fused-ragged`: the fused kernel reading prefix sums of the lengths and flat token ids."""
-
-    name = "aiter-triton-fused-ragged"
-    variant = KernelVariant("_deepgemm_fp8_paged_mqa_logits_ragged_k", ragged=True, per_head=False)
-    contract = kernel_contract(variant)
+BACKENDS: dict[str, Callable[[], Backend]] = {name: functools.partial(AiterTriton, name) for name in VARIANTS}

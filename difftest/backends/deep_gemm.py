@@ -4,29 +4,124 @@
     logits = fp8_fp4_paged_mqa_logits((q, None), kv_cache, weights, context_lens, block_table,
                                       meta, max_model_len[, indices])
 
-Three variants, so they can be compared with each other as well as with the oracle:
+Three variants of one backend (the VARIANTS table), so they can be compared with each other as
+well as with the oracle:
 * deepgemm           native MTP: (B, next_n) lengths; sm90 takes next_n in {1, 2, 4}, and at
                      next_n = 4 the schedule is built for num_sms // 2 slots.
 * deepgemm-flattened every draft row as its own request of next_n = 1, (T, 1) lengths and the
                      block-table rows repeated: what vLLM does for next_n the kernel cannot take.
 * deepgemm-varlen    flattened rows plus `indices` (request id per row); sm100 only.
+
+The envelope facts are those of the pinned DeepGEMM 2.8.1, vLLM 0.33.0's vendored copy
+(`.device-deps/deep_gemm.tgz`, from `bash ../shared/device/prepare-deps.sh`). Its host code is
+compiled into `_C_extension.abi3.so`: "host assert" below cites an assertion string `strings` finds
+there; "impl"/"sched" cite include/deep_gemm/impls/sm90_fp8_paged_mqa_logits.cuh and
+include/deep_gemm/scheduler/sm90_paged_mqa_logits.cuh in the tarball.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
+from collections.abc import Callable
 from types import ModuleType
 
 import torch
 
-from difftest.contract import Contract
-from difftest.encode import KernelInputs
-from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
+from difftest import hardware
+from difftest.backends.base import Backend
+from difftest.contract import Contract, WorkPartition
+from difftest.kernel_inputs import KernelInputs
+from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention, PartitionScope
 
-SM90_NATIVE_NEXT_N = (1, 2, 4)
 _MODULES = ("deep_gemm", "vllm.third_party.deep_gemm")
+# FP8 MMA accumulates with ~14 bits (and bf16 output on sm100): on the H200 the largest error of a
+# correct result was 3.0e-3 of the row's largest logit (reports/h200/14-*), a row with another
+# request's q was off by 0.5 or more (13-zero-length-straddle).
+RTOL = 1e-2
 
+# --------------------------------------------------------------------------- sm90 facts
+# host assert "next_n == 1 or next_n == 2 or next_n == 4" (the sm90 kernel's launcher)
+SM90_NATIVE_NEXT_N = (1, 2, 4)
+# host assert "(not is_fp4 and head_dim == 32) or head_dim == 64 or head_dim == 128" (fp8 q)
+HEAD_DIMS = (32, 64, 128)
+# host assert "... (arch_major == 9 and (block_kv == 32 or block_kv == 64)) ..." (kv cache shape)
+SM90_BLOCK_SIZES = (32, 64)
+# host assert "num_heads == 32 or num_heads == 64" (csrc/apis/attention.hpp:303, the sm90 branch of
+# fp8_fp4_paged_mqa_logits). Measured on the H200 (2.8.1, 2026-12-02): heads 8, 16, 24, 48, 128 raise
+# that assertion, 32 and 64 run; head_dim 256 and next_n 3 raise theirs.
+SM90_HEADS = (32, 64)
+# impl:52 kComputeBlockKV = 64: keys per MMA tile and per schedule block (sched counts num_kv in 64s).
+SM90_COMPUTE_BLOCK_KV = 64
+# impl:57 SPLIT_KV == kComputeBlockKV * kNumMathWarpGroups; the host picks 256 on sm90 (4 math
+# warpgroups). Measured: [33537, 0, 1] = 132 + 0 + 1 splits of 256 on the H200's 132 SMs
+# (docs/findings/deepgemm-zero-length-request.md).
+SM90_SPLIT_KV = 256
+# Measured, not a library limit (the kernel's offsets are 64-bit, impl:283 and :354): on the H200,
+# max_model_len 131072 with B = 64, next_n = 2 (docs/findings/deepgemm-zero-length-request.md), and
+# 131072, 163840, 262144 and 524288 with B = 1, H = 64, D = 128, each within 2.5e-4 of the oracle
+# (2.8.1, 2026-12-02). 262144 keeps a factor of two below the longest seen to work and covers
+# DeepSeek-V3.2's 163840.
+MAX_CONTEXT = 262144
+# sched:77-80: ceil(L / SPLIT_KV) units per request laid end to end and cut into contiguous ranges,
+# one per SM; at next_n = 4 one schedule entry drives a two-CTA cluster (host assert
+# "_schedule_meta_size == num_sms / num_kv_multicast + 1"), so half the SMs take ranges.
+SM90_PARTITION = WorkPartition(SM90_SPLIT_KV, PartitionScope.GLOBAL, workers=None, halved_at_next_n=(4,))
+SM90_FLAT_PARTITION = dataclasses.replace(SM90_PARTITION, halved_at_next_n=())  # the kernel sees next_n = 1
+
+# --------------------------------------------------------------------------- sm100 facts
+# host assert "arch_major == 12 or is_varlen == (arch_major == 10)": sm100 takes only varlen calls
+# (indices given), sm90 only calls without them.
+# host assert "is_varlen and next_n == 1 and (block_kv == 32 or block_kv == 64 or block_kv == 128)"
+SM100_BLOCK_SIZES = (32, 64, 128)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One way of calling the library: how lengths reach it, on which GPUs, with which extras."""
+
+    encoding: LengthEncoding
+    archs: tuple[str, ...]
+    flattened: bool  # (T, 1) lengths: every query row a request of next_n = 1
+    indices: bool  # passes the request id of each row (`indices`): the varlen form
+
+    def contract(self, library: str) -> Contract:
+        """The whole envelope of this variant on the archs it runs on."""
+        if self.indices:
+            return _sm100_varlen_contract(self.encoding, self.archs, library)
+        return Contract(
+            length_encoding=self.encoding, cache_layout=CacheLayout.BLOCK_SPLIT,
+            mask=MaskConvention.TAIL_UNSPECIFIED, devices=("cuda",), archs=self.archs,
+            # Flattened rows reach the kernel at next_n = 1 whatever the case's next_n is.
+            next_n=None if self.flattened else SM90_NATIVE_NEXT_N,
+            head_dims=HEAD_DIMS, block_sizes=SM90_BLOCK_SIZES, heads=SM90_HEADS, max_context=MAX_CONTEXT,
+            tiles=(SM90_COMPUTE_BLOCK_KV, SM90_SPLIT_KV),
+            partition=SM90_FLAT_PARTITION if self.flattened else SM90_PARTITION,
+            output_dtype=torch.float32, rtol=RTOL, library=library)
+
+
+def _sm100_varlen_contract(encoding: LengthEncoding, archs: tuple[str, ...], library: str) -> Contract:
+    """sm100's varlen path, never run here. Its split size (kMQALogitsSplitKV) is compiled into the
+    binary, its scheduler weighs each request's splits by a cost (scheduler/sm100_paged_mqa_logits.cuh:120)
+    rather than cutting even contiguous ranges, and which head counts it takes could not be pinned to
+    this path: heads, tiles and partition stay unknown (None, (), None)."""
+    return Contract(
+        length_encoding=encoding, cache_layout=CacheLayout.BLOCK_SPLIT, mask=MaskConvention.TAIL_UNSPECIFIED,
+        devices=("cuda",), archs=archs, next_n=None, head_dims=HEAD_DIMS,
+        block_sizes=SM100_BLOCK_SIZES, max_context=MAX_CONTEXT,  # as sm90's: measured there only
+        output_dtype=torch.bfloat16,  # the source's `out_dtype = arch_major == 10 ? BFloat16 : Float`
+        rtol=RTOL, library=library)
+
+
+VARIANTS: dict[str, Variant] = {
+    "deepgemm": Variant(LengthEncoding.PER_ROW, ("sm90",), flattened=False, indices=False),
+    "deepgemm-flattened": Variant(LengthEncoding.FLATTENED, ("sm90",), flattened=True, indices=False),
+    "deepgemm-varlen": Variant(LengthEncoding.FLATTENED_INDICES, ("sm100", "sm103"), flattened=True, indices=True),
+}
+
+
+# --------------------------------------------------------------------------- the library
 
 @functools.cache
 def load_deep_gemm() -> tuple[ModuleType | None, str]:
@@ -44,15 +139,10 @@ def load_deep_gemm() -> tuple[ModuleType | None, str]:
     return None, "; ".join(errors)
 
 
-def _library_name() -> str:
+def library_name() -> str:
+    """The DeepGEMM found, for the contract's `library`."""
     module, how = load_deep_gemm()
     return how if module is not None else "deep_gemm (not importable)"
-
-
-def arch() -> str:
-    """'sm90', 'sm100', ... of the current CUDA device."""
-    major, minor = torch.cuda.get_device_capability()
-    return f"sm{major}{minor}"
 
 
 def _module() -> ModuleType:
@@ -62,50 +152,47 @@ def _module() -> ModuleType:
     return module
 
 
-def _logits_fn(module: ModuleType):
+def _logits_fn(module: ModuleType) -> Callable[..., torch.Tensor]:
     # 2.x renamed fp8_paged_mqa_logits when FP4 keys arrived; older installs only have the old name.
     return getattr(module, "fp8_fp4_paged_mqa_logits", None) or module.fp8_paged_mqa_logits
 
 
-class _DeepGemmBase:
-    name = "deepgemm"
-    encoding = LengthEncoding.PER_ROW
-    archs: tuple[str, ...] = ("sm90", "sm100", "sm103")
+# --------------------------------------------------------------------------- the backend
+
+class DeepGemm:
+    """One DeepGEMM variant (VARIANTS[name]): metadata, then the logits kernel, as vLLM calls them."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.variant = VARIANTS[name]
 
     @property
     def contract(self) -> Contract:
-        wide = torch.cuda.is_available() and arch() != "sm90"
-        return Contract(
-            length_encoding=self.encoding, cache_layout=CacheLayout.BLOCK_SPLIT,
-            mask=MaskConvention.TAIL_UNSPECIFIED, devices=("cuda",), archs=self.archs,
-            next_n=self._next_n(), head_dims=(32, 64, 128), block_sizes=(32, 64),
-            output_dtype=torch.bfloat16 if wide else torch.float32,
-            # FP8 MMA accumulates with ~14 bits (and bf16 output on sm100): on the H200 the largest
-            # error of a correct result was 3.0e-3 of the row's largest logit (reports/h200/14-*),
-            # a row with another request's q was off by 0.5 or more (13-zero-length-straddle).
-            rtol=1e-2, library=_library_name())
-
-    def _next_n(self) -> tuple[int, ...] | None:
-        return None
+        """The variant's envelope; `library` names the DeepGEMM found (importing it once)."""
+        return self.variant.contract(library_name())
 
     def unavailable_reason(self, device: str) -> str | None:
+        """Why this variant cannot run on `device`, most basic cause first; None when it can."""
         if device != "cuda":
             return f"DeepGEMM runs on CUDA GPUs only (device {device})"
-        if not torch.cuda.is_available():
-            return "torch.cuda.is_available() is False"
+        reason = hardware.cuda_unavailable_reason()
+        if reason:
+            return reason
         module, how = load_deep_gemm()
         if module is None:
             return f"DeepGEMM not importable ({how})"
-        if arch() not in self.archs:
-            return f"{self.name} needs {'/'.join(self.archs)}, this GPU is {arch()}"
+        if hardware.arch() not in self.variant.archs:
+            return f"{self.name} needs {'/'.join(self.variant.archs)}, this GPU is {hardware.arch()}"
         return None
 
     def num_sms(self, module: ModuleType, next_n: int) -> int:
+        """Schedule slots: the SM count, halved where the partition says (sm90 next_n = 4)."""
         sms = module.get_num_sms()
-        # sm90's MTP kernel at next_n = 4 runs two query atoms per SM: half the schedule slots.
-        return sms // 2 if arch() == "sm90" and next_n == 4 else sms
+        partition = self.contract.partition
+        return sms if partition is None else partition.worker_count(next_n, sms)
 
     def __call__(self, inputs: KernelInputs, out: torch.Tensor | None) -> torch.Tensor:
+        """Logits [rows, max_model_len]; the tail past each row's limit is not cleaned."""
         return self.launch(inputs, self.schedule(inputs))
 
     def schedule(self, inputs: KernelInputs) -> torch.Tensor:
@@ -122,43 +209,20 @@ class _DeepGemmBase:
                                      inputs.max_model_len, *self.extra(inputs))
 
     def context_lens(self, inputs: KernelInputs) -> torch.Tensor:
-        return inputs.context_lens
+        """The lengths as the variant passes them; DeepGEMM 2.x requires 2-D ones even at next_n = 1,
+        so flattened rows go in as (T, 1), as vLLM passes them."""
+        return inputs.context_lens.reshape(-1, 1) if self.variant.flattened else inputs.context_lens
 
     def extra(self, inputs: KernelInputs) -> tuple[torch.Tensor, ...]:
-        return ()
-
-
-class DeepGemmNative(_DeepGemmBase):
-    """Native MTP: one (B, next_n) length table, next_n query rows per request."""
-
-    name = "deepgemm"
-    encoding = LengthEncoding.PER_ROW
-
-    def _next_n(self) -> tuple[int, ...] | None:
-        return SM90_NATIVE_NEXT_N if torch.cuda.is_available() and arch() == "sm90" else None
-
-
-class DeepGemmFlattened(_DeepGemmBase):
-    """Every draft row a request of its own (next_n = 1); any next_n."""
-
-    name = "deepgemm-flattened"
-    encoding = LengthEncoding.FLATTENED
-
-    def context_lens(self, inputs: KernelInputs) -> torch.Tensor:
-        # DeepGEMM 2.x requires 2-D lengths even at next_n = 1: vLLM passes (T, 1).
-        return inputs.context_lens.reshape(-1, 1)
-
-
-class DeepGemmVarlen(_DeepGemmBase):
-    """Flattened rows plus the request index of each row: the sm100 path vLLM's metadata targets."""
-
-    name = "deepgemm-varlen"
-    encoding = LengthEncoding.FLATTENED_INDICES
-    archs = ("sm100", "sm103")
-
-    def context_lens(self, inputs: KernelInputs) -> torch.Tensor:
-        return inputs.context_lens.reshape(-1, 1)
-
-    def extra(self, inputs: KernelInputs) -> tuple[torch.Tensor, ...]:
-        assert inputs.indices is not None
+        """The trailing `indices` argument of the varlen form; nothing otherwise."""
+        if not self.variant.indices:
+            return ()
+        assert inputs.indices is not None, "a FLATTENED_INDICES encoding carries indices"
         return (inputs.indices,)
+
+
+BACKENDS: dict[str, Callable[[], Backend]] = {name: functools.partial(DeepGemm, name) for name in VARIANTS}
+# The names scripts/ and bench/ construct directly.
+DeepGemmNative = BACKENDS["deepgemm"]
+DeepGemmFlattened = BACKENDS["deepgemm-flattened"]
+DeepGemmVarlen = BACKENDS["deepgemm-varlen"]

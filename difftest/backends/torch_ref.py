@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
+from difftest import hardware
+from difftest.backends.base import Backend
 from difftest.contract import Contract
-from difftest.encode import KernelInputs, decode_row_lens, unpack_cache
 from difftest.fp8 import decode
+from difftest.kernel_inputs import KernelInputs, decode_row_lens
 from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
+from difftest.layout import unpack_cache
 from oracles.paged_mqa_logits import paged_mqa_logits
 
 
 class TorchBackend:
-    """Reads per-row lengths and block-split bytes like DeepGEMM; computes in float64 on the CPU."""
+    """Reads per-row lengths and block-split bytes like DeepGEMM; computes in float64 on the CPU.
+
+    Its envelope is unbounded (every envelope field None, no tiles, no partition): plain torch on
+    whatever shape it is handed.
+    """
 
     name = "torch"
     contract = Contract(length_encoding=LengthEncoding.PER_ROW, cache_layout=CacheLayout.BLOCK_SPLIT,
@@ -20,11 +29,11 @@ class TorchBackend:
                         library=f"torch {torch.__version__}")
 
     def unavailable_reason(self, device: str) -> str | None:
-        if device == "cuda" and not torch.cuda.is_available():
-            return "torch.cuda.is_available() is False"
-        return None
+        """None on the CPU; on "cuda", why torch sees no GPU."""
+        return hardware.cuda_unavailable_reason() if device == "cuda" else None
 
     def __call__(self, inputs: KernelInputs, out: torch.Tensor | None) -> torch.Tensor:
+        """The oracle on the decoded inputs: float64 on the CPU, float32 on a GPU."""
         dtype = torch.float64 if inputs.q.device.type == "cpu" else torch.float32
         batch, next_n, _, head_dim = inputs.q.shape
         k_pool, scales = unpack_cache(inputs.kv_cache, head_dim, inputs.layout)
@@ -50,3 +59,6 @@ def _row_block_table(inputs: KernelInputs) -> torch.Tensor:
     if table.numel() == 0:
         return torch.zeros(flat.shape, dtype=table.dtype, device=table.device)
     return torch.where(inside, table[flat.clamp(max=table.numel() - 1)], 0)
+
+
+BACKENDS: dict[str, Callable[[], Backend]] = {"torch": TorchBackend}

@@ -9,7 +9,7 @@ from typing import Protocol, TypeVar
 import torch
 
 from difftest.contract import Contract
-from difftest.encode import KernelInputs
+from difftest.kernel_inputs import KernelInputs
 
 
 class PagedMqaLogitsFn(Protocol):
@@ -23,7 +23,8 @@ F = TypeVar("F", bound=Callable[..., torch.Tensor])
 
 
 def backend(contract: Contract, name: str | None = None) -> Callable[[F], F]:
-    """Decorator declaring a function's contract so `--backend-module pkg.mod:fn` can load it."""
+    """Decorator declaring a function's contract so `load_backend("pkg.mod:fn")` (or as_loaded(fn))
+    can load it."""
 
     def mark(fn: F) -> F:
         fn.difftest_contract = contract  # type: ignore[attr-defined]

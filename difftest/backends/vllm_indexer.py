@@ -1,6 +1,7 @@
 """vLLM 0.33's own paged MQA logits paths, called the way its sparse-attention indexer calls them.
 
-Three backends, all optional: they load only when `vllm` imports (the `vllm` extra).
+Three backends (the PATHS table; one class), all optional: they load only when `vllm` imports (the
+`vllm` extra).
 
 * vllm-torch-ref      vllm/v1/attention/ops/rocm_aiter_mla_sparse.py:
                       fp8_paged_mqa_logits_torch(q, kv_cache, weights, context_lens, block_tables, max_model_len)
@@ -26,16 +27,20 @@ tests/difftest/backends/test_vllm.py pins down.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.metadata
+from collections.abc import Callable
 from types import ModuleType
 
 import torch
 
-from difftest.backends.deep_gemm import SM90_NATIVE_NEXT_N, arch, load_deep_gemm
+from difftest import hardware
+from difftest.backends import deep_gemm
+from difftest.backends.base import Backend
 from difftest.contract import Contract
-from difftest.encode import KernelInputs
+from difftest.kernel_inputs import KernelInputs
 from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention
 
 OPS = "vllm.v1.attention.ops.rocm_aiter_mla_sparse"
@@ -43,7 +48,9 @@ DEEP_GEMM = "vllm.utils.deep_gemm"
 WORKSPACE = "vllm.v1.worker.workspace"
 TRITON_UTILS = "vllm.triton_utils"
 PLATFORM_UTILS = "vllm.utils.platform_utils"
-TRITON_BLOCK_KV = 64  # rocm_fp8_paged_mqa_logits_triton asserts block_size % BLOCK_KV == 0
+# rocm_fp8_paged_mqa_logits_triton (rocm_aiter_mla_sparse.py:636-637 in vllm 0.33.0): BLOCK_KV = 64
+# key positions per tile, and it asserts block_size % BLOCK_KV == 0.
+TRITON_BLOCK_KV = 64
 
 
 @functools.cache
@@ -87,137 +94,162 @@ def _fp8_flavour() -> Fp8Flavour:
     return Fp8Flavour.E4M3FN
 
 
-def _cuda_reason(device: str, what: str) -> str | None:
+def _gpu_reason(device: str, what: str) -> str | None:
     if device != "cuda":
         return f"{what} runs on GPUs only (device {device})"
-    if not torch.cuda.is_available():
-        return "torch.cuda.is_available() is False"
+    return hardware.cuda_unavailable_reason()
+
+
+# --------------------------------------------------------------------------- vllm-torch-ref
+
+def _torch_ref_contract() -> Contract:
+    return Contract(
+        length_encoding=LengthEncoding.PER_ROW, cache_layout=CacheLayout.BLOCK_SPLIT,
+        # It starts from a -inf buffer and writes -inf past each row's limit.
+        mask=MaskConvention.TAIL_NEG_INF, fp8=_fp8_flavour(), output_dtype=torch.float32,
+        # float32 dot products and head sums: at most 1.1e-6 of the row's largest logit over the
+        # default suite and the edges, next_n 1-4, on the CPU (2026-12-02).
+        rtol=1e-5, devices=("cpu", "cuda"),
+        # Envelope: none. A torch loop over sequences and blocks takes any shape; no tiles, no workers.
+        library=_library("fp8_paged_mqa_logits_torch"))
+
+
+def _torch_ref_reason(device: str) -> str | None:
+    return hardware.cuda_unavailable_reason() if device == "cuda" else None
+
+
+def _torch_ref_call(inputs: KernelInputs, out: torch.Tensor | None) -> torch.Tensor:
+    return _module(OPS).fp8_paged_mqa_logits_torch(inputs.q, inputs.kv_cache, inputs.weights, inputs.context_lens,
+                                                   inputs.block_table, inputs.max_model_len)
+
+
+# --------------------------------------------------------------------------- vllm-triton-decode
+
+def _triton_decode_contract() -> Contract:
+    return Contract(
+        length_encoding=LengthEncoding.PER_ROW, cache_layout=CacheLayout.BLOCK_SPLIT,
+        # It stores only positions p < len of each row into a workspace buffer nobody cleans.
+        mask=MaskConvention.TAIL_UNSPECIFIED, fp8=_fp8_flavour(), output_dtype=torch.float32,
+        # Not measured (never run yet): DeepGEMM's margin for an fp8 MMA with fp32 accumulation.
+        rtol=1e-2, devices=("cuda",),
+        block_sizes=(TRITON_BLOCK_KV, 2 * TRITON_BLOCK_KV, 4 * TRITON_BLOCK_KV), head_dims=(32, 64, 128, 256),
+        # tl.arange(0, NUM_HEADS) and tl.arange(0, HEAD_SIZE) need powers of two; tl.dot(kv, q^T) on
+        # NVIDIA needs N = heads >= 16 and, for fp8, K = head_dim >= 32.
+        heads_power_of_two=True, heads_multiple_of=16,
+        tiles=(TRITON_BLOCK_KV,),
+        # No partition: program `split` of a row takes tiles split, split + N_SPLITS, ... (strided,
+        # rocm_aiter_mla_sparse.py:592), not a contiguous range, and N_SPLITS = min(CUs, tiles,
+        # 1024 // rows) (line 661) changes with the batch. max_context and max_pool_bytes: none known
+        # (page ids are widened to int64 before addressing the cache, line 600).
+        writes_into_output=True, library=_library("rocm_fp8_paged_mqa_logits_triton"))
+
+
+def _triton_decode_reason(device: str) -> str | None:
+    why = _gpu_reason(device, "vLLM's Triton decode kernel")
+    if why:
+        return why
+    if not _module(TRITON_UTILS).HAS_TRITON:
+        return "vllm.triton_utils.HAS_TRITON is False: vLLM replaced triton with its placeholder"
+    arch = hardware.arch()
+    if not hardware.is_rocm() and int(arch.removeprefix("sm")) < 89:
+        return f"an fp8 tl.dot needs sm89 or newer, this GPU is {arch}"
     return None
 
 
-class VllmTorchRef:
-    """`vllm-torch-ref`: fp8_paged_mqa_logits_torch, a plain-torch peer of difftest's oracle."""
+def _triton_decode_call(inputs: KernelInputs, out: torch.Tensor | None) -> torch.Tensor:
+    """The workspace view the kernel writes is first filled with the engine's poisoned `out`, so
+    positions it never stores stay poison."""
+    assert out is not None, "writes_into_output: the engine passes a poisoned buffer"
+    workspace = _module(WORKSPACE)
+    if not workspace.is_workspace_manager_initialized():
+        workspace.init_workspace_manager(inputs.q.device)  # what GPUModelRunner.__init__ does
+    rows = inputs.weights.shape[0]
+    # The kernel's own get_simultaneous call of this shape returns this same view (offset 0).
+    (buffer,) = workspace.current_workspace_manager().get_simultaneous(((rows, inputs.max_model_len), torch.float32))
+    buffer.copy_(out)
+    logits = _module(OPS).rocm_fp8_paged_mqa_logits_triton(inputs.q, inputs.kv_cache, inputs.weights,
+                                                           inputs.context_lens, inputs.block_table,
+                                                           inputs.max_model_len)
+    return logits.clone()  # the workspace is reused by the next call
 
-    name = "vllm-torch-ref"
+
+# --------------------------------------------------------------------------- vllm-deepgemm
+
+def _deep_gemm_contract() -> Contract:
+    module, how = deep_gemm.load_deep_gemm()
+    source = f"vllm.utils.deep_gemm over {how}" if module is not None else "vllm.utils.deep_gemm"
+    # The same kernel as `deepgemm`, on vLLM's native_next_n_supported path (sm90, next_n 1, 2, 4; it
+    # flattens other next_n, which deepgemm-flattened covers): the same envelope.
+    return deep_gemm.VARIANTS["deepgemm"].contract(_library(source))
+
+
+def _deep_gemm_reason(device: str) -> str | None:
+    why = _gpu_reason(device, "DeepGEMM")
+    if why:
+        return why
+    if hardware.arch() != "sm90":
+        # sm100 decode goes through the varlen form (indices), which deepgemm-varlen covers.
+        return f"vllm-deepgemm is vLLM's sm90 native path, this GPU is {hardware.arch()}"
+    module, how = deep_gemm.load_deep_gemm()  # the order vLLM's _import_deep_gemm tries: deep_gemm, then its copy
+    return None if module is not None else f"DeepGEMM not importable ({how})"
+
+
+def _deep_gemm_call(inputs: KernelInputs, out: torch.Tensor | None) -> torch.Tensor:
+    """The wrapper halves the schedule slots itself for sm90 next_n = 4: it gets the full SM count."""
+    lib = _module(DEEP_GEMM)
+    device = inputs.q.device.index if inputs.q.device.index is not None else torch.cuda.current_device()
+    num_sms = _module(PLATFORM_UTILS).num_compute_units(device)  # what the metadata builder passes
+    schedule = lib.get_paged_mqa_logits_metadata(inputs.context_lens, inputs.block_size, num_sms)
+    q_scale, weights = lib.mqa_logits_mx_inputs(inputs.q, None, inputs.weights)
+    return lib.fp8_fp4_paged_mqa_logits((inputs.q, q_scale), inputs.kv_cache, weights, inputs.context_lens,
+                                        inputs.block_table, schedule, max_model_len=inputs.max_model_len,
+                                        indices=None)
+
+
+# --------------------------------------------------------------------------- the table
+
+@dataclasses.dataclass(frozen=True)
+class IndexerPath:
+    """One of vLLM's paths: the modules it needs, its contract, what else stops it, how it is called."""
+
+    modules: tuple[str, ...]  # vLLM modules that must import, checked first and in order
+    contract: Callable[[], Contract]
+    reason: Callable[[str], str | None]  # why not on this device, once the modules import
+    call: Callable[[KernelInputs, torch.Tensor | None], torch.Tensor]
+
+
+PATHS: dict[str, IndexerPath] = {
+    "vllm-torch-ref": IndexerPath((OPS,), _torch_ref_contract, _torch_ref_reason, _torch_ref_call),
+    "vllm-triton-decode": IndexerPath((OPS, WORKSPACE, TRITON_UTILS), _triton_decode_contract,
+                                      _triton_decode_reason, _triton_decode_call),
+    "vllm-deepgemm": IndexerPath((DEEP_GEMM, PLATFORM_UTILS), _deep_gemm_contract, _deep_gemm_reason,
+                                 _deep_gemm_call),
+}
+
+
+class VllmIndexer:
+    """One of vLLM's paged MQA logits paths (PATHS[name]), called as its indexer calls it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.path = PATHS[name]
 
     @property
     def contract(self) -> Contract:
-        return Contract(
-            length_encoding=LengthEncoding.PER_ROW, cache_layout=CacheLayout.BLOCK_SPLIT,
-            # It starts from a -inf buffer and writes -inf past each row's limit.
-            mask=MaskConvention.TAIL_NEG_INF, fp8=_fp8_flavour(), output_dtype=torch.float32,
-            # float32 dot products and head sums: at most 1.1e-6 of the row's largest logit over the
-            # default suite and the edges, next_n 1-4, on the CPU (2026-12-02).
-            rtol=1e-5, devices=("cpu", "cuda"), library=_library("fp8_paged_mqa_logits_torch"))
+        """The path's contract; it reads vLLM's fp8 flavour and version when vllm is installed."""
+        return self.path.contract()
 
     def unavailable_reason(self, device: str) -> str | None:
-        _, why = load(OPS)
-        if why:
-            return why
-        if device == "cuda" and not torch.cuda.is_available():
-            return "torch.cuda.is_available() is False"
-        return None
-
-    def __call__(self, inputs: KernelInputs, out: torch.Tensor | None) -> torch.Tensor:
-        """Logits [B * next_n, max_model_len] float32, -inf past each row's limit."""
-        return _module(OPS).fp8_paged_mqa_logits_torch(inputs.q, inputs.kv_cache, inputs.weights,
-                                                       inputs.context_lens, inputs.block_table,
-                                                       inputs.max_model_len)
-
-
-class VllmTritonDecode:
-    """`vllm-triton-decode`: rocm_fp8_paged_mqa_logits_triton, vLLM's Triton kernel for block-flat caches."""
-
-    name = "vllm-triton-decode"
-
-    @property
-    def contract(self) -> Contract:
-        return Contract(
-            length_encoding=LengthEncoding.PER_ROW, cache_layout=CacheLayout.BLOCK_SPLIT,
-            # It stores only positions p < len of each row into a workspace buffer nobody cleans.
-            mask=MaskConvention.TAIL_UNSPECIFIED, fp8=_fp8_flavour(), output_dtype=torch.float32,
-            # Not measured (never run yet): DeepGEMM's margin for an fp8 MMA with fp32 accumulation.
-            rtol=1e-2, devices=("cuda",), block_sizes=(64, 128, 256), head_dims=(32, 64, 128, 256),
-            # tl.arange(0, NUM_HEADS) and tl.arange(0, HEAD_SIZE) need powers of two; tl.dot(kv, q^T) on
-            # NVIDIA needs N = heads >= 16 and, for fp8, K = head_dim >= 32.
-            heads_power_of_two=True, heads_multiple_of=16,
-            writes_into_output=True, library=_library("rocm_fp8_paged_mqa_logits_triton"))
-
-    def unavailable_reason(self, device: str) -> str | None:
-        for name in (OPS, WORKSPACE, TRITON_UTILS):
-            _, why = load(name)
+        """A vLLM module that does not import, else the path's own reason on `device`."""
+        for module in self.path.modules:
+            _, why = load(module)
             if why:
                 return why
-        why = _cuda_reason(device, "vLLM's Triton decode kernel")
-        if why:
-            return why
-        if not _module(TRITON_UTILS).HAS_TRITON:
-            return "vllm.triton_utils.HAS_TRITON is False: vLLM replaced triton with its placeholder"
-        if torch.version.hip is None and torch.cuda.get_device_capability() < (8, 9):
-            return f"an fp8 tl.dot needs sm89 or newer, this GPU is {arch()}"
-        return None
+        return self.path.reason(device)
 
     def __call__(self, inputs: KernelInputs, out: torch.Tensor | None) -> torch.Tensor:
-        """Logits [B * next_n, max_model_len] float32; the workspace view the kernel writes is first
-        filled with the engine's poisoned `out`, so positions it never stores stay poison."""
-        assert out is not None, "writes_into_output: the engine passes a poisoned buffer"
-        workspace = _module(WORKSPACE)
-        if not workspace.is_workspace_manager_initialized():
-            workspace.init_workspace_manager(inputs.q.device)  # what GPUModelRunner.__init__ does
-        rows = inputs.weights.shape[0]
-        # The kernel's own get_simultaneous call of this shape returns this same view (offset 0).
-        (buffer,) = workspace.current_workspace_manager().get_simultaneous(
-            ((rows, inputs.max_model_len), torch.float32))
-        buffer.copy_(out)
-        logits = _module(OPS).rocm_fp8_paged_mqa_logits_triton(inputs.q, inputs.kv_cache, inputs.weights,
-                                                               inputs.context_lens, inputs.block_table,
-                                                               inputs.max_model_len)
-        return logits.clone()  # the workspace is reused by the next call
+        """Logits [B * next_n, max_model_len] float32."""
+        return self.path.call(inputs, out)
 
 
-def _deep_gemm_source() -> str:
-    module, how = load_deep_gemm()
-    return f"vllm.utils.deep_gemm over {how}" if module is not None else "vllm.utils.deep_gemm"
-
-
-class VllmDeepGemm:
-    """`vllm-deepgemm`: vLLM's DeepGEMM wrappers, native (B, next_n) path (sm90, next_n 1, 2, 4)."""
-
-    name = "vllm-deepgemm"
-
-    @property
-    def contract(self) -> Contract:
-        return Contract(
-            length_encoding=LengthEncoding.PER_ROW, cache_layout=CacheLayout.BLOCK_SPLIT,
-            mask=MaskConvention.TAIL_UNSPECIFIED, devices=("cuda",), archs=("sm90",),
-            # vLLM's native_next_n_supported on sm90; it flattens other next_n (deepgemm-flattened).
-            next_n=SM90_NATIVE_NEXT_N, head_dims=(32, 64, 128), block_sizes=(32, 64),
-            output_dtype=torch.float32, rtol=1e-2,  # as `deepgemm`: the same kernel
-            library=_library(_deep_gemm_source()))
-
-    def unavailable_reason(self, device: str) -> str | None:
-        for name in (DEEP_GEMM, PLATFORM_UTILS):
-            _, why = load(name)
-            if why:
-                return why
-        why = _cuda_reason(device, "DeepGEMM")
-        if why:
-            return why
-        if arch() != "sm90":
-            # sm100 decode goes through the varlen form (indices), which deepgemm-varlen covers.
-            return f"vllm-deepgemm is vLLM's sm90 native path, this GPU is {arch()}"
-        module, how = load_deep_gemm()  # the order vLLM's _import_deep_gemm tries: deep_gemm, then its copy
-        if module is None:
-            return f"DeepGEMM not importable ({how})"
-        return None
-
-    def __call__(self, inputs: KernelInputs, out: torch.Tensor | None) -> torch.Tensor:
-        """Logits [B * next_n, max_model_len] float32 on sm90; the tail past each limit is not cleaned."""
-        deep_gemm = _module(DEEP_GEMM)
-        device = inputs.q.device.index if inputs.q.device.index is not None else torch.cuda.current_device()
-        num_sms = _module(PLATFORM_UTILS).num_compute_units(device)  # what the metadata builder passes
-        schedule = deep_gemm.get_paged_mqa_logits_metadata(inputs.context_lens, inputs.block_size, num_sms)
-        q_scale, weights = deep_gemm.mqa_logits_mx_inputs(inputs.q, None, inputs.weights)
-        return deep_gemm.fp8_fp4_paged_mqa_logits((inputs.q, q_scale), inputs.kv_cache, weights,
-                                                  inputs.context_lens, inputs.block_table, schedule,
-                                                  max_model_len=inputs.max_model_len, indices=None)
+BACKENDS: dict[str, Callable[[], Backend]] = {name: functools.partial(VllmIndexer, name) for name in PATHS}

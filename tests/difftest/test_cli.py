@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from difftest.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from difftest.cli import main
+from difftest.kinds import ExitStatus
 
 SMALL = ["--no-progress", "--count", "1", "--max-model-len", "48", "--heads", "4", "--head-dim", "16"]
 
@@ -15,7 +16,7 @@ SMALL = ["--no-progress", "--count", "1", "--max-model-len", "48", "--heads", "4
 def _usage_error(capsys, argv: list[str]) -> str:
     code = main(argv)
     out, err = capsys.readouterr()
-    assert code == EXIT_USAGE, f"{argv=}: {code=}\n{out=}\n{err=}"
+    assert code == ExitStatus.USAGE, f"{argv=}: {code=}\n{out=}\n{err=}"
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("difftest: error: "), f"{argv=}: {err=}"
     assert "Traceback" not in err + out, f"{argv=}: {err=}"
@@ -25,7 +26,7 @@ def _usage_error(capsys, argv: list[str]) -> str:
 def test_run_edges_with_torch_passes_and_prints_the_table(capsys):
     code = main(["run", "--backends", "torch", "--cases", "edges", "--no-progress"])
     out, err = capsys.readouterr()
-    assert code == EXIT_OK, f"{code=}\n{out}\n{err}"
+    assert code == ExitStatus.OK, f"{code=}\n{out}\n{err}"
     header, *rows = out.strip().splitlines()
     assert header.split()[:3] == ["backend", "cases", "rows"], f"{header=}"
     (torch_row,) = [r for r in rows if r.startswith("torch ")]
@@ -56,18 +57,16 @@ def test_bad_device_is_exit_2(capsys):
 def test_bad_backend_module_is_exit_2(capsys):
     line = _usage_error(capsys, ["run", "--backends", "torch", "--backend-module",
                                  "tests.user_backends:logits_with_limits", *SMALL])
-    assert "--backend-module='tests.user_backends:logits_with_limits'" in line, f"{line=}"
+    assert "--backends='tests.user_backends:logits_with_limits'" in line, f"{line=}"
 
 
 def test_argparse_errors_exit_2(capsys):
-    with pytest.raises(SystemExit) as info:
-        main(["run", "--next-n", "one,two"])
-    assert info.value.code == EXIT_USAGE
+    assert main(["run", "--next-n", "one,two"]) == ExitStatus.USAGE
     assert "expected comma-separated integers" in capsys.readouterr().err
 
 
 def test_backends_lists_torch_as_available(capsys):
-    assert main(["backends"]) == EXIT_OK
+    assert main(["backends"]) == ExitStatus.OK
     out = capsys.readouterr().out
     assert re.search(r"^torch\s+available\b", out, re.MULTILINE), f"{out=}"
 
@@ -76,7 +75,7 @@ def test_report_json_has_summaries_and_results(capsys, tmp_path):
     path = tmp_path / "nested" / "report.json"
     code = main(["run", "--backends", "torch", "--cases", "random", "--report", str(path), "--seed", "3", *SMALL])
     out = capsys.readouterr().out
-    assert code == EXIT_OK and f"report: {path}" in out, f"{code=} {out=}"
+    assert code == ExitStatus.OK and f"report: {path}" in out, f"{code=} {out=}"
     doc = json.loads(path.read_text())
     assert {"run", "summaries", "results"} <= set(doc), f"{set(doc)=}"
     (summary,) = doc["summaries"]
@@ -92,7 +91,7 @@ def test_wrong_user_backend_module_exits_1(capsys):
     code = main(["run", "--backends", "torch", "--backend-module", "tests.user_backends:sequence_length_for_every_row",
                  "--cases", "random", *SMALL])
     out = capsys.readouterr().out
-    assert code == EXIT_FAILED, f"{code=}\n{out}"
+    assert code == ExitStatus.FAILED, f"{code=}\n{out}"
     row = next(r for r in out.splitlines() if r.startswith("sequence_length_for_every_row "))
     assert "FAIL(mask)" in row, f"{row=}"
     assert "rows with the wrong -inf mask" in out and "first mismatch" in out, out
@@ -104,15 +103,15 @@ def test_encoding_override_reproduces_vllm_59420(capsys):
     """A correct per-sequence reader fails when handed the per-row table, and only then."""
     target = "tests.user_backends:per_sequence_reader"
     argv = ["run", "--backends", "torch", "--backend-module", target, "--cases", "random", "--next-n", "3", *SMALL]
-    assert main(argv) == EXIT_OK, capsys.readouterr().out
+    assert main(argv) == ExitStatus.OK, capsys.readouterr().out
     capsys.readouterr()
-    assert main([*argv, "--encoding", "per-row"]) == EXIT_FAILED
+    assert main([*argv, "--encoding", "per-row"]) == ExitStatus.FAILED
     out = capsys.readouterr().out
     assert "overridden" in out and "FAIL(mask)" in out, out
 
 
 def test_spec_option_redraws_exactly_the_named_case(capsys):
-    """`--spec JSON --seed N` (the line difftest.check prints) draws the one case {name}-s{N}."""
+    """`--spec JSON --seed N` (the line difftest.checking prints) draws the one case {name}-s{N}."""
     spec = '{"name":"mtp2","next_n":2,"max_model_len":64,"lengths":[17,5]}'
     code = main(["run", "--backends", "torch", "--backend-module", "tests.user_backends:window_one_short",
                  "--spec", spec, "--seed", "41"])

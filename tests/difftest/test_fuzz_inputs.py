@@ -15,9 +15,11 @@ from hypothesis import strategies as st
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend, backend
 from difftest.case import Case
-from difftest.cli import EXIT_USAGE, main
+from difftest.cli import main
+from difftest.config import RunConfig
 from difftest.errors import SpecError
-from difftest.runner import RunConfig, run
+from difftest.kinds import ExitStatus
+from difftest.runner import run
 from difftest.verdict import Verdict
 from generators import build_case
 from generators.strategies import specs
@@ -122,12 +124,17 @@ def test_non_contiguous_tensors_are_read_as_their_values(spec, seed, field):
 
 # --------------------------------------------------------------------------- the API
 
-@pytest.mark.parametrize("thing", [bb.raises, len, TorchBackend, None, "torch"],
-                         ids=["decorated-function", "function", "class", "None", "name"])
+@pytest.mark.parametrize("thing", [len, None, "torch"], ids=["function", "None", "name"])
 def test_run_refuses_what_is_not_a_backend(thing):
     with pytest.raises(SpecError) as info:
         run([TorchBackend(), thing], [BASE], RunConfig())
-    assert info.value.field == "backends[1]" and "a Backend instance" in str(info.value)
+    assert info.value.field == "backends[1]" and "Backend" in info.value.expected, f"{info.value}"
+
+
+@pytest.mark.parametrize("thing", [bb.raises, TorchBackend], ids=["decorated-function", "class"])
+def test_run_takes_what_makes_a_backend(thing):
+    results = run([TorchBackend(), thing], [BASE], RunConfig())
+    assert len(results) == 2 and results[1].verdict != Verdict.SKIP, f"{results=}"
 
 
 def test_run_refuses_what_is_not_a_case():
@@ -189,17 +196,17 @@ BAD_OPTIONS = {  # option -> (bad values, the name the one-line error must conta
     "--layout": (_not({"block-split", "token-interleaved"}), "--layout"),
     "--cases": (_not({"random", "edges", "all"}), "--cases"),
     "--sanitize": (_not({"memcheck", "racecheck", "initcheck", "synccheck"}), "--sanitize"),
-    "--batch": (_ints(st.integers(max_value=0)), "batch"),
-    "--heads": (_ints(st.integers(max_value=0)), "heads"),
-    "--head-dim": (_ints(st.integers(-64, 256).filter(lambda d: d < 16 or d % 16)), "head_dim"),
-    "--max-model-len": (_ints(st.integers(max_value=0)), "max_model_len"),
+    "--batch": (_ints(st.integers(max_value=0)), "--batch"),
+    "--heads": (_ints(st.integers(max_value=0)), "--heads"),
+    "--head-dim": (_ints(st.integers(-64, 256).filter(lambda d: d < 16 or d % 16)), "--head-dim"),
+    "--max-model-len": (_ints(st.integers(max_value=0)), "--max-model-len"),
     "--next-n": (st.sampled_from(["0", "1,0", "x", "1,,two"]), "next"),
     "--block-sizes": (st.sampled_from(["0", "16,0", "big"]), "block"),
     "--case-filter": (st.text("xyz", min_size=1, max_size=6).map(lambda s: f"zz-{s}*"), "--case-filter"),
     "--backends": (_not({"torch"}).filter(lambda s: "," not in s), "--backends"),
     "--backend-module": (st.sampled_from(["nocolon", "no.such.module:x", "tests.broken_backends:nothing",
                                           "tests.broken_backends:logits_with_limits", ":x", "os:"]),
-                         "--backend-module"),
+                         "--backends"),  # --backend-module adds to the backends, and errors name --backends
     "--resume": (st.sampled_from(["/nonexistent/report.json", "/"]), "--resume"),
     "--spec": (st.sampled_from(["{", "[1]", '{"batch": 0}', '{"colour": 1}']), ""),
 }
@@ -213,7 +220,7 @@ def test_every_bad_option_is_one_line_exit_2(data, option):
     argv = ["run", "--no-progress", "--cases", "edges", "--case-filter", "length-one-*"]
     argv += [option, value] if option == "--backends" else ["--backends", "torch", option, value]
     code, out, err = _cli(argv)
-    assert code == EXIT_USAGE, f"{argv=} {code=}\n{out}\n{err}"
+    assert code == ExitStatus.USAGE, f"{argv=} {code=}\n{out}\n{err}"
     assert err.startswith("difftest: error: ") and err.count("\n") == 1 and name in err, f"{argv=}: {err!r}"
     assert "Traceback" not in out + err
 
@@ -223,11 +230,11 @@ def test_every_bad_option_is_one_line_exit_2(data, option):
        command=st.sampled_from(["run", "replay", "shrink", "backends"]))
 def test_unknown_options_are_one_line_exit_2(name, command):
     code, _, err = _cli([command, name])
-    assert code == EXIT_USAGE and err.startswith("difftest: error: ") and err.count("\n") == 1, f"{err!r}"
+    assert code == ExitStatus.USAGE and err.startswith("difftest: error: ") and err.count("\n") == 1, f"{err!r}"
     assert name in err or "required" in err, f"{err!r}"
 
 
 def test_timeout_without_isolation_and_sanitize_all_alone_name_the_option():
     for extra, name in ((["--timeout", "5", "--no-isolate"], "--timeout="), (["--sanitize-all"], "--sanitize-all=")):
         code, _, err = _cli(["run", "--backends", "torch", "--cases", "edges", "--no-progress", *extra])
-        assert code == EXIT_USAGE and err.startswith(f"difftest: error: {name}") and err.count("\n") == 1, err
+        assert code == ExitStatus.USAGE and err.startswith(f"difftest: error: {name}") and err.count("\n") == 1, err

@@ -9,22 +9,15 @@ import torch
 
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend, backend
-from difftest.encode import encode
+from difftest.config import RunConfig
 from difftest.errors import SpecError
-from difftest.guards import (
-    Execution,
-    Launch,
-    PoisonFreshTensors,
-    StabilityKind,
-    classify_stability,
-    execute,
-    fill_poison,
-    fingerprint,
-    input_fingerprints,
-)
+from difftest.guards import Execution, Launch, PoisonFreshTensors, execute, fill_poison, fingerprint, input_fingerprints
+from difftest.kernel_inputs import encode
 from difftest.kinds import MaskConvention
 from difftest.poison import is_poison
-from difftest.runner import RunConfig, make_reference, run
+from difftest.reference import make_reference
+from difftest.runner import run
+from difftest.stability import StabilityKind, classify_stability
 from difftest.verdict import Verdict
 from generators import build_case
 from tests import broken_backends as bb

@@ -18,16 +18,20 @@ from pathlib import Path
 import pytest
 import torch
 
+from difftest.backends import Origin
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend, backend
-from difftest.cli import EXIT_FAILED, EXIT_USAGE, main
-from difftest.encode import encode
+from difftest.cli import main
+from difftest.config import RunConfig
 from difftest.errors import SpecError
 from difftest.guards import Execution, Launch, execute
-from difftest.isolate import InProcess, Worker, crash_summary, exit_description, recipe, transport_for
-from difftest.report import ResultStream, load_results, to_jsonable, write_json
-from difftest.runner import RunConfig, run
+from difftest.isolate import InProcess, Worker, crash_summary, exit_description, transport_for
+from difftest.kernel_inputs import encode
+from difftest.kinds import ExitStatus, Isolation, Transport
+from difftest.report import write_json
+from difftest.runner import run
 from difftest.sanitize import Finding, SanitizerReport
+from difftest.serialize import ResultStream, load_results, to_jsonable
 from difftest.verdict import Verdict
 from generators import build_case
 from tests import broken_backends as bb
@@ -61,42 +65,14 @@ def _fn(f) -> FunctionBackend:
 
 
 def _worker(name: str, tmp_path: Path, timeout: float = 30.0) -> Worker:
-    return Worker(f"tests.broken_backends:{name}", "cpu", timeout, tmp_path / name)
+    return Worker(Origin(f"tests.broken_backends:{name}", registered=False), "cpu", timeout, tmp_path / name)
 
 
 def _call(worker, backend_, case):
     return worker(backend_, encode(case, backend_.contract), Launch(case.rows, case.max_model_len))
 
 
-# --------------------------------------------------------------------------- recipes
-
-def test_recipe_of_registered_module_and_factory_backends():
-    assert recipe(TorchBackend()) == ("difftest.backends.torch_ref:TorchBackend", "")
-    assert recipe(_fn(bb.raises)) == ("tests.broken_backends:raises", "")
-
-
-def test_recipe_refuses_what_a_fresh_process_cannot_rebuild():
-    @backend(contract=bb.CONTRACT, name="local")
-    def local(q, kv_cache, weights, context_lens, block_table, max_model_len):
-        raise AssertionError("never called")
-
-    target, why = recipe(_fn(local))
-    assert target is None and "<locals>" in why, f"{why=}"
-    changed = _fn(bb.raises)
-    changed.contract = dataclasses.replace(changed.contract, rtol=0.5)
-    target, why = recipe(changed)
-    assert target is None and "changed after it was made" in why, f"{why=}"
-
-
-def test_recipe_takes_the_path_it_was_loaded_from_when_that_rebuilds_it():
-    strict = bb.strict_raises()
-    assert recipe(strict, "tests.broken_backends:strict_raises") == ("tests.broken_backends:strict_raises", "")
-    target, why = recipe(strict)
-    assert target is None and why == ("tests.broken_backends:raises builds a different backend (this one was "
-                                       "changed after it was made)"), f"{why=}"
-    target, why = recipe(strict, "tests.broken_backends:raises")
-    assert target is None and why.startswith("tests.broken_backends:raises builds a different"), f"{why=}"
-
+# --------------------------------------------------------------------------- where a backend runs
 
 def test_backend_that_cannot_be_rebuilt_runs_in_process_and_says_why():
     @backend(contract=bb.CONTRACT, name="local-oracle")
@@ -105,8 +81,8 @@ def test_backend_that_cannot_be_rebuilt_runs_in_process_and_says_why():
 
     results = run([_fn(local), TorchBackend()], [build_case(CASE_SPEC, 0)], RunConfig(isolate=True))
     assert [r.verdict for r in results] == [Verdict.PASS, Verdict.PASS], f"{results=}"
-    assert results[0].isolation.startswith("in-process: ") and "<locals>" in results[0].isolation
-    assert results[1].isolation == "worker"
+    assert results[0].isolation == Isolation.IN_PROCESS and "<locals>" in results[0].isolation_note, f"{results[0]=}"
+    assert results[1].isolation == Isolation.WORKER and results[1].isolation_note is None
     assert run([TorchBackend()], [build_case(CASE_SPEC, 0)], RunConfig())[0].isolation is None
 
 
@@ -115,7 +91,7 @@ def test_backend_that_cannot_be_rebuilt_runs_in_process_and_says_why():
 def test_worker_gives_the_same_bits_as_in_process(tmp_path):
     case = build_case(CASE_SPEC, 0)
     torch_backend = TorchBackend()
-    worker = Worker("difftest.backends.torch_ref:TorchBackend", "cpu", 30.0, tmp_path)
+    worker = Worker(Origin("torch", registered=True), "cpu", 30.0, tmp_path)
     try:
         isolated = _call(worker, torch_backend, case)
     finally:
@@ -126,8 +102,8 @@ def test_worker_gives_the_same_bits_as_in_process(tmp_path):
 
 
 @pytest.mark.parametrize("device, env, transport", [
-    ("cpu", None, "copy"), ("cpu", "cuda-ipc", "copy"),  # no GPU memory to hand over on the CPU
-    ("cuda", None, "cuda-ipc"), ("cuda", "copy", "copy"), ("cuda", "cuda-ipc", "cuda-ipc")])
+    ("cpu", None, Transport.COPY), ("cpu", "cuda-ipc", Transport.COPY),  # no GPU memory to hand over on the CPU
+    ("cuda", None, Transport.CUDA_IPC), ("cuda", "copy", Transport.COPY), ("cuda", "cuda-ipc", Transport.CUDA_IPC)])
 def test_transport_is_cuda_ipc_on_a_gpu_unless_asked_to_copy(monkeypatch, device, env, transport):
     if env is None:
         monkeypatch.delenv("DIFFTEST_WORKER_TRANSPORT", raising=False)
@@ -183,7 +159,7 @@ def test_hung_worker_is_killed_at_the_timeout_and_replaced(tmp_path):
 
 
 def test_worker_that_cannot_load_its_backend_is_error(tmp_path):
-    worker = Worker("tests.broken_backends:no_such_backend", "cpu", 30.0, tmp_path)
+    worker = Worker(Origin("tests.broken_backends:no_such_backend", registered=False), "cpu", 30.0, tmp_path)
     try:
         fault = _call(worker, _fn(bb.raises), build_case(CASE_SPEC, 0))
     finally:
@@ -242,13 +218,13 @@ def test_one_run_over_every_broken_backend_gives_each_its_verdict(tmp_path, caps
     argv = [*RUN_ARGS, "--device", device, "--timeout", timeout]  # the last --timeout counts
     code = main([*argv, "--report", str(report)])
     out = capsys.readouterr().out
-    assert code == EXIT_FAILED, out
+    assert code == ExitStatus.FAILED, out
     results = load_results(report)
     cases = sorted({r.case for r in results})
     assert len(cases) == 2 and len(results) == len(WANT) * 2, f"{cases=} {len(results)=}"
     wrong = [(r.backend, r.case, r.verdict.value, r.reason) for r in results if r.verdict != WANT[r.backend]]
     assert not wrong, f"{wrong=}\n{out}"
-    assert all(r.isolation == "worker" for r in results)
+    assert all(r.isolation == Isolation.WORKER for r in results)
     assert _pairs(load_results(stream)) == _pairs(results), "the default stream sits beside the report"
     assert "worker killed by SIGSEGV" in out and f"no answer within {timeout} s" in out, out
     for line in out.splitlines():
@@ -277,7 +253,8 @@ def test_a_killed_run_resumes_without_losing_or_repeating_anything(tmp_path, cap
     assert 4 <= len(before) < len(WANT) * 2, f"killed mid-run: {len(before)=} {proc.stderr.read()!r}"
 
     # The resumed run in this process: it reuses the test process's warm fork server.
-    assert main([*RUN_ARGS, "--stream", str(stream), "--resume", str(stream), "--report", str(report)]) == EXIT_FAILED
+    resumed = main([*RUN_ARGS, "--stream", str(stream), "--resume", str(stream), "--report", str(report)])
+    assert resumed == ExitStatus.FAILED
     final, streamed = load_results(report), load_results(stream)
     assert len(final) == len(set(_pairs(final))) == len(WANT) * 2, f"{_pairs(final)=}"
     assert sorted(_pairs(streamed)) == sorted(_pairs(final)), "the stream holds each pair once"
@@ -297,7 +274,7 @@ def test_resume_from_other_options_is_a_one_line_error(tmp_path, capsys):
     code = main(["run", "--backends", "torch", "--cases", "edges", "--case-filter", "length-one-*",
                  "--heads", "16", "--no-progress", "--resume", str(stream)])
     err = capsys.readouterr().err
-    assert code == EXIT_USAGE and err.count("\n") == 1 and "--resume=" in err and "another spec" in err, err
+    assert code == ExitStatus.USAGE and err.count("\n") == 1 and "--resume=" in err and "another spec" in err, err
 
 
 # --------------------------------------------------------------------------- streams
@@ -333,7 +310,7 @@ def test_unreadable_resume_file_is_a_spec_error(tmp_path, capsys, text):
     path.write_text(text)
     code = main(["run", "--backends", "torch", "--cases", "edges", "--no-progress", "--resume", str(path)])
     err = capsys.readouterr().err
-    assert code == EXIT_USAGE and err.startswith("difftest: error: --resume=") and err.count("\n") == 1, err
+    assert code == ExitStatus.USAGE and err.startswith("difftest: error: --resume=") and err.count("\n") == 1, err
 
 
 def test_a_json_report_is_never_appended_to_as_a_stream(tmp_path, capsys):
@@ -342,7 +319,7 @@ def test_a_json_report_is_never_appended_to_as_a_stream(tmp_path, capsys):
     assert main([*argv, "--report", str(report)]) == 0
     before = report.read_text()
     capsys.readouterr()
-    assert main([*argv, "--resume", str(report), "--stream", str(report)]) == EXIT_USAGE
+    assert main([*argv, "--resume", str(report), "--stream", str(report)]) == ExitStatus.USAGE
     err = capsys.readouterr().err
     assert err.startswith("difftest: error: --stream=") and err.count("\n") == 1, err
     assert report.read_text() == before
@@ -351,9 +328,9 @@ def test_a_json_report_is_never_appended_to_as_a_stream(tmp_path, capsys):
 # --------------------------------------------------------------------------- the GPU script's kernels
 
 INTERPRETED = """
-from difftest.compare import compare
-from difftest.encode import encode
-from difftest.runner import make_reference
+from difftest.comparison import compare
+from difftest.kernel_inputs import encode
+from difftest.reference import make_reference
 from generators import CaseSpec, build_case
 from tests.gpu_broken_backends import TritonGood, TritonOobRead
 

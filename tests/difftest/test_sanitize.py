@@ -12,9 +12,11 @@ import pytest
 
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend
-from difftest.cli import EXIT_FAILED, EXIT_USAGE, main
+from difftest.cli import main
+from difftest.config import RunConfig
+from difftest.kinds import ExitStatus, SanitizerTool
 from difftest.report import render_failures
-from difftest.runner import RunConfig, run
+from difftest.runner import run
 from difftest.sanitize import (
     ERROR_EXITCODE,
     Finding,
@@ -122,7 +124,7 @@ def test_command_and_environment():
     env = sanitizer_environment({"PATH": "/bin", "PYTORCH_NO_CUDA_MEMORY_CACHING": "0"})
     assert env["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1" and env["PATH"] == "/bin"
     assert str(REPO_ROOT) in env["PYTHONPATH"].split(os.pathsep), "the replay imports what this process can"
-    with pytest.raises(ValueError, match="tool='valgrind'"):
+    with pytest.raises(ValueError, match="'valgrind'"):
         sanitizer_command("valgrind", "/tmp/b")
 
 
@@ -162,12 +164,12 @@ def test_cpu_run_records_why_no_sanitizer_ran():
     assert unavailable_reason("cpu") == "compute-sanitizer checks CUDA kernels; this run is on cpu"
     case = build_case(TINY.replace(next_n=2), 0)
     backends = [TorchBackend(), FunctionBackend.from_function(bb.reads_past_table)]
-    failing = run(backends, [case], RunConfig(sanitize="memcheck"))
+    failing = run(backends, [case], RunConfig(sanitize=SanitizerTool.MEMCHECK))
     assert [r.sanitizer is None for r in failing] == [True, False], f"{failing=}"
     report = failing[1].sanitizer
     assert not report.ran and report.reason == unavailable_reason("cpu") and failing[1].verdict == Verdict.FAIL_NAN
     assert "memcheck: not run: compute-sanitizer checks CUDA kernels" in render_failures(failing)
-    every = run(backends, [case], RunConfig(sanitize="initcheck", sanitize_all=True))
+    every = run(backends, [case], RunConfig(sanitize=SanitizerTool.INITCHECK, sanitize_all=True))
     assert all(r.sanitizer is not None and r.sanitizer.tool == "initcheck" for r in every)
     assert [r.verdict for r in every] == [Verdict.PASS, Verdict.FAIL_NAN], "no findings, no new verdict"
 
@@ -175,9 +177,9 @@ def test_cpu_run_records_why_no_sanitizer_ran():
 def test_cli_sanitize_options(capsys):
     argv = ["run", "--backends", "torch", "--backend-module", "tests.broken_backends:raises", "--cases", "edges",
             "--case-filter", "length-one-*", "--no-progress"]
-    assert main([*argv, "--sanitize", "memcheck"]) == EXIT_FAILED
+    assert main([*argv, "--sanitize", "memcheck"]) == ExitStatus.FAILED
     assert "memcheck: not run: compute-sanitizer checks CUDA kernels; this run is on cpu" in capsys.readouterr().out
     for bad, field in ((["--sanitize", "valgrind"], "--sanitize="), (["--sanitize-all"], "--sanitize-all=")):
-        assert main([*argv, *bad]) == EXIT_USAGE
+        assert main([*argv, *bad]) == ExitStatus.USAGE
         err = capsys.readouterr().err
         assert err.startswith(f"difftest: error: {field}") and err.count("\n") == 1, err

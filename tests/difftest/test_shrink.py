@@ -8,12 +8,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from difftest.backends import as_backend
+from difftest.backends import as_loaded
 from difftest.backends.user import FunctionBackend
 from difftest.bundle import load_bundle, write_bundle
+from difftest.config import RunConfig
 from difftest.errors import SpecError
-from difftest.replay import run_case
-from difftest.runner import RunConfig
+from difftest.runner import run_one
 from difftest.shrink import Failure, case_from_line, compact_pool, select_sequences, shrink
 from difftest.verdict import Verdict
 from generators import CaseSpec, Stale, Values, build_case
@@ -21,8 +21,8 @@ from generators.strategies import cases
 from oracles.paged_mqa_logits import reference
 from tests import planted
 
-BOUNDARY = as_backend(planted.block_boundary_off_by_one, "planted", "block_boundary_off_by_one")
-DRAFT_WEIGHTS = as_backend(planted.draft_rows_reuse_weights, "planted", "draft_rows_reuse_weights")
+BOUNDARY = as_loaded(planted.block_boundary_off_by_one)
+DRAFT_WEIGHTS = as_loaded(planted.draft_rows_reuse_weights)
 BLOCK = 16
 # A batch a random run would produce: several sequences, MTP, padding, shared and stale table entries.
 LARGE = CaseSpec(name="large", lengths=(37, 100, 5, 64, 90, 128, 3), next_n=3, padding=2, shared_blocks=True,
@@ -32,7 +32,7 @@ LARGE = CaseSpec(name="large", lengths=(37, 100, 5, 64, 90, 128, 3), next_n=3, p
 @pytest.fixture(scope="module")
 def large_case():
     case = build_case(LARGE, seed=7)
-    assert run_case(BOUNDARY, case, RunConfig()).verdict == Verdict.FAIL_MASK
+    assert run_one(BOUNDARY, case, RunConfig()).verdict == Verdict.FAIL_MASK
     return case
 
 
@@ -52,13 +52,13 @@ def test_compact_pool_keeps_only_referenced_blocks_and_the_logits(large_case) ->
 
 
 def test_shrinking_a_failing_bundle_reaches_one_sequence_at_the_block_boundary(large_case, tmp_path) -> None:
-    result = run_case(BOUNDARY, large_case, RunConfig())
-    bundle = load_bundle(write_bundle(tmp_path, large_case, result, RunConfig()))
+    result = run_one(BOUNDARY, large_case, RunConfig())
+    bundle = load_bundle(write_bundle(tmp_path, large_case, result, RunConfig(), BOUNDARY.origin))
     found = shrink(bundle, BOUNDARY, budget_seconds=30.0)
     assert found.finished and found.result.verdict == Verdict.FAIL_MASK
     assert (found.spec.lengths, found.spec.padding, found.spec.next_n) == ((BLOCK,), 0, 1), found.line()
     again = case_from_line(found.line())
-    assert run_case(BOUNDARY, again, RunConfig()).verdict == Verdict.FAIL_MASK
+    assert run_one(BOUNDARY, again, RunConfig()).verdict == Verdict.FAIL_MASK
 
 
 def test_a_case_without_spec_is_shrunk_by_slicing_its_tensors(large_case) -> None:
@@ -104,7 +104,7 @@ def test_hypothesis_finds_the_planted_mask_bug_and_shrinks_it_to_the_boundary(la
     @settings(max_examples=100, deadline=None, derandomize=True, database=None)
     @given(cases(block_sizes=(BLOCK,), heads=(1, 4), head_dims=(16, 32), max_model_len=64))
     def backend_agrees_with_oracle(case) -> None:
-        result = run_case(BOUNDARY, case, RunConfig())
+        result = run_one(BOUNDARY, case, RunConfig())
         if result.verdict.failed:
             failing.append(case)
         assert not result.verdict.failed, result.verdict

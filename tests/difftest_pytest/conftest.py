@@ -6,9 +6,12 @@ from pathlib import Path
 
 import pytest
 
-# In-process pytester runs restore sys.modules afterwards: torch (a C extension) must be imported
-# here, before any of them, or the next run would import it a second time and crash.
-import difftest  # noqa: F401
+# In-process pytester runs restore sys.modules afterwards: what registers native operators (torch,
+# and torch._dynamo, which the guards' dispatch mode imports on first use) must be imported here,
+# before any of them, or the next run would import it a second time and fail to register.
+import torch._dynamo  # noqa: F401
+
+import difftest.checking  # noqa: F401
 
 PLANTED_SOURCE = Path(__file__).with_name("planted_backends.py").read_text()
 

@@ -1,4 +1,4 @@
-"""difftest.check: the CaseResult on PASS, the row table and one replay line on failure, skips."""
+"""difftest.checking: the CaseResult on PASS, the row table and one replay line on failure, skips."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 import difftest
 from difftest.bundle import load_bundle
 from difftest.case import Case
-from difftest.check import Observer, observed
 from difftest.errors import SpecError
-from difftest.runner import CaseResult
+from difftest.observe import Observer, observed
+from difftest.result import CaseResult
 from difftest.verdict import Verdict
 from generators import CaseSpec, build_case
 from generators.cases import edge_cases
@@ -25,7 +25,7 @@ LENGTH_ONE = next(spec for spec in edge_cases() if spec.name == "length-one")  #
 
 
 def check_unobserved(backend: object, case: Case) -> CaseResult:
-    """difftest.check with no observer: these checks fail on purpose, so they stay out of the bundles
+    """difftest.checking with no observer: these checks fail on purpose, so they stay out of the bundles
     and the difftest summary of the run that tests them."""
     with observed(Observer()):
         return difftest.check(backend, case)  # type: ignore[arg-type]
@@ -46,7 +46,7 @@ def test_failure_is_the_row_table_with_a_run_line() -> None:
     assert lines[1].startswith("    2/2 rows with the wrong -inf mask [0,1]; NaN rows none;")
     assert re.fullmatch(r"    first mismatch: row 0, position 0: expected \S+, got -inf \(FAIL\(mask\)\)", lines[2])
     words = shlex.split(lines[3].removeprefix("    replay: "))
-    assert words[:4] == ["difftest", "run", "--backend-module", "tests.difftest_pytest.planted_backends:off_by_one"]
+    assert words[:4] == ["difftest", "run", "--backends", "tests.difftest_pytest.planted_backends:off_by_one"]
     assert words[4] == "--spec" and words[6:] == ["--seed", "5"]
     # The spec is what differs from CaseSpec's defaults: CaseSpec.from_json gives back the same spec.
     assert CaseSpec.from_json(json.loads(words[5])) == LENGTH_ONE
@@ -59,7 +59,7 @@ def test_an_observer_hears_the_result_and_gets_a_bundle(tmp_path: Path) -> None:
     folder = tmp_path / "off-by-one--length-one-s5"
     assert str(excinfo.value).splitlines()[-1] == f"    replay: difftest replay {folder}"
     bundle = load_bundle(folder)
-    assert (bundle.backend, bundle.backend_module, bundle.verdict) == (
+    assert (bundle.backend, bundle.origin.target, bundle.verdict) == (
         "off-by-one", "tests.difftest_pytest.planted_backends:off_by_one", Verdict.FAIL_MASK)
     assert [r.verdict for r in heard] == [Verdict.FAIL_MASK]
 
@@ -80,5 +80,5 @@ def test_a_case_the_backend_cannot_take_skips_the_test() -> None:
 
 
 def test_an_unknown_backend_name_says_what_is_allowed() -> None:
-    with pytest.raises(SpecError, match=r"backend='nope': expected a registered name among \[.*'torch'.*\] or"):
+    with pytest.raises(SpecError, match=r"backend='nope': expected registered names among \[.*'torch'.*\], or"):
         difftest.check("nope", build_case(LENGTH_ONE, 5))

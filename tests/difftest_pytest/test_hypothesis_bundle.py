@@ -6,6 +6,7 @@ import pytest
 
 from difftest import cli
 from difftest.bundle import load_bundle
+from difftest.kinds import ExitStatus
 from difftest.verdict import Verdict
 
 TEST_FILE = '''
@@ -38,5 +39,5 @@ def test_the_shrunk_hypothesis_example_is_a_replayable_bundle(pytester: pytest.P
     minimal = load_bundle(bundles[-1])
     assert minimal.case.seq_lens.tolist() == [16] and minimal.verdict == Verdict.FAIL_MASK, f"{minimal.info=}"
     capsys.readouterr()
-    assert cli.main(["replay", str(bundles[-1])]) == cli.EXIT_FAILED
+    assert cli.main(["replay", str(bundles[-1]), "--trust-bundle"]) == ExitStatus.FAILED
     assert "FAIL(mask)" in capsys.readouterr().out

@@ -8,7 +8,7 @@ import pytest
 
 from difftest.errors import SpecError
 from difftest.ledger import load_ledger
-from difftest.runner import CaseResult
+from difftest.result import CaseResult
 from difftest.verdict import Verdict
 
 SUITE = ["--difftest-suite", "--difftest-seed=4000", "-k", "length-one", "-rxf"]

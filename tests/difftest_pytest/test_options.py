@@ -51,10 +51,10 @@ def test_a_random_seed_is_printed_and_names_the_cases(pytester: pytest.Pytester)
     (["--difftest-seed=-3"], "--difftest-seed='-3': expected a non-negative integer"),
     (["--difftest-device=tpu"], "--difftest-device='tpu': expected cpu or cuda"),
     (["--difftest-backends=torch,nope"],
-     "--difftest-backends='nope': expected registered names among [[]*'torch'*] or package.module:object"),
+     "--difftest-backends='nope': expected a registered name among [[]*'torch'*], or 'package.module:object'"),
     (["--difftest-backends=torch,,"], "--difftest-backends='torch,,': expected comma-separated backend names *"),
     (["--difftest-backends=no_such_module:fn"], "--difftest-backends='no_such_module:fn': expected an importable "
-                                                "module (No module named 'no_such_module')"),
+                                                "module (No module named 'no_such_module'; sys.path searched: *)"),
     (["--difftest-report=."], "--difftest-report='.': expected a file path, not a directory"),
 ])
 def test_bad_values_are_usage_errors(pytester: pytest.Pytester, args: list[str], message: str) -> None:

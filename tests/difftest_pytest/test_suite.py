@@ -9,6 +9,7 @@ import pytest
 
 from difftest import cli
 from difftest.bundle import load_bundle
+from difftest.kinds import ExitStatus
 from difftest.verdict import Verdict
 
 SUITE = ["--difftest-suite", "--difftest-seed=4000"]  # edge seeds: all-padding s4000, length-one s5000, ...
@@ -41,7 +42,7 @@ def test_a_planted_off_by_one_fails_with_the_row_table(planted: pytest.Pytester)
         "off-by-one on length-one-s5000 [[]B=2 next_n=1 *L=[[]1, 1]]: FAIL(mask) (encoding per-row)",
         "    2/2 rows with the wrong -inf mask [[]0,1]; NaN rows none; unwritten rows none; value rows none",
         "    first mismatch: row 0, position 0: expected *, got -inf (FAIL(mask))",
-        """    replay: difftest run --backend-module planted:off_by_one --spec '{"name":"length-one",*}' --seed 5000""",
+        """    replay: difftest run --backends planted:off_by_one --spec '{"name":"length-one",*}' --seed 5000""",
         "*= difftest =*",
         "off-by-one: 2/2 rows with the wrong -inf mask",
         "FAILED difftest::suite[[]off-by-one::length-one-s5000] - off-by-one on *",
@@ -54,10 +55,10 @@ def test_repro_dir_bundles_and_json_report(planted: pytest.Pytester) -> None:
     folder = planted.path / "repro" / "off-by-one--length-one-s5000"
     result.stdout.fnmatch_lines([f"    replay: difftest replay {folder}", f"report: {planted.path}/out/report.json"])
     bundle = load_bundle(folder)
-    assert (bundle.backend, bundle.backend_module, bundle.verdict) == ("off-by-one", "planted:off_by_one",
+    assert (bundle.backend, bundle.origin.target, bundle.verdict) == ("off-by-one", "planted:off_by_one",
                                                                        Verdict.FAIL_MASK)
     try:
-        assert cli.main(["replay", str(folder)]) == cli.EXIT_FAILED  # the replay line replays the failure
+        assert cli.main(["replay", str(folder), "--trust-bundle"]) == ExitStatus.FAILED  # it replays the failure
     finally:
         sys.modules.pop("planted", None)  # later pytester runs write their own planted.py
     report = json.loads((planted.path / "out" / "report.json").read_text())

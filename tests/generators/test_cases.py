@@ -74,4 +74,4 @@ def test_suite_overrides():
 def test_unknown_suite_is_a_spec_error():
     with pytest.raises(SpecError) as info:
         suite("most")
-    assert (info.value.field, info.value.value) == ("--cases", "most") and "'edges'" in info.value.expected
+    assert (info.value.field, info.value.value) == ("cases", "most") and "'edges'" in info.value.expected

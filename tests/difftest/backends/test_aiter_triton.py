@@ -19,9 +19,9 @@ import warnings
 import pytest
 import torch
 
-from difftest.backends import BUILTIN, load_backend
+from difftest.backends import load_backend
 from difftest.case import Case
-from difftest.encode import encode, token_table
+from difftest.kernel_inputs import encode, token_table
 from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention
 from oracles.paged_mqa_logits import reference
 from tests.support import golden_params
@@ -31,7 +31,7 @@ pytest.importorskip("triton", reason="triton is not installed: the AITER kernels
 from difftest.backends import aiter_triton
 
 # The backends' own reason: amd-aiter missing, kernel file missing, or a kernel with other arguments.
-_UNAVAILABLE = aiter_triton.AiterTritonFused().unavailable_reason("cpu")
+_UNAVAILABLE = aiter_triton.AiterTriton("aiter-triton-fused").unavailable_reason("cpu")
 if _UNAVAILABLE:
     pytest.skip(_UNAVAILABLE, allow_module_level=True)
 
@@ -40,9 +40,9 @@ CHUNK_K, SPLIT_KV = aiter_triton.CHUNK_K, aiter_triton.SPLIT_KV
 REPLAY_RTOL = 1e-5  # the interpreter's tl.dot is a float32 numpy matmul of exact fp8 products
 
 
-def backend(name: str) -> aiter_triton._AiterTritonBackend:
-    made = load_backend(BUILTIN[name])
-    assert isinstance(made, aiter_triton._AiterTritonBackend), f"{name}: {type(made)=}"
+def backend(name: str) -> aiter_triton.AiterTriton:
+    made = load_backend(name).backend
+    assert isinstance(made, aiter_triton.AiterTriton), f"{name}: {type(made)=}"
     return made
 
 

@@ -10,49 +10,68 @@ import dataclasses
 import pytest
 import torch
 
-from difftest.backends.deep_gemm import (
-    DeepGemmFlattened,
-    DeepGemmNative,
-    DeepGemmVarlen,
-    arch,
-    load_deep_gemm,
-)
-from difftest.encode import encode
-from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
-from difftest.runner import RunConfig, make_reference, run
+from difftest import hardware
+from difftest.backends import load_backend
+from difftest.backends.deep_gemm import VARIANTS, DeepGemm, load_deep_gemm
+from difftest.config import RunConfig
+from difftest.contract import WorkPartition
+from difftest.kernel_inputs import encode
+from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention, PartitionScope
+from difftest.reference import make_reference
+from difftest.runner import run
 from difftest.verdict import Verdict
 from generators import CaseSpec, build_case
 from generators.cases import suite
 
-VARIANTS = {"deepgemm": (DeepGemmNative, LengthEncoding.PER_ROW),
-            "deepgemm-flattened": (DeepGemmFlattened, LengthEncoding.FLATTENED),
-            "deepgemm-varlen": (DeepGemmVarlen, LengthEncoding.FLATTENED_INDICES)}
+ENCODINGS = {"deepgemm": LengthEncoding.PER_ROW, "deepgemm-flattened": LengthEncoding.FLATTENED,
+             "deepgemm-varlen": LengthEncoding.FLATTENED_INDICES}
 MODULE, HOW = load_deep_gemm()
-ON_SM90 = torch.cuda.is_available() and MODULE is not None and arch() == "sm90"
+ON_SM90 = torch.cuda.is_available() and MODULE is not None and hardware.arch() == "sm90"
 NOT_SM90 = ("needs an sm90 GPU with DeepGEMM importable: "
-            + ("torch.cuda.is_available() is False" if not torch.cuda.is_available()
-               else f"DeepGEMM not importable ({HOW})" if MODULE is None else f"this GPU is {arch()}"))
+            + (hardware.CUDA_UNAVAILABLE if not torch.cuda.is_available()
+               else f"DeepGEMM not importable ({HOW})" if MODULE is None else f"this GPU is {hardware.arch()}"))
 needs_sm90 = pytest.mark.skipif(not ON_SM90, reason=NOT_SM90)
 SPLIT_KV = 256  # tokens per schedule split of the sm90 kernel (DeepGEMM's host code)
 
 
-@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("name", ENCODINGS)
 def test_contract_declares_what_the_library_takes(name):
-    kind, encoding = VARIANTS[name]
-    contract = kind().contract
-    assert kind.name == name
-    assert contract.length_encoding == encoding and contract.cache_layout == CacheLayout.BLOCK_SPLIT
+    backend = load_backend(name).backend
+    contract = backend.contract
+    assert isinstance(backend, DeepGemm) and backend.name == name and backend.variant is VARIANTS[name]
+    assert contract.length_encoding == ENCODINGS[name] and contract.cache_layout == CacheLayout.BLOCK_SPLIT
     assert contract.mask == MaskConvention.TAIL_UNSPECIFIED, "DeepGEMM leaves the tail past each limit as it is"
-    assert contract.devices == ("cuda",) and contract.block_sizes == (32, 64)
+    assert contract.devices == ("cuda",) and contract.head_dims == (32, 64, 128)
     assert contract.rtol == 1e-2, "FP8 MMA accumulation: 3.0e-3 of the row scale seen on the H200"
+    assert contract.max_context == 262144, "measured on the H200"
+
+
+def test_the_sm90_variants_declare_the_kernels_schedule():
+    """256-token splits of 64-token tiles over the SMs, half of them at next_n = 4 (native only: the
+    flattened kernel always sees next_n = 1)."""
+    native, flattened = load_backend("deepgemm").contract, load_backend("deepgemm-flattened").contract
+    for contract in (native, flattened):
+        assert contract.archs == ("sm90",) and contract.block_sizes == (32, 64) and contract.heads == (32, 64)
+        assert contract.tiles == (64, 256) and contract.output_dtype == torch.float32
+    assert native.next_n == (1, 2, 4) and flattened.next_n is None
+    assert native.partition == WorkPartition(256, PartitionScope.GLOBAL, None, halved_at_next_n=(4,))
+    assert flattened.partition == WorkPartition(256, PartitionScope.GLOBAL, None)
+    assert native.partition.worker_count(4, 132) == 66 and flattened.partition.worker_count(4, 132) == 132
+
+
+def test_varlen_declares_sm100_and_leaves_unknown_facts_unknown():
+    contract = load_backend("deepgemm-varlen").contract
+    assert contract.archs == ("sm100", "sm103") and contract.block_sizes == (32, 64, 128)
+    assert contract.output_dtype == torch.bfloat16 and contract.next_n is None
+    assert (contract.heads, contract.tiles, contract.partition) == (None, (), None)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the reasons given where torch sees no GPU")
-@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("name", ENCODINGS)
 def test_every_variant_skips_on_the_cpu_with_its_reason(name):
-    backend = VARIANTS[name][0]()
+    backend = DeepGemm(name)
     assert backend.unavailable_reason("cpu") == "DeepGEMM runs on CUDA GPUs only (device cpu)"
-    assert backend.unavailable_reason("cuda") == "torch.cuda.is_available() is False"
+    assert backend.unavailable_reason("cuda") == hardware.CUDA_UNAVAILABLE
     result = run([backend], [build_case(CaseSpec(batch=2, next_n=2, block_size=64, max_model_len=128), 0)],
                  RunConfig())[0]
     assert result.verdict == Verdict.SKIP and result.reason == "DeepGEMM runs on CUDA GPUs only (device cpu)"
@@ -74,7 +93,8 @@ def test_native_and_flattened_pass_the_edges(next_n):
     """The edge list at the indexer's shape (H 64, D 128, block 64); sm90 has no native next_n = 3."""
     pairs = suite("edges", next_n=(next_n,), block_sizes=(64,), heads=64, head_dim=128)
     cases = [build_case(spec, seed, "cuda", name=spec.name) for spec, seed in pairs]
-    results = run([DeepGemmNative(), DeepGemmFlattened()], cases, RunConfig(device="cuda", isolate=False))
+    results = run([DeepGemm("deepgemm"), DeepGemm("deepgemm-flattened")], cases,
+                  RunConfig(device="cuda", isolate=False))
     expected = {"deepgemm": Verdict.SKIP if next_n == 3 else Verdict.PASS, "deepgemm-flattened": Verdict.PASS}
     wrong = [(r.backend, r.case, r.verdict.value, r.reason) for r in results if r.verdict != expected[r.backend]]
     assert not wrong, wrong
@@ -84,7 +104,7 @@ def test_native_and_flattened_pass_the_edges(next_n):
 @needs_sm90
 def test_next_n_4_needs_the_schedule_for_half_the_sms():
     """sm90 runs two query atoms per SM at next_n = 4: the kernel refuses a schedule for every SM."""
-    backend = DeepGemmNative()
+    backend = DeepGemm("deepgemm")
     inputs = encode(build_case(CaseSpec(batch=4, next_n=4, block_size=64, max_model_len=512), 0, "cuda"),
                     backend.contract)
     assert backend.num_sms(MODULE, 4) == MODULE.get_num_sms() // 2
@@ -112,11 +132,11 @@ def straddling_case(flatten_q_of: int | None = None):
 @needs_sm90
 @pytest.mark.skipif(ON_SM90 and getattr(MODULE, "__version__", "") != "2.8.1",
                     reason=f"the finding is pinned to DeepGEMM 2.8.1 (vllm 0.33.0); this is {HOW}")
-@pytest.mark.parametrize("kind", [DeepGemmNative, DeepGemmFlattened])
-def test_the_request_after_an_empty_one_gets_its_q(kind):
+@pytest.mark.parametrize("name", ["deepgemm", "deepgemm-flattened"])
+def test_the_request_after_an_empty_one_gets_its_q(name):
     """docs/findings/deepgemm-zero-length-request.md: request 2 is scored with request 1's q and
     weights (request 1 has no keys); its window and keys are its own."""
-    backend = kind()
+    backend = DeepGemm(name)
     case = straddling_case()
     result = run([backend], [case], RunConfig(device="cuda", isolate=False))[0]
     assert result.verdict == Verdict.FAIL_VALUE and result.comparison.value_rows == [2], result

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from difftest.backends.user import FunctionBackend, backend
-from difftest.encode import encode
+from difftest.kernel_inputs import encode
 from generators import build_case
 from oracles.paged_mqa_logits import reference
 from tests import user_backends as ub

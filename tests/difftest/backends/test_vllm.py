@@ -16,12 +16,15 @@ import importlib.util
 import pytest
 import torch
 
-from difftest.backends import BUILTIN, load_backend
+from difftest.backends import load_backend
 from difftest.backends import vllm_indexer as vi
 from difftest.case import Case
-from difftest.encode import KernelInputs, decode_row_lens, encode, unpack_cache
+from difftest.config import RunConfig
+from difftest.kernel_inputs import KernelInputs, decode_row_lens, encode
 from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
-from difftest.runner import CaseResult, RunConfig, run
+from difftest.layout import unpack_cache
+from difftest.result import CaseResult
+from difftest.runner import run
 from difftest.verdict import Verdict
 from generators import CaseSpec, build_case
 from generators.cases import suite
@@ -35,8 +38,8 @@ needs_vllm = pytest.mark.skipif(OPS_REASON is not None, reason=f"needs vllm impo
 
 
 def backend(name: str):
-    made = load_backend(BUILTIN[name])
-    assert made.name == name, f"{BUILTIN[name]=} made {made.name=}"
+    made = load_backend(name)
+    assert made.name == name, f"{name=} made {made.name=}"
     return made
 
 

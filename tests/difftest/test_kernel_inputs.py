@@ -11,19 +11,18 @@ from hypothesis import strategies as st
 
 from difftest.backends.torch_ref import TorchBackend
 from difftest.contract import Contract
-from difftest.encode import (
+from difftest.errors import SpecError
+from difftest.fp8 import decode
+from difftest.kernel_inputs import (
     decode_row_lens,
     encode,
     encode_lengths,
-    pack_cache,
     ragged_token_ids,
     repage_to_tokens,
     token_table,
-    unpack_cache,
 )
-from difftest.errors import SpecError
-from difftest.fp8 import decode
 from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding
+from difftest.layout import pack_cache, unpack_cache
 from generators import CaseSpec, LengthDist, Stale, Values, build_case
 from oracles.paged_mqa_logits import reference
 from tests.support import TINY_SPECS, assert_same_logits, bits

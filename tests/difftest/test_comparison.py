@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from difftest.compare import TOPK, compare, topk_overlap
+from difftest.comparison import TOPK, compare, topk_overlap
 from difftest.contract import Contract
 from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
 from difftest.poison import is_poison, poisoned

@@ -9,11 +9,12 @@ import dataclasses
 
 import torch
 
-from difftest.case import Case
+from difftest.case import Case, row_limits
 from difftest.contract import Contract
 from difftest.errors import SpecError, require
 from difftest.fp8 import convert
 from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding
+from difftest.layout import pack_cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,36 +36,6 @@ class KernelInputs:
     @property
     def rows(self) -> int:
         return self.weights.shape[0]
-
-
-# --------------------------------------------------------------------------- cache bytes
-
-def pack_cache(k_pool: torch.Tensor, scale_pool: torch.Tensor, layout: CacheLayout) -> torch.Tensor:
-    """uint8 [num_blocks, block_size, 1, D + 4] cache bytes of a key pool and its scales."""
-    num_blocks, block_size, head_dim = k_pool.shape
-    scale_bytes = scale_pool.contiguous().view(torch.uint8).reshape(num_blocks, block_size, 4)
-    if layout == CacheLayout.TOKEN_INTERLEAVED:
-        per_token = torch.cat([k_pool, scale_bytes], dim=-1)  # (NB, bs, D + 4)
-        return per_token.reshape(num_blocks, block_size, 1, head_dim + 4).contiguous()
-    keys = k_pool.reshape(num_blocks, block_size * head_dim)
-    flat = torch.cat([keys, scale_bytes.reshape(num_blocks, block_size * 4)], dim=-1)
-    return flat.reshape(num_blocks, block_size, 1, head_dim + 4).contiguous()
-
-
-def unpack_cache(kv_cache: torch.Tensor, head_dim: int, layout: CacheLayout) -> tuple[torch.Tensor, torch.Tensor]:
-    """(k_pool uint8 [NB, bs, D], scale_pool float32 [NB, bs]) from cache bytes: pack_cache's inverse."""
-    require(kv_cache.dim() == 4 and kv_cache.shape[2] == 1 and kv_cache.shape[3] == head_dim + 4,
-            "kv_cache.shape", tuple(kv_cache.shape), f"[num_blocks, block_size, 1, D + 4 = {head_dim + 4}]")
-    num_blocks, block_size = kv_cache.shape[:2]
-    if layout == CacheLayout.TOKEN_INTERLEAVED:
-        per_token = kv_cache.reshape(num_blocks, block_size, head_dim + 4)
-        keys, scale_bytes = per_token[..., :head_dim], per_token[..., head_dim:]
-    else:
-        flat = kv_cache.reshape(num_blocks, block_size * (head_dim + 4))
-        keys = flat[:, : block_size * head_dim].reshape(num_blocks, block_size, head_dim)
-        scale_bytes = flat[:, block_size * head_dim:].reshape(num_blocks, block_size, 4)
-    scales = scale_bytes.contiguous().view(torch.float32).reshape(num_blocks, block_size)
-    return keys.contiguous(), scales
 
 
 # --------------------------------------------------------------------------- paging
@@ -121,26 +92,20 @@ def decode_row_lens(inputs: KernelInputs, batch: int, next_n: int) -> torch.Tens
     lens = inputs.context_lens.to(torch.int64)
     enc = inputs.encoding
     if enc == LengthEncoding.PER_SEQUENCE:
-        return _per_row(lens, next_n)
+        return row_limits(lens, next_n)
     if enc == LengthEncoding.PREFIX_SUM:
-        return _per_row(lens[1:] - lens[:-1], next_n)
+        return row_limits(lens[1:] - lens[:-1], next_n)
     return lens.reshape(batch, next_n)
-
-
-def _per_row(seq_lens: torch.Tensor, next_n: int) -> torch.Tensor:
-    offsets = torch.arange(next_n, device=seq_lens.device) - next_n + 1
-    return (seq_lens[:, None] + offsets).clamp(min=0)
 
 
 # --------------------------------------------------------------------------- the whole case
 
 def adapt_block_size(case: Case, contract: Contract) -> Case:
     """The case re-paged to a block size the contract accepts; SpecError when none fits."""
-    if contract.block_sizes is None or case.block_size in contract.block_sizes:
-        return case
-    if 1 in contract.block_sizes:
-        return repage_to_tokens(case)
-    raise SpecError("block_size", case.block_size, f"one of {list(contract.block_sizes)}")
+    fed = contract.block_size_for(case.block_size)
+    if fed is None:
+        raise SpecError("block_size", case.block_size, f"one of {list(contract.block_sizes or ())}")
+    return case if fed == case.block_size else repage_to_tokens(case)
 
 
 def encode(case: Case, contract: Contract, *, encoding: LengthEncoding | None = None,

@@ -9,43 +9,21 @@ failing cases leave a reproducer bundle.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import dataclasses
 import json
 import shlex
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-from difftest.backends import Backend, as_backend, available_names, load_backend
-from difftest.backends.user import FunctionBackend
+from difftest.backends import Backend, Loaded, as_loaded, get_backends
+from difftest.bundle import write_bundle
 from difftest.case import Case
-from difftest.errors import require
-from difftest.replay import run_case
-from difftest.runner import CaseResult, RunConfig
+from difftest.config import RunConfig
+from difftest.observe import Observer, current_observer
+from difftest.report import render_failures
+from difftest.result import CaseResult
+from difftest.runner import run_one
 from difftest.verdict import Verdict
-
-
-@dataclasses.dataclass(frozen=True)
-class Observer:
-    """What a test runner attaches to check(): who hears each result, where failures' bundles go."""
-
-    on_result: Callable[[CaseResult], None] | None = None
-    repro_dir: Path | None = None  # failing cases are written here (difftest.bundle) to be replayed
-
-
-_OBSERVER: contextvars.ContextVar[Observer | None] = contextvars.ContextVar("difftest_check_observer",
-                                                                           default=None)
-
-
-@contextlib.contextmanager
-def observed(observer: Observer) -> Iterator[None]:
-    """Every check() inside the block reports to `observer`."""
-    token = _OBSERVER.set(observer)
-    try:
-        yield
-    finally:
-        _OBSERVER.reset(token)
+from generators.spec import CaseSpec
 
 
 def check(backend: Backend | str | Callable[..., object], case: Case,
@@ -61,12 +39,12 @@ def check(backend: Backend | str | Callable[..., object], case: Case,
     __tracebackhide__ = True
     backend = _as_backend(backend)
     config = config or RunConfig(device=case.device.type)
-    result = run_case(backend, case, config)
-    observer = _OBSERVER.get() or Observer()
+    result = run_one(backend, case, config)
+    observer = current_observer() or Observer()
     if observer.on_result is not None:
         observer.on_result(result)
     if result.verdict == Verdict.SKIP:
-        import pytest
+        import pytest  # deferred: check() is also called outside pytest
 
         pytest.skip(f"{backend.name} cannot take {case.name}: {result.reason}")
     if result.verdict.failed:
@@ -75,38 +53,28 @@ def check(backend: Backend | str | Callable[..., object], case: Case,
     return result
 
 
-def _as_backend(backend: Backend | str | Callable[..., object]) -> Backend:
-    if not isinstance(backend, str):
-        return as_backend(backend, "backend", repr(backend))
-    known = available_names()
-    if backend in known:
-        return load_backend(known[backend], f"backend {backend!r}")
-    require(":" in backend, "backend", backend, f"a registered name among {sorted(known)} or 'package.module:object'")
-    return load_backend(backend, "backend")
+def _as_backend(backend: Backend | str | Callable[..., object]) -> Loaded:
+    if isinstance(backend, str):
+        return get_backends([backend], "backend")[0]
+    return as_loaded(backend, "backend")
 
 
 def failure_message(result: CaseResult, replay: str) -> str:
     """The report's failure block for `result` (mask rows, first mismatch, verdict) and its replay line."""
-    from difftest.report import render_failures
-
     return f"{render_failures([result])}\n    replay: {replay}"
 
 
-def replay_command(backend: Backend, case: Case, result: CaseResult, config: RunConfig,
+def replay_command(backend: Loaded, case: Case, result: CaseResult, config: RunConfig,
                    repro_dir: Path | None) -> str:
     """`difftest replay <bundle>` when a repro dir is set (the bundle is written there), else the
     `difftest run` line that draws the same case; a hint when the case has no spec to draw it from."""
-    module = backend_module(backend)
     if repro_dir is not None:
-        from difftest.bundle import write_bundle
-
-        folder = write_bundle(repro_dir, case, result, config, backend_module=module,
-                              library=backend.contract.library)
+        folder = write_bundle(repro_dir, case, result, config, backend.origin, backend.contract.library)
         return f"difftest replay {shlex.quote(str(folder))}"
     spec, seed = case.meta.get("spec"), case.meta.get("seed")
     if spec is None or seed is None:
         return "none from the command line (the case was not drawn from a CaseSpec): set a repro dir for a bundle"
-    words = ["difftest", "run", *(["--backend-module", module] if module else ["--backends", backend.name]),
+    words = ["difftest", "run", "--backends", backend.origin.target or backend.name,
              "--spec", json.dumps(_changed_fields(spec), separators=(",", ":")), "--seed", str(seed)]
     if config.device != "cpu":
         words += ["--device", config.device]
@@ -117,17 +85,7 @@ def replay_command(backend: Backend, case: Case, result: CaseResult, config: Run
     return shlex.join(words)
 
 
-def backend_module(backend: Backend) -> str | None:
-    """'package.module:object' that loads `backend` again; None for a registered backend."""
-    if backend.name in available_names():
-        return None
-    source = backend.fn if isinstance(backend, FunctionBackend) else type(backend)
-    return f"{source.__module__}:{source.__qualname__}"
-
-
 def _changed_fields(spec: dict[str, object]) -> dict[str, object]:
     """The spec's name and the fields that differ from CaseSpec's defaults (CaseSpec.from_json fills the rest)."""
-    from generators.spec import CaseSpec
-
     defaults = CaseSpec().to_json()
     return {k: v for k, v in spec.items() if k == "name" or defaults.get(k) != v}

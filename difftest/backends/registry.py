@@ -1,0 +1,243 @@
+"""The registry: names to backends, module paths to backends, and each backend's recorded origin.
+
+Built-in names come from the `BACKENDS` table of each module in BUILTIN_MODULES (name -> zero-argument
+factory); other packages register theirs under the entry-point group `difftest.backends`; anything
+else loads from 'package.module:object'. Every load records its Origin once, so a worker or a replay
+rebuilds the same backend in a fresh process with `rebuild(origin)`.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+import inspect
+import os
+import sys
+from collections.abc import Callable, Sequence
+from types import ModuleType
+
+from difftest.backends.base import Backend, Loaded, Origin
+from difftest.errors import SpecError
+
+ENTRY_POINT_GROUP = "difftest.backends"
+# Modules whose BACKENDS tables make the built-in names, in listing order. They import torch but no
+# kernel library, so building the table costs no kernel import.
+BUILTIN_MODULES = (
+    "difftest.backends.torch_ref",
+    "difftest.backends.deep_gemm",
+    "difftest.backends.aiter_triton",
+    "difftest.backends.aiter_rocm",
+    "difftest.backends.vllm_indexer",
+)
+_TARGET = "'package.module:object'"
+
+
+# --------------------------------------------------------------------------- what can be loaded
+
+@functools.cache
+def _builtin() -> dict[str, tuple[str, Callable[[], Backend]]]:
+    table: dict[str, tuple[str, Callable[[], Backend]]] = {}
+    for module_name in BUILTIN_MODULES:
+        for name, factory in importlib.import_module(module_name).BACKENDS.items():
+            table[name] = (module_name, factory)
+    return table
+
+
+def builtin_backends() -> dict[str, Callable[[], Backend]]:
+    """name -> zero-argument factory of every built-in backend."""
+    return {name: factory for name, (_, factory) in _builtin().items()}
+
+
+def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def entry_point_backends() -> dict[str, str]:
+    """name -> 'module:object' of backends other packages register under `difftest.backends`;
+    a name that is also built in is left out (the built-in one wins)."""
+    return {name: ep.value for name, ep in _entry_points().items() if name not in _builtin()}
+
+
+def available_names() -> dict[str, str]:
+    """Every registered name -> where it comes from, built-in first."""
+    names = {name: f"{module} (built in)" for name, (module, _) in _builtin().items()}
+    for name, value in entry_point_backends().items():
+        names[name] = f"{value} (entry point {ENTRY_POINT_GROUP})"
+    return names
+
+
+# --------------------------------------------------------------------------- loading
+
+def load_backend(target: str, field: str = "backend") -> Loaded:
+    """The backend a registered name or 'package.module:object' names, with its origin.
+
+    A module path is imported with the current working directory importable (as `python -m`
+    would have it), so a kernel module in the folder difftest is run from loads without installing.
+    """
+    if target in _builtin():
+        return Loaded(_builtin()[target][1](), Origin(target, registered=True))
+    points = _entry_points()
+    if target in points:
+        return Loaded(as_backend(_load_entry_point(points[target], field), field, target),
+                      Origin(target, registered=True))
+    if ":" not in target:
+        raise SpecError(field, target, f"a registered name among {sorted(available_names())}, or {_TARGET}")
+    return Loaded(as_backend(_import_object(target, field), field, target), Origin(target, registered=False))
+
+
+def get_backends(names: Sequence[str] | None = None, field: str = "backends") -> list[Loaded]:
+    """The backends named, in order: each a registered name or 'package.module:object'.
+    None means every registered one. Unknown names are reported together."""
+    if isinstance(names, str):  # a str is a Sequence of one-letter names: never what was meant
+        raise SpecError(field, names, "a list of backend names, not one string")
+    known = available_names()
+    chosen = list(known) if names is None else list(names)
+    unknown = [n for n in chosen if n not in known and ":" not in n]
+    if unknown:
+        raise SpecError(field, ",".join(unknown), f"registered names among {sorted(known)}, or {_TARGET}")
+    return [load_backend(name, field) for name in chosen]
+
+
+def as_loaded(obj: object, field: str = "backend") -> Loaded:
+    """A Loaded from a Loaded (as is), a Backend instance, a class or zero-argument factory returning
+    one, or a function decorated with difftest.backend(contract); its origin is the first of its
+    registered name, its own class or function, and the factory that made it that rebuilds an
+    equal backend (origin_of)."""
+    if isinstance(obj, Loaded):
+        return obj
+    made_by = None if isinstance(obj, Backend) else _own_target(obj)
+    backend = as_backend(obj, field, made_by or repr(obj))
+    return Loaded(backend, _origin_among(backend, (_registered_name(backend), _own_target(_source(backend)), made_by)))
+
+
+def as_backend(obj: object, field: str, target: str) -> Backend:
+    """A Backend from an instance, a class or factory returning one, or a decorated function;
+    SpecError(field, target, ...) for anything else."""
+    from difftest.backends.user import FunctionBackend  # deferred: it imports torch
+    from difftest.contract import Contract
+
+    if isinstance(obj, Loaded):
+        return obj.backend
+    if isinstance(obj, Backend) and not isinstance(obj, type):
+        return obj
+    if isinstance(getattr(obj, "difftest_contract", None), Contract):
+        return FunctionBackend.from_function(obj)  # type: ignore[arg-type]
+    if callable(obj) and _takes_no_arguments(obj):
+        made = obj()
+        if isinstance(made, Backend) and not isinstance(made, type):
+            return made.backend if isinstance(made, Loaded) else made
+    raise SpecError(field, target, "a Backend, a factory of one, or a function decorated with "
+                    "difftest.backend(contract=...)")
+
+
+def rebuild(origin: Origin, field: str = "backend") -> Loaded:
+    """The backend `origin` names, built afresh (in a worker, or for a replay)."""
+    if origin.target is None:
+        raise SpecError(field, None, f"an origin with a target ({origin.describe()})")
+    return load_backend(origin.target, field)
+
+
+# --------------------------------------------------------------------------- origins of objects
+
+def origin_of(backend: Backend, hint: str | None = None) -> Origin:
+    """The first target that rebuilds a backend equal to `backend`: `hint` (where it was loaded
+    from), its registered name, then its own class or function; else why none does."""
+    if isinstance(backend, Loaded):
+        return backend.origin
+    return _origin_among(backend, (hint, _registered_name(backend), _own_target(_source(backend))))
+
+
+def _origin_among(backend: Backend, candidates: tuple[str | None, ...]) -> Origin:
+    tried = []
+    for target in dict.fromkeys(t for t in candidates if t):
+        why = _rebuild_difference(backend, target)
+        if why is None:
+            return Origin(target, registered=target in available_names())
+        tried.append(f"{target} {why}")
+    if tried:
+        return Origin(None, False, "; ".join(tried))
+    source = _source(backend)
+    where = f"{getattr(source, '__module__', None) or '?'}:{getattr(source, '__qualname__', '?')}"
+    return Origin(None, False, f"{backend.name} is defined in {where}, which a fresh process cannot import")
+
+
+def _registered_name(backend: Backend) -> str | None:
+    return backend.name if backend.name in available_names() else None
+
+
+def _source(backend: Backend) -> object:
+    """What defines `backend`: the decorated function of a FunctionBackend, else its class."""
+    from difftest.backends.user import FunctionBackend  # deferred: it imports torch
+
+    return backend.fn if isinstance(backend, FunctionBackend) else type(backend)
+
+
+def _own_target(obj: object) -> str | None:
+    """'module:qualname' of a class or function a fresh process can import, else None."""
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if not module or not qualname or module == "__main__" or "<locals>" in qualname:
+        return None
+    return f"{module}:{qualname}"
+
+
+def _rebuild_difference(backend: Backend, target: str) -> str | None:
+    """How what `target` builds differs from `backend`, or None when it is the same backend."""
+    try:
+        again = load_backend(target, "backend").backend
+    except Exception as exc:  # a factory may raise anything; the rebuild check reports it
+        return f"does not load: {exc}" if isinstance(exc, SpecError) else \
+            f"does not load: {type(exc).__name__}: {exc}"
+    same = (type(again) is type(backend) and again.name == backend.name and again.contract == backend.contract
+            and getattr(again, "fn", None) is getattr(backend, "fn", None))
+    return None if same else "builds a different backend (this one was changed after it was made)"
+
+
+# --------------------------------------------------------------------------- importing
+
+def _load_entry_point(ep: importlib.metadata.EntryPoint, field: str) -> object:
+    try:
+        return ep.load()
+    except Exception as exc:  # an installed plugin can fail in any way; name it
+        raise SpecError(field, ep.name, f"an entry point that loads ({ep.value}: {type(exc).__name__}: {exc})") \
+            from exc
+
+
+def _import_object(target: str, field: str) -> object:
+    """The object 'package.module:attr' (attr may be dotted) names."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise SpecError(field, target, _TARGET)
+    obj: object = _import_module(module_name, field, target)
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise SpecError(field, target, f"an object named {attr!r} in module {module_name!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _import_module(module_name: str, field: str, target: str) -> ModuleType:
+    """Import with the working directory on sys.path for this import only; an ImportError says
+    which path was searched."""
+    cwd = os.getcwd()
+    present = any(os.path.realpath(p or os.curdir) == os.path.realpath(cwd) for p in sys.path)
+    searched = list(sys.path) if present else [*sys.path, cwd]
+    if not present:
+        sys.path.append(cwd)  # after site-packages: a stray file in the folder cannot shadow a library
+    try:
+        importlib.invalidate_caches()  # a module written since the last import attempt is found
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SpecError(field, target, f"an importable module ({exc}; sys.path searched: {searched})") from exc
+    finally:
+        if not present and cwd in sys.path:
+            sys.path.remove(cwd)
+
+
+def _takes_no_arguments(obj: object) -> bool:
+    """Whether `obj()` is a valid call: a factory, not a kernel function missing its decorator."""
+    try:
+        inspect.signature(obj).bind()  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return True

@@ -1,0 +1,56 @@
+"""RunConfig: how backends are fed and guarded in one run. Errors name these fields, never CLI flags."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from difftest.errors import require
+from difftest.kinds import CacheLayout, LengthEncoding, SanitizerTool
+
+DEVICES = ("cpu", "cuda")
+MAX_REPEAT = 1000  # launches per case; more is a typo, not a stability study
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """How backends are fed: the device, what-if overrides of their declared contract, and the guards."""
+
+    device: str = "cpu"
+    encoding: LengthEncoding | None = None
+    layout: CacheLayout | None = None
+    isolate: bool | None = None  # a worker process per backend; None: on for cuda (or a timeout), off for cpu
+    timeout: float | None = None  # seconds a case may take in a worker, all launches; None: isolate.DEFAULT_TIMEOUT
+    repeat: int = 1  # launches per case; more than one classifies the backend's stability
+    sanitize: SanitizerTool | None = None  # a compute-sanitizer tool to replay failing results under
+    sanitize_all: bool = False  # replay every result that ran, not only the failing ones
+
+    def __post_init__(self) -> None:
+        require(self.device in DEVICES, "device", self.device, f"one of {list(DEVICES)}")
+        require(self.encoding is None or isinstance(self.encoding, LengthEncoding), "encoding", self.encoding,
+                f"None or a difftest.LengthEncoding {[e.value for e in LengthEncoding]}")
+        require(self.layout is None or isinstance(self.layout, CacheLayout), "layout", self.layout,
+                f"None or a difftest.CacheLayout {[c.value for c in CacheLayout]}")
+        require(self.isolate in (None, True, False), "isolate", self.isolate, "None, True or False")
+        require(type(self.repeat) is int and 1 <= self.repeat <= MAX_REPEAT, "repeat", self.repeat,
+                f"an integer in [1, {MAX_REPEAT}]")
+        require(self.timeout is None or (isinstance(self.timeout, (int, float)) and 0 < self.timeout < math.inf),
+                "timeout", self.timeout, "a finite number of seconds > 0")
+        require(self.timeout is None or self.isolate is not False, "timeout", self.timeout,
+                "isolation (a call is cut short by killing its worker), not isolate=False")
+        require(self.sanitize is None or isinstance(self.sanitize, SanitizerTool), "sanitize", self.sanitize,
+                f"None or a difftest.SanitizerTool {[t.value for t in SanitizerTool]}")
+        require(not self.sanitize_all or self.sanitize is not None, "sanitize_all", self.sanitize_all,
+                "a sanitize tool to go with it")
+
+    @property
+    def isolated(self) -> bool:
+        """Whether backends run in worker processes: as asked, else on cuda or with a timeout."""
+        if self.isolate is not None:
+            return self.isolate
+        return self.device == "cuda" or self.timeout is not None
+
+    @property
+    def overridden(self) -> bool:
+        """Whether every backend is handed another encoding or layout than it declares."""
+        return self.encoding is not None or self.layout is not None

@@ -1,0 +1,37 @@
+"""CaseResult: one backend on one case, as data every layer above the runner reads."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from difftest.comparison import Comparison
+from difftest.kinds import CacheLayout, Isolation, LengthEncoding
+from difftest.sanitize import SanitizerReport
+from difftest.stability import Stability
+from difftest.verdict import Verdict
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseResult:
+    """One backend on one case."""
+
+    backend: str
+    case: str
+    description: str
+    rows: int
+    verdict: Verdict
+    device: str
+    encoding: LengthEncoding  # the length encoding the backend was handed
+    layout: CacheLayout
+    overridden: bool  # True when a what-if encoding/layout replaced the backend's declared one
+    seconds: float
+    comparison: Comparison | None = None
+    reason: str | None = None  # the exception of an ERROR, CRASH or TIMEOUT, the cause of a SKIP
+    error_type: str | None = None  # the exception's class name, for an ERROR or CRASH that raised one
+    spec: dict[str, object] | None = None
+    mutated_inputs: tuple[str, ...] = ()  # input tensors the backend wrote into
+    stability: Stability | None = None  # how `repeat` launches agreed; None for one launch
+    isolation: Isolation | None = None  # where the call ran, when the run asked for isolation
+    isolation_note: str | None = None  # why it ran in-process although isolation was asked for
+    sanitizer: SanitizerReport | None = None  # the compute-sanitizer replay, when one was asked for
+    gpu: str | None = None  # the physical GPU it was computed on (hardware.gpu_description); None on the CPU

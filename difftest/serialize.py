@@ -1,0 +1,164 @@
+"""JSON: results as plain JSON and back, and the JSONL stream a run appends to as it goes.
+
+The JSONL stream (ResultStream): one line per result, appended and flushed the moment the result is
+made, so a run killed half-way keeps every result it finished. A line is either {"run": {...}}
+(written when a run starts or resumes) or {"result": {...}} (to_jsonable of a CaseResult).
+load_results reads a stream or a JSON report (difftest.report.write_json) back into CaseResults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+from pathlib import Path
+from typing import IO, Any
+
+from difftest.comparison import Comparison
+from difftest.errors import SpecError
+from difftest.kinds import CacheLayout, Isolation, LengthEncoding, SanitizerTool
+from difftest.result import CaseResult
+from difftest.sanitize import Finding, SanitizerReport
+from difftest.stability import Stability, StabilityKind
+from difftest.verdict import Mismatch, Verdict
+
+
+def to_jsonable(value: Any) -> Any:
+    """Dataclasses, enums and floats (inf, NaN as strings) as plain JSON."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    return value
+
+
+def result_from_json(data: dict[str, Any]) -> CaseResult:
+    """The CaseResult to_jsonable wrote (non-finite floats come back from their 'inf'/'nan' strings)."""
+    known = {f.name for f in dataclasses.fields(CaseResult)}
+    unknown = set(data) - known
+    if unknown:
+        raise SpecError("result", sorted(unknown), f"fields among {sorted(known)}")
+    nested = {
+        "verdict": Verdict(data["verdict"]), "seconds": float(data["seconds"]),
+        "encoding": LengthEncoding(data["encoding"]), "layout": CacheLayout(data["layout"]),
+        "isolation": _maybe(Isolation, data.get("isolation")),
+        "comparison": _maybe(_comparison, data.get("comparison")),
+        "mutated_inputs": tuple(data.get("mutated_inputs", ())),
+        "stability": _maybe(_stability, data.get("stability")),
+        "sanitizer": _maybe(_sanitizer, data.get("sanitizer")),
+    }
+    return CaseResult(**{**data, **nested})
+
+
+def _maybe(build: Any, value: Any) -> Any:
+    return None if value is None else build(value)
+
+
+def _comparison(data: dict[str, Any]) -> Comparison:
+    floats = {k: float(data[k]) for k in ("max_abs_err", "max_rel_err", "topk_overlap")}
+    first = _maybe(lambda m: Mismatch(m["row"], m["position"], float(m["expected"]), float(m["got"]),
+                                      Verdict(m["kind"])), data.get("first_mismatch"))
+    return Comparison(**{**data, **floats, "first_mismatch": first, "verdict": Verdict(data["verdict"])})
+
+
+def _stability(data: dict[str, Any]) -> Stability:
+    return Stability(**{**data, "kind": StabilityKind(data["kind"]), "max_abs_diff": float(data["max_abs_diff"])})
+
+
+def _sanitizer(data: dict[str, Any]) -> SanitizerReport:
+    findings = tuple(Finding(**{**f, "details": tuple(f["details"])}) for f in data.get("findings", ()))
+    return SanitizerReport(**{**data, "tool": SanitizerTool(data["tool"]), "findings": findings})
+
+
+def load_results(path: str | Path, field: str = "resume") -> list[CaseResult]:
+    """Every result of a JSON report (write_json) or of a JSONL stream (ResultStream).
+
+    A stream's last line may be torn (the run was killed while writing it): it is ignored. Any
+    other unreadable line is a SpecError naming `field`, the file and the line.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(field, str(path), f"a readable report or stream ({exc.strerror})") from None
+    with_results = _json_or_none(text)
+    if isinstance(with_results, dict) and "results" in with_results:
+        return [_result(r, field, path) for r in with_results["results"]]
+    return _stream_results(text, field, path)
+
+
+def is_stream(path: str | Path) -> bool:
+    """Whether `path` holds a JSONL stream (its first line a {"run": ...} or {"result": ...} record)."""
+    with Path(path).open() as file:
+        record = _json_or_none(file.readline())
+    return isinstance(record, dict) and bool({"run", "result"} & set(record))
+
+
+def _stream_results(text: str, field: str, path: Path) -> list[CaseResult]:
+    lines = text.splitlines()
+    results = []
+    for number, line in enumerate(lines, 1):
+        record = _json_or_none(line)
+        if record is None and number == len(lines) and not text.endswith("\n"):
+            break  # torn by a kill mid-write
+        if not isinstance(record, dict) or not ({"run"} <= set(record) or {"result"} <= set(record)):
+            raise SpecError(field, f"{path}:{number}", 'a JSON report, or JSONL lines {"run": ...} / {"result": ...}')
+        if "result" in record:
+            results.append(_result(record["result"], field, path))
+    return results
+
+
+def _result(data: Any, field: str, path: Path) -> CaseResult:
+    try:
+        return result_from_json(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SpecError(field, str(path), f"results as difftest writes them ({type(exc).__name__}: {exc})") from None
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+class ResultStream:
+    """The JSONL stream: a {"run": info} line, then one {"result": ...} line per result, each flushed.
+
+    append=True keeps what the file holds (a resumed run adds to its own stream) after cutting a
+    torn last line; otherwise the file starts empty.
+    """
+
+    def __init__(self, path: str | Path, append: bool = False) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if append and self.path.exists():
+            _cut_torn_line(self.path)
+        self.file: IO[str] = self.path.open("a" if append else "w")
+
+    def header(self, info: dict[str, Any]) -> None:
+        self._line({"run": to_jsonable(info)})
+
+    def write(self, result: CaseResult) -> None:
+        self._line({"result": to_jsonable(result)})
+
+    def _line(self, record: dict[str, Any]) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()  # in the kernel's hands now: a SIGKILL of this process cannot lose it
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _cut_torn_line(path: Path) -> None:
+    """Drop whatever follows the last newline (a line a killed run did not finish)."""
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        path.write_bytes(data[:data.rfind(b"\n") + 1])

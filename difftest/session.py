@@ -1,0 +1,214 @@
+"""One `difftest run`, as a library call: plan the cases, run them (here or spread over GPUs),
+stream and keep every result, write bundles for failures and the JSON report.
+
+The CLI builds a RunRequest from its options and prints what execute() returns; nothing here prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import shlex
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from difftest import __version__, spread
+from difftest.backends import Loaded, get_backends
+from difftest.bundle import bundle_name, write_bundle
+from difftest.case import Case
+from difftest.config import RunConfig
+from difftest.errors import require
+from difftest.kinds import ExitStatus
+from difftest.plan import PlannedCase, Shard, SuiteRequest, kept_results, plan
+from difftest.report import write_json
+from difftest.result import CaseResult
+from difftest.runner import run
+from difftest.serialize import ResultStream, is_stream, load_results
+from generators.tensors import build_case
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRequest:
+    """Everything one run is asked to do. Errors name these fields."""
+
+    suite: SuiteRequest = dataclasses.field(default_factory=SuiteRequest)
+    backends: tuple[str, ...] | None = None  # registered names or 'pkg.mod:obj'; None: every registered one
+    config: RunConfig = dataclasses.field(default_factory=RunConfig)
+    report: Path | None = None
+    stream: Path | None = None  # default: beside the report, suffix .jsonl
+    resume: Path | None = None  # a report or stream of an earlier run of the same cases
+    repro_dir: Path | None = None  # a bundle for every failing result
+    gpus: int | None = None  # spread over this many GPUs, one child process each
+    argv: tuple[str, ...] = ()  # the `run` command line: recorded, and what the children of a spread run get
+
+    @property
+    def stream_path(self) -> Path | None:
+        """Where results stream: `stream`, else beside `report`, else nowhere."""
+        return self.stream or (self.report.with_suffix(".jsonl") if self.report else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOutcome:
+    """What a run made: every result in plan order, the run's info, and where things were written."""
+
+    results: list[CaseResult]
+    info: dict[str, Any]
+    bundles: int = 0
+    stream: Path | None = None
+    shards: tuple[spread.ShardRun, ...] = ()
+
+    @property
+    def status(self) -> ExitStatus:
+        """FAILED when a backend failed or a shard died, else OK."""
+        died = any(shard.died for shard in self.shards)
+        return ExitStatus.FAILED if died or any(r.verdict.failed for r in self.results) else ExitStatus.OK
+
+
+Listener = Callable[[CaseResult], None]
+
+
+def execute(request: RunRequest, on_result: Listener | None = None,
+            shard_envs: list[dict[str, str]] | None = None) -> RunOutcome:
+    """Run `request`. With `gpus` (or `shard_envs`: what each child's environment adds, how the tests
+    spread a CPU run) the plan is spread over child processes, one shard each."""
+    backends = get_backends(list(request.backends) if request.backends else None)
+    cases = plan(request.suite)
+    if shard_envs is None and request.gpus is not None:
+        shard_envs = spread.gpu_environments(request.gpus, request.config.device, torch.cuda.device_count(),
+                                             os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if shard_envs is not None:
+        return _spread(request, backends, cases, shard_envs)
+    return _here(request, backends, cases, on_result)
+
+
+def _here(request: RunRequest, backends: list[Loaded], cases: list[PlannedCase],
+          on_result: Listener | None) -> RunOutcome:
+    config, started = request.config, time.time()
+    done = _resumed(request, cases, backends) if request.resume else {}
+    stream = _open_stream(request, run_info(request, started, len(cases), len(done)), done)
+    repro = ReproWriter(request.repro_dir, config, backends) if request.repro_dir else None
+    # Drawn on the run's device: a 128K-context batch would take seconds to draw on the CPU.
+    drawn = (build_case(c.spec, c.seed, config.device, name=c.name) for c in cases)
+
+    def heard(result: CaseResult) -> None:
+        for listener in (stream.write if stream else None, repro.on_result if repro else None, on_result):
+            if listener:
+                listener(result)
+
+    try:
+        results = run(backends, repro.track(drawn) if repro else drawn, config, on_result=heard, done=done)
+    finally:
+        if stream:
+            stream.close()
+    info = run_info(request, started, len(cases), len(done))
+    _write_report(request, results, info)
+    return RunOutcome(results, info, len(repro.written) if repro else 0, stream.path if stream else None)
+
+
+def _spread(request: RunRequest, backends: list[Loaded], cases: list[PlannedCase],
+            envs: list[dict[str, str]]) -> RunOutcome:
+    """The plan's shards in child processes (difftest.spread), their results merged in plan order."""
+    require(request.resume is None, "resume", str(request.resume), "a run that is not spread (resume a spread "
+            "run's report or stream on one GPU)")
+    require(request.suite.shard is None, "shard", str(request.suite.shard), "a run that is not spread "
+            "(a spread run shards itself)")
+    started = time.time()
+    expected = [len(Shard(i, len(envs)).of(cases)) * len(backends) for i in range(len(envs))]
+    shards = spread.run_shards(request.argv, envs, expected)
+    results = spread.merge([c.name for c in cases], shards)
+    info = {**run_info(request, started, len(cases)), "shards": [shard.info() for shard in shards]}
+    stream = _open_stream(request, info, {})
+    if stream:
+        for result in results:
+            stream.write(result)
+        stream.close()
+    _write_report(request, results, info)
+    bundles = _bundles_written(request.repro_dir, results)
+    return RunOutcome(results, info, bundles, stream.path if stream else None, tuple(shards))
+
+
+def _write_report(request: RunRequest, results: list[CaseResult], info: dict[str, Any]) -> None:
+    if request.report:
+        write_json(request.report, results, info)
+
+
+def _bundles_written(repro_dir: Path | None, results: list[CaseResult]) -> int:
+    """The reproducer bundles of `results` that the children wrote under `repro_dir`."""
+    if repro_dir is None:
+        return 0
+    return sum((repro_dir / bundle_name(r)).is_dir() for r in results if r.verdict.failed)
+
+
+def _resumed(request: RunRequest, cases: list[PlannedCase],
+             backends: list[Loaded]) -> dict[tuple[str, str], CaseResult]:
+    assert request.resume is not None
+    return kept_results(load_results(request.resume, "resume"), cases, [b.name for b in backends],
+                        request.config.device, str(request.resume))
+
+
+def _open_stream(request: RunRequest, info: dict[str, Any],
+                 done: dict[tuple[str, str], CaseResult]) -> ResultStream | None:
+    """The JSONL stream; a resumed run appends to its own stream, and a new stream starts with the
+    results it resumes, so every stream holds its whole run."""
+    target = request.stream_path
+    if target is None:
+        return None
+    same = request.resume is not None and request.resume.resolve() == target.resolve()
+    require(not same or is_stream(target), "stream", str(target),
+            "a JSONL stream to append to, not the JSON report given to resume")
+    stream = ResultStream(target, append=same)
+    stream.header(info)
+    if not same:
+        for result in done.values():
+            stream.write(result)
+    return stream
+
+
+def run_info(request: RunRequest, started: float, cases: int, resumed: int = 0) -> dict[str, object]:
+    """How the run was made: the command, versions, device and options, for the report and the stream."""
+    config = request.config
+    # A spread parent computes nothing: its results name their GPUs (CaseResult.gpu).
+    gpu = torch.cuda.get_device_name() if config.device == "cuda" and request.gpus is None else None
+    return {"command": "difftest " + shlex.join(request.argv), "seed": request.suite.seed, "cases": cases,
+            "device": config.device, "gpu": gpu, "torch": torch.__version__, "difftest": __version__,
+            "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "seconds": round(time.time() - started, 3),
+            "encoding_override": config.encoding.value if config.encoding else None,
+            "layout_override": config.layout.value if config.layout else None, "isolated": config.isolated,
+            "timeout": config.timeout, "repeat": config.repeat,
+            "sanitize": config.sanitize.value if config.sanitize else None, "sanitize_all": config.sanitize_all,
+            "case_filter": list(request.suite.case_filter),
+            "shard": str(request.suite.shard) if request.suite.shard else None,
+            "resumed_from": str(request.resume) if request.resume else None, "resumed": resumed}
+
+
+class ReproWriter:
+    """Writes a bundle for every failing result of a run.
+
+    The runner hands `on_result` only the CaseResult, so `track` wraps the case stream and remembers
+    the case being run: results of a case arrive before the runner draws the next one.
+    """
+
+    def __init__(self, directory: Path, config: RunConfig, backends: list[Loaded]) -> None:
+        self.directory, self.config = directory, config
+        self.backends = {b.name: b for b in backends}
+        self.case: Case | None = None
+        self.written: list[Path] = []
+
+    def track(self, cases: Iterable[Case]) -> Iterator[Case]:
+        """The same cases, each remembered while the runner works on it."""
+        for case in cases:
+            self.case = case
+            yield case
+
+    def on_result(self, result: CaseResult) -> None:
+        """Write `result`'s bundle when it failed."""
+        if result.verdict.failed and self.case is not None:
+            backend = self.backends[result.backend]
+            self.written.append(write_bundle(self.directory, self.case, result, self.config, backend.origin,
+                                             backend.contract.library))

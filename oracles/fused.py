@@ -1,0 +1,212 @@
+"""A fused, exact-product GPU oracle for paged MQA logits, with each row's fp32 rounding bound.
+
+    logits[b*next_n + j, p] = sum_h w[b*next_n + j, h] * relu(q[b, j, h, :] . k_b[p, :]) * s_b[p]
+                              for p < limit[b, j] = max(L_b - next_n + j + 1, 0),
+                              -inf for every other p < max_model_len
+
+k_b[p], s_b[p]: slot p % block_size of physical block block_table[b, p // block_size]. One Triton
+program per (sequence, chunk of key positions) computes every next_n row and every head of its
+sequence, so each key byte is read once; no [rows, H, positions] tensor ever reaches memory.
+
+Exactness. Keys and queries are decoded from fp8 to fp16, which holds every e4m3fn and e4m3fnuz
+value exactly, and multiplied on the tensor cores with fp32 accumulation: every product q_d * k_d
+(at most 8 significant bits) is exact, so the only errors are the fp32 sums, the same class of
+error a correct fp32 kernel makes. (fp8 tensor-core products are not used: Hopper's fp8 MMA keeps
+only ~14 accumulator bits.) ReLU, weights, head sum and scale are fp32 CUDA-core operations.
+
+The bound. bound[r] = gamma * max_{p < limit} (folded[r] . |k_p|) * s_p with
+folded[r, :] = sum_h |w[r, h]| * |q[r, h, :]|, so that for every p < limit
+|fused[r, p] - exact[r, p]| + |fp32 backend[r, p] - exact[r, p]| <= bound[r]: a correct fp32 backend
+stays within bound[r] of this oracle (see `bound_gamma` for gamma). It is computed in the same
+pass, by a second tensor-core product of |k| with folded (rounded up to fp16), and rounded up at
+every step where rounding could lower it.
+
+Shrink-free. Nothing here depends on the whole batch beyond each row's own sequence: a row's logits
+and bound are the same whether its sequence is alone or in a batch of 128, whatever the other
+sequences' lengths, the pool's size or the table's width, so a case `difftest shrink` reduces keeps
+its oracle values. The chunking of positions and the order of the atomic max change no value.
+
+On a CUDA case the kernels are compiled for the GPU; on a CPU case they run under the Triton
+interpreter (numpy float32: products exact, sums round to nearest, inside the same bound).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from pathlib import Path
+
+import torch
+import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from difftest.case import Case
+from difftest.kinds import Fp8Flavour
+from difftest.triton_interpret import interpreter_compat, load_kernel_module
+
+KERNEL_FILE = Path(__file__).with_name("_paged_mqa_logits_kernel.py")
+
+# Unit roundoffs. Plain fp32 arithmetic rounds to nearest: 2^-24. NVIDIA documents no rounding
+# mode for the tensor cores' fp32 accumulation; measurements (Fasi, Higham, Mikaitis, Pranesh 2021
+# on V100/T4/A100, and later work on Hopper) found truncation, i.e. round toward zero, whose unit
+# roundoff is 2^-23, twice round-to-nearest's; and a multi-term adder truncates each addend when it
+# aligns it, so we count two such roundings per product.
+U_FP32 = 2.0 ** -24
+U_TENSOR_CORE = 2.0 ** -23
+# Each value of the folded bound vector is in [2^14, 2^15) after scaling: fp16 keeps it finite.
+_TINY_SLACK = 2.0 ** -40  # the host's few float64 roundings of the factor
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedReference:
+    """The oracle's answer for one case."""
+
+    logits: torch.Tensor  # float32 [rows, max_model_len], -inf outside each row's window
+    bound: torch.Tensor  # float32 [rows]: largest |fused - fp32 backend| a correct backend may show
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """Tile shape and launch parameters; none of them changes a value."""
+
+    block_p: int  # key positions per tile (a power of two, >= 16)
+    num_warps: int
+    num_stages: int  # software-pipelining depth of the key loads (compiled mode)
+    chunk_tiles: int | None = None  # tiles per program; None: from the case's size and the GPU
+    tma: bool | None = None  # bulk tensor copies of whole tiles; None: wherever a tile fits in a block
+    maxnreg: int | None = None  # register cap per thread (more programs per SM), compiled mode only
+
+    def uses_tma(self, case: Case) -> bool:
+        """Tiles by tensor descriptors: each tile inside one block, and D a power of two."""
+        fits = case.block_size % self.block_p == 0 and case.head_dim == triton.next_power_of_2(case.head_dim)
+        return fits if self.tma is None else self.tma and fits
+
+
+def gamma(n: int, unit: float) -> float:
+    """Higham's gamma_n = n u / (1 - n u): relative error of n roundings of unit u."""
+    return n * unit / (1 - n * unit)
+
+
+def bound_gamma(heads: int, head_dim: int) -> float:
+    """gamma with |fused - exact| + |fp32 backend - exact| <= gamma * (folded . |k_p|) * s_p.
+
+    A correct fp32 backend, in any order (Higham 3.1, as oracles.paged_mqa_logits.fp32_error_bound):
+    gamma_{D+H+3}(2^-24). This oracle: the D-term dot on tensor cores, two roundings of 2^-23 per
+    product (U_TENSOR_CORE), then x weight, the H-term head sum and x scale in fp32 (H + 1 roundings
+    of 2^-24). With u = 2^-23 in gamma_{D+H+3} alone (twice the fp32 bound) the sum would not be
+    covered when the tensor cores truncate: this oracle's part is ~4D + H units of 2^-24, not D + H.
+    """
+    backend = gamma(head_dim + heads + 3, U_FP32)
+    oracle = (1 + gamma(2 * head_dim, U_TENSOR_CORE)) * (1 + gamma(heads + 1, U_FP32)) - 1
+    return backend + oracle
+
+
+def peak_inflation(heads: int, head_dim: int) -> float:
+    """Factor >= true peak / computed peak: the computed peak only loses what its roundings lose.
+
+    folded is an H-term fp32 sum of products (>= (1 - gamma_H) of its value), then scaled by a power
+    of two and rounded up to fp16 (never lower); its dot with |k| on the tensor cores loses at most
+    gamma_{2D}(2^-23) of a sum of non-negative terms; x scale one more 2^-24.
+    """
+    kept = (1 - gamma(heads, U_FP32)) * (1 - gamma(2 * head_dim, U_TENSOR_CORE)) * (1 - U_FP32)
+    return 1 / kept
+
+
+def fused_reference(case: Case, config: KernelConfig | None = None) -> FusedReference:
+    """Logits and per-row bound of `case`, on the case's device (interpreted when it is the CPU)."""
+    interpret = case.device.type == "cpu"
+    config = config or default_config(case, interpret)
+    shape = _Shape.of(case)
+    kernels = load_kernel_module(KERNEL_FILE, "difftest_fused_oracle", interpret)
+    logits = torch.empty((case.rows, case.max_model_len), dtype=torch.float32, device=case.device)
+    shifts = torch.empty(case.rows, dtype=torch.int32, device=case.device)
+    peaks = torch.zeros(case.rows, dtype=torch.int32, device=case.device)  # float32 bits, >= 0
+    device_guard = contextlib.nullcontext() if interpret else torch.cuda.device(case.device)
+    with device_guard, interpreter_compat() if interpret else contextlib.nullcontext():
+        _launch(kernels, case, shape, config, logits, peaks, shifts, interpret)
+    return FusedReference(logits=logits, bound=_finish_bound(peaks, shifts, case))
+
+
+# --------------------------------------------------------------------------- shapes and configs
+
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    """Power-of-two paddings the kernels' tl.arange and tl.dot need (padding holds zeros)."""
+
+    next_n_pad: int
+    h_pad: int
+    d_pad: int
+    nf: int  # columns of the bound's product: next_n padded to tl.dot's minimum of 16
+
+    @classmethod
+    def of(cls, case: Case) -> _Shape:
+        next_n_pad = triton.next_power_of_2(case.next_n)
+        # tl.dot needs N >= 16: widen the head padding for tiny next_n * H.
+        h_pad = max(triton.next_power_of_2(case.heads), 16 // min(next_n_pad, 16), 1)
+        return cls(next_n_pad=next_n_pad, h_pad=h_pad, d_pad=max(triton.next_power_of_2(case.head_dim), 16),
+                   nf=max(16, next_n_pad))
+
+
+def default_config(case: Case, interpret: bool) -> KernelConfig:
+    """The tile shape per width of the score tile (next_n * H columns)."""
+    if interpret:
+        # Few, wide programs: the interpreter's cost is per operation, not per element.
+        return KernelConfig(block_p=min(256, max(16, triton.next_power_of_2(case.max_model_len))),
+                            num_warps=4, num_stages=1)
+    # One warpgroup's wgmma covers 64 key positions; with next_n * H = 256 score columns, two
+    # warpgroups split the columns so the fp32 accumulators stay in registers (4 warps spill).
+    columns = _Shape.of(case).next_n_pad * _Shape.of(case).h_pad
+    return KernelConfig(block_p=64, num_warps=8 if columns >= 256 else 4, num_stages=4)
+
+
+def _chunk_tiles(case: Case, config: KernelConfig, interpret: bool) -> int:
+    """Tiles per program: enough programs to fill the GPU several times, each reusing its q tile."""
+    tiles_per_row = triton.cdiv(case.max_model_len, config.block_p)
+    if config.chunk_tiles is not None:
+        return max(1, min(config.chunk_tiles, tiles_per_row))
+    if interpret:
+        return tiles_per_row
+    sms = torch.cuda.get_device_properties(case.device).multi_processor_count
+    return max(1, min(32, tiles_per_row, case.batch * tiles_per_row // (8 * sms)))
+
+
+# --------------------------------------------------------------------------- launches
+
+def _launch(kernels: object, case: Case, shape: _Shape, config: KernelConfig, logits: torch.Tensor,
+            peaks: torch.Tensor, shifts: torch.Tensor, interpret: bool) -> None:
+    chunk = _chunk_tiles(case, config, interpret) * config.block_p
+    grid = (triton.cdiv(case.max_model_len, chunk), case.batch)
+    table = case.block_table.contiguous()
+    tma = config.uses_tma(case)
+    keys, scales = _pool_sources(case, config.block_p, tma)
+    kernels.logits_kernel[grid](
+        case.q.contiguous(), keys, scales, case.weights.contiguous(),
+        table, case.seq_lens.contiguous(), logits, peaks, shifts,
+        table.shape[1], case.max_model_len, case.k_pool.shape[0], chunk,
+        NEXT_N=case.next_n, H=case.heads, D=case.head_dim, BS=case.block_size,
+        NEXT_N_PAD=shape.next_n_pad, H_PAD=shape.h_pad, D_PAD=shape.d_pad, NF=shape.nf,
+        BLOCK_P=config.block_p, TMA=tma, FNUZ=case.fp8 == Fp8Flavour.E4M3FNUZ, FIX_NAN=interpret,
+        NUM_STAGES=config.num_stages, num_warps=config.num_warps,
+        **({"maxnreg": config.maxnreg} if config.maxnreg and not interpret else {}))
+
+
+def _pool_sources(case: Case, block_p: int, tma: bool) -> tuple[object, object]:
+    """Keys and scales as the kernel reads them: tensor descriptors of the flat pool, or the tensors."""
+    slots = case.k_pool.shape[0] * case.block_size
+    # Tile coordinates and positions are int32 in the kernel; byte offsets are int64.
+    if slots >= 2 ** 31 or case.max_model_len >= 2 ** 31 - block_p:
+        raise ValueError(f"pool of {slots} slots or max_model_len {case.max_model_len} needs int64 coordinates")
+    keys, scales = case.k_pool.contiguous(), case.scale_pool.contiguous()
+    if not tma:
+        return keys, scales
+    return (TensorDescriptor.from_tensor(keys.view(slots, case.head_dim), [block_p, case.head_dim]),
+            TensorDescriptor.from_tensor(scales.view(slots), [block_p]))
+
+
+def _finish_bound(peaks: torch.Tensor, shifts: torch.Tensor, case: Case) -> torch.Tensor:
+    """float32 bound per row, rounded up: peak * 2^-shift * gamma * inflation, in float64 first."""
+    factor = bound_gamma(case.heads, case.head_dim) * peak_inflation(case.heads, case.head_dim)
+    factor *= 1 + _TINY_SLACK
+    exact = peaks.view(torch.float32).double() * torch.exp2(-shifts.double()) * factor
+    single = exact.float()
+    return torch.where(single.double() < exact, torch.nextafter(single, torch.full_like(single, torch.inf)), single)

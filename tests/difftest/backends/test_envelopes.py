@@ -1,0 +1,120 @@
+"""The variant tables and the envelopes the built-in backends declare (issue 11 item 1).
+
+Each library is one class whose variants are rows of a table; every registered name resolves to a
+backend built from its own row, with that row's contract. The envelope values are the libraries'
+own facts (cited in the backend modules) or measurements; these tests pin them so a change is seen.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+
+import pytest
+
+from difftest.backends import aiter_rocm, aiter_triton, deep_gemm, load_backend, torch_ref, vllm_indexer
+from difftest.contract import WorkPartition
+from difftest.kinds import PartitionScope
+
+TABLES = {aiter_triton: aiter_triton.VARIANTS, aiter_rocm: aiter_rocm.WRAPPERS, deep_gemm: deep_gemm.VARIANTS,
+          vllm_indexer: vllm_indexer.PATHS}
+
+
+@pytest.mark.parametrize("module", TABLES, ids=lambda m: m.__name__.rsplit(".", 1)[1])
+def test_every_table_row_is_a_registered_name(module):
+    assert set(module.BACKENDS) == set(TABLES[module])
+    made = [factory() for factory in module.BACKENDS.values()]
+    assert len({type(b) for b in made}) == 1, "one class per library, not one per variant"
+    assert [b.name for b in made] == list(TABLES[module])
+
+
+@pytest.mark.parametrize("name", list(aiter_triton.VARIANTS))
+def test_aiter_triton_names_launch_their_kernel(name):
+    made = load_backend(name).backend
+    assert made.variant is aiter_triton.VARIANTS[name]
+    assert made.contract == aiter_triton.kernel_contract(aiter_triton.VARIANTS[name])
+
+
+@pytest.mark.parametrize("name", list(aiter_rocm.WRAPPERS))
+def test_aiter_rocm_names_call_their_wrapper(name):
+    made = load_backend(name).backend
+    wrapper = aiter_rocm.WRAPPERS[name]
+    assert made.wrapper is wrapper and wrapper.variant is aiter_triton.VARIANTS[name.replace("rocm", "triton")]
+    assert made.contract == dataclasses.replace(aiter_triton.kernel_contract(wrapper.variant), devices=("cuda",),
+                                                fp8=aiter_rocm.native_fp8())
+
+
+@pytest.mark.parametrize("name", list(deep_gemm.VARIANTS))
+def test_deep_gemm_names_are_their_variant(name):
+    made = load_backend(name).backend
+    assert made.variant is deep_gemm.VARIANTS[name]
+    assert made.contract == deep_gemm.VARIANTS[name].contract(deep_gemm.library_name())
+    assert made.contract.length_encoding == deep_gemm.VARIANTS[name].encoding
+    assert made.contract.archs == deep_gemm.VARIANTS[name].archs
+
+
+@pytest.mark.parametrize("name", list(vllm_indexer.PATHS))
+def test_vllm_names_take_their_path(name):
+    made = load_backend(name).backend
+    assert made.path is vllm_indexer.PATHS[name] and made.contract == vllm_indexer.PATHS[name].contract()
+
+
+# --------------------------------------------------------------------------- the envelopes
+
+@pytest.mark.parametrize("name", list(aiter_triton.VARIANTS) + list(aiter_rocm.WRAPPERS))
+def test_aiter_kernels_declare_chunks_splits_and_the_int32_cache_bound(name):
+    c = load_backend(name).contract
+    assert c.tiles == (64,) and c.tiles == (aiter_triton.CHUNK_K,)
+    assert c.partition == WorkPartition(64, PartitionScope.PER_ROW, workers=5)
+    assert c.partition.worker_count(4, 132) == 5, "programs per row, whatever the GPU"
+    assert c.max_pool_bytes == 2**31 and c.block_sizes == (1,) and c.head_dims == (32, 64, 128, 256)
+    stage1 = "stage1" in name
+    assert (c.heads_multiple_of, c.heads_power_of_two) == ((32, False) if stage1 else (1, True))
+    assert (c.heads, c.next_n, c.max_context) == (None, None, None), "runtime arguments the kernels do not bound"
+
+
+@pytest.mark.parametrize("name", ["deepgemm", "vllm-deepgemm"])
+def test_deep_gemm_native_on_sm90_and_vllms_call_of_it_declare_the_same_envelope(name):
+    c = load_backend(name).contract
+    envelope = (c.archs, c.next_n, c.heads, c.head_dims, c.block_sizes, c.max_context, c.max_pool_bytes, c.tiles,
+                c.partition)
+    assert envelope == (("sm90",), (1, 2, 4), (32, 64), (32, 64, 128), (32, 64), 262144, None, (64, 256),
+                        WorkPartition(256, PartitionScope.GLOBAL, None, halved_at_next_n=(4,)))
+
+
+def test_the_schedule_slots_follow_the_declared_partition():
+    class FakeLibrary:
+        @staticmethod
+        def get_num_sms() -> int:
+            return 132
+
+    native, flattened = deep_gemm.DeepGemm("deepgemm"), deep_gemm.DeepGemm("deepgemm-flattened")
+    assert [native.num_sms(FakeLibrary, n) for n in (1, 2, 4)] == [132, 132, 66]
+    assert flattened.num_sms(FakeLibrary, 1) == 132
+    assert deep_gemm.DeepGemm("deepgemm-varlen").num_sms(FakeLibrary, 1) == 132
+
+
+def test_vllm_triton_decode_declares_its_tile_but_no_contiguous_partition():
+    c = load_backend("vllm-triton-decode").contract
+    assert c.tiles == (vllm_indexer.TRITON_BLOCK_KV,) == (64,)
+    assert c.block_sizes == (64, 128, 256) and all(b % 64 == 0 for b in c.block_sizes)
+    assert c.partition is None, "strided splits, not contiguous ranges"
+
+
+@pytest.mark.parametrize("name", ["torch", "vllm-torch-ref"])
+def test_plain_torch_backends_have_no_envelope(name):
+    c = load_backend(name).contract
+    assert (c.next_n, c.heads, c.head_dims, c.block_sizes, c.max_context, c.max_pool_bytes) == (None,) * 6
+    assert (c.tiles, c.partition, c.heads_multiple_of, c.heads_power_of_two) == ((), None, 1, False)
+
+
+@pytest.mark.parametrize("module", [torch_ref, deep_gemm, aiter_triton, aiter_rocm, vllm_indexer],
+                         ids=lambda m: m.__name__.rsplit(".", 1)[1])
+def test_backends_ask_difftest_hardware_about_the_gpu(module):
+    """One reason string and one arch spelling: no backend's code asks torch itself."""
+    asked = {ast.unparse(node) for node in ast.walk(ast.parse(inspect.getsource(module)))
+             if isinstance(node, ast.Attribute)}
+    questions = {"torch.cuda.is_available", "torch.cuda.get_device_capability", "torch.cuda.get_device_properties",
+                 "torch.version.hip"}
+    assert not asked & questions, f"{module.__name__} asks {sorted(asked & questions)} itself"
