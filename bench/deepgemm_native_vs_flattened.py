@@ -1,4 +1,4 @@
-"""DeepGEMM's native MTP path against the flattened path on one GPU (DOMAIN.md section 5).
+"""DeepGEMM's native MTP path against the flattened path on one GPU (docs/reference/bug-classes.md, class 2).
 
 Both are first checked row by row against the oracle (difftest's own comparison); then each
 kernel call is timed with CUDA events, median of --repeats launches after --warmup, with the

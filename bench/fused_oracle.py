@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain checkout
 
 import torch  # after the path: a plain checkout needs it
+import triton
 
 from difftest.case import Case
 from generators import CaseSpec, build_case
@@ -162,15 +163,16 @@ def bench_shape(batch: int, next_n: int, context: int, args: argparse.Namespace)
 
 
 def sweep_configs(case: Case) -> list[KernelConfig]:
-    """Alternatives to the default: pipelining depth, programs per sequence, warps, register caps."""
+    """The default, then alternatives: pipelining depth, programs per sequence, warps, register caps,
+    gathers instead of whole-tile copies, and 128-key tiles."""
     base = default_config(case, interpret=False)
-    configs = [base, *(dataclasses.replace(base, num_stages=s) for s in (3, 5)),
-               *(dataclasses.replace(base, chunk_tiles=c) for c in (8, 16, 64)),
-               dataclasses.replace(base, num_warps=8 if base.num_warps == 4 else 4)]
-    cap = {1: 128, 2: 168, 4: 128}.get(case.next_n)
-    if cap:
-        configs.append(dataclasses.replace(base, maxnreg=cap))
-    return configs
+    columns = triton.next_power_of_2(case.next_n) * triton.next_power_of_2(case.heads)
+    caps = {64: (96,), 128: (None, 152)}.get(columns, ())
+    return [base, *(dataclasses.replace(base, num_stages=s) for s in (2, 3)),
+            *(dataclasses.replace(base, chunk_tiles=c) for c in (8, 16, 32, 64)),
+            *(dataclasses.replace(base, maxnreg=c) for c in caps),
+            dataclasses.replace(base, num_warps=8, maxnreg=None), dataclasses.replace(base, tma=False),
+            dataclasses.replace(base, block_p=128, num_warps=8, maxnreg=None)]
 
 
 def sweep(case: Case, args: argparse.Namespace) -> list[dict[str, object]]:
@@ -184,11 +186,17 @@ def sweep(case: Case, args: argparse.Namespace) -> list[dict[str, object]]:
             rows.append({"config": dataclasses.asdict(config), "gpu_ms": ms, "max_diff_vs_default": diff})
         except Exception as exc:
             rows.append({"config": dataclasses.asdict(config), "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
-        print(f"  sweep {rows[-1]}", flush=True)
+        last = rows[-1]
+        outcome = last.get("error") or f"{last['gpu_ms']:.4f} ms, max diff {last['max_diff_vs_default']:.3g}"
+        print(f"  sweep {_short(config)}: {outcome}", flush=True)
     return rows
 
 
 # --------------------------------------------------------------------------- output
+
+def _short(config: KernelConfig) -> str:
+    return " ".join(f"{k}={v}" for k, v in dataclasses.asdict(config).items())
+
 
 def markdown(rows: list[dict[str, object]], device: str) -> str:
     lines = [f"Fused oracle vs torch oracles and DeepGEMM on {device}; median ms (CUDA events, L2 flushed). "

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from difftest.hardware import Hardware
 
 MARKERS = (
     "difftest(backends=None, next_n=None): run difftest_backend over these backend names only (among the "
@@ -27,39 +30,18 @@ def register(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
 
 
-@dataclasses.dataclass(frozen=True)
-class Hardware:
-    """What torch sees: a GPU at all, a ROCm build, and the current GPU's arch ('sm90', 'gfx942')."""
-
-    gpu: bool
-    rocm: bool
-    arch: str | None
-
-    @classmethod
-    def probe(cls) -> Hardware:
-        """The hardware of this process's current device."""
-        import torch
-
-        rocm = torch.version.hip is not None
-        if not torch.cuda.is_available():
-            return cls(gpu=False, rocm=rocm, arch=None)
-        device = torch.cuda.current_device()
-        if rocm:
-            return cls(gpu=True, rocm=True, arch=torch.cuda.get_device_properties(device).gcnArchName.split(":")[0])
-        major, minor = torch.cuda.get_device_capability(device)
-        return cls(gpu=True, rocm=False, arch=f"sm{major}{minor}")
-
-
 def skip_reason(marker: str, hw: Hardware) -> str | None:
     """Why a test marked `marker` cannot run on `hw`; None when it can."""
+    from difftest.hardware import CUDA_UNAVAILABLE  # deferred: the plugin loads in every pytest run
+
     if marker.startswith("gfx"):
         if not hw.rocm:
             return f"needs ROCm {marker}: not a ROCm build of torch"
         if not hw.gpu:
-            return f"needs ROCm {marker}: torch.cuda.is_available() is False"
+            return f"needs ROCm {marker}: {CUDA_UNAVAILABLE}"
         return None if hw.arch == marker else f"needs ROCm {marker}, this GPU is {hw.arch}"
     if not hw.gpu:
-        return f"needs {'a CUDA GPU' if marker == 'gpu' else marker}: torch.cuda.is_available() is False"
+        return f"needs {'a CUDA GPU' if marker == 'gpu' else marker}: {CUDA_UNAVAILABLE}"
     if marker == "gpu" or hw.arch == marker:
         return None
     return f"needs {marker}, this GPU is {hw.arch}"
@@ -70,6 +52,8 @@ def skip_missing_hardware(items: Sequence[pytest.Item]) -> None:
     marked = [(item, name) for item in items for name in HARDWARE if item.get_closest_marker(name)]
     if not marked:
         return  # torch stays unimported for runs that use no hardware marker
+    from difftest.hardware import Hardware  # deferred: loads torch
+
     hw = Hardware.probe()
     for item, name in marked:
         reason = skip_reason(name, hw)

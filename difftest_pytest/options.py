@@ -118,10 +118,10 @@ def _device(name: str) -> str:
     if name not in DEVICES:
         raise usage_error(DEVICE, name, " or ".join(DEVICES))
     if name == "cuda":
-        import torch
+        from difftest import hardware  # deferred: asked only for a GPU run; loads torch
 
-        if not torch.cuda.is_available():
-            raise usage_error(DEVICE, name, "a device torch can see (torch.cuda.is_available() is False)")
+        if hardware.cuda_unavailable_reason():
+            raise usage_error(DEVICE, name, f"a device torch can see ({hardware.CUDA_UNAVAILABLE})")
     return name
 
 

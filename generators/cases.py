@@ -1,4 +1,4 @@
-"""Which cases: the curated edge list and the default random suite (DOMAIN.md section 6)."""
+"""Which cases: the curated edge list and the default random suite (docs/reference/bug-classes.md)."""
 
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ def specs(*, max_batch: int = 4, max_next_n: int = 4, heads: Sequence[int] = (1,
     """A strategy for CaseSpecs with every length given explicitly (`lengths`, so B = len(lengths)).
 
     Draws next_n in [1, max_next_n], a block size, H and D from the given choices, 1..max_batch
-    lengths in [0, max_model_len] (some of them from the edges of DOMAIN.md section 6:
+    lengths in [0, max_model_len] (some of them from the edges of docs/reference/bug-classes.md:
     0, 1, around next_n and around block multiples), 0..max_padding trailing padding requests,
     shared prefix blocks or not, the stale-entry kind, 0..max_extra_columns extra table columns,
     the values family and the fp8 flavour.

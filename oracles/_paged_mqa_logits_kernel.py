@@ -40,7 +40,7 @@ def decode_fp8(raw, FNUZ: tl.constexpr, FIX_NAN: tl.constexpr):
 
 
 @triton.jit
-def logits_kernel(q_ptr, k_src, s_src, w_ptr, table_ptr, lens_ptr, out_ptr, peak_ptr, shift_ptr,
+def logits_kernel(q_ptr, k_src, s_src, w_ptr, table_ptr, lens_ptr, out_ptr, peak_ptr,
                   table_stride, max_model_len, num_blocks, chunk,
                   NEXT_N: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                   NEXT_N_PAD: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, NF: tl.constexpr,
@@ -51,7 +51,7 @@ def logits_kernel(q_ptr, k_src, s_src, w_ptr, table_ptr, lens_ptr, out_ptr, peak
     k_src, s_src: tensor descriptors of the pool as (num_blocks * BS, D) keys and (num_blocks * BS,)
     scales when TMA (each tile lies inside one block), else plain pointers to them.
     peak_ptr (rows,) holds the bits of a float32 (>= 0), raised by atomic max to this chunk's largest
-    (folded . |k_p|) * s_p over p < limit of each row, with folded scaled by 2^shift (shift_ptr).
+    (folded . |k_p|) * s_p over p < limit of each row (computed from folded rounded up, see _fold).
     """
     seq = tl.program_id(1)
     seq_len = tl.load(lens_ptr + seq).to(tl.int32)
@@ -63,9 +63,7 @@ def logits_kernel(q_ptr, k_src, s_src, w_ptr, table_ptr, lens_ptr, out_ptr, peak
     drafts = tl.arange(0, NEXT_N_PAD)
     rows = seq.to(tl.int64) * NEXT_N + drafts
     q_t, weights = _load_queries(q_ptr, w_ptr, seq, NEXT_N, H, D, NEXT_N_PAD, H_PAD, D_PAD, FNUZ, FIX_NAN)
-    folded_t, shifts = _fold(q_t, weights, D_PAD, NEXT_N_PAD, H_PAD, NF)
-    # Every program of the sequence computes the same shifts; any one of them may store them.
-    tl.store(shift_ptr + rows, shifts, mask=drafts < NEXT_N)
+    folded_t, unscale = _fold(q_t, weights, D_PAD, NEXT_N_PAD, H_PAD, NF)
     sweep = (q_t, weights, folded_t, seq_len, rows, out_ptr, stop, max_model_len)
     if TMA:
         peak = _sweep_tiles_tma(k_src, s_src, table_ptr, seq, table_stride, num_blocks, visible, start,
@@ -80,7 +78,9 @@ def logits_kernel(q_ptr, k_src, s_src, w_ptr, table_ptr, lens_ptr, out_ptr, peak
     for p0 in range(fill_from, stop, BLOCK_P):
         empty = tl.full([BLOCK_P, NEXT_N_PAD], float("-inf"), dtype=tl.float32)
         _store_rows(out_ptr, rows, p0 + tl.arange(0, BLOCK_P), empty, stop, max_model_len, NEXT_N, NEXT_N_PAD)
-    # Non-negative float32 values order like their int32 bits: an integer atomic max is exact.
+    # Undo _fold's power-of-two scaling (exact), then raise each row's peak. Non-negative float32
+    # values order like their int32 bits, so an integer atomic max is exact and order-free.
+    peak = peak * unscale
     bound_cols = tl.arange(0, NF)
     tl.atomic_max(peak_ptr + seq.to(tl.int64) * NEXT_N + bound_cols, peak.to(tl.int32, bitcast=True),
                   mask=bound_cols < NEXT_N)
@@ -186,26 +186,29 @@ def _load_queries(q_ptr, w_ptr, seq, NEXT_N: tl.constexpr, H: tl.constexpr, D: t
 
 @triton.jit
 def _fold(q_t, weights, D_PAD: tl.constexpr, NEXT_N_PAD: tl.constexpr, H_PAD: tl.constexpr, NF: tl.constexpr):
-    """folded^T (D_PAD, NF) fp16 and shifts (NEXT_N_PAD,) int32: column j is 2^shift[j] * sum_h |w| |q|.
+    """folded^T (D_PAD, NF) fp16, column j = 2^shift[j] * sum_h |w| |q| of draft row j, and (NF,) 2^-shift.
 
     The sum is fp32; the scaling puts each column's largest entry in [2^14, 2^15), so fp16 neither
     overflows nor loses much to underflow, and the fp16 values are rounded *up*, so the bound's
-    tensor-core product never starts from less than the fp32 folded vector.
+    tensor-core product never starts from less than the fp32 folded vector. shift stays in
+    [-113, 126], so 2^shift and 2^-shift are both normal floats and the scalings are exact.
     """
     terms = tl.abs(q_t.to(tl.float32)) * tl.abs(weights)[None, :]
     folded = tl.sum(tl.reshape(terms, [D_PAD, NEXT_N_PAD, H_PAD]), axis=2)  # (D_PAD, NEXT_N_PAD) >= 0
     # The exponent comes from the float's bits (no log2 rounding); 2^shift is built the same way.
     top = tl.max(folded, axis=0)
     exponent = ((top.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-    shifts = tl.minimum(14 - exponent, 127)
+    shifts = tl.minimum(14 - exponent, 126)
     scaled = folded * ((shifts + 127) << 23).to(tl.float32, bitcast=True)[None, :]
     # Widen to NF columns (tl.dot needs N >= 16) by an exact 0/1 selection.
     select = tl.arange(0, NEXT_N_PAD)[:, None] == tl.arange(0, NF)[None, :]
     wide = tl.sum(tl.where(select[None, :, :], scaled[:, :, None], 0.0), axis=1)  # (D_PAD, NF)
+    unscale = ((127 - shifts) << 23).to(tl.float32, bitcast=True)
+    unscale = tl.sum(tl.where(select, unscale[:, None], 0.0), axis=0)  # (NF,); 0 past NEXT_N_PAD
     half = wide.to(tl.float16)
     # Round up: where round-to-nearest went down, take the next fp16 (positive, so bits + 1).
     up = (half.to(tl.int16, bitcast=True) + 1).to(tl.int16).to(tl.float16, bitcast=True)
-    return tl.where(half.to(tl.float32) < wide, up, half), shifts
+    return tl.where(half.to(tl.float32) < wide, up, half), unscale
 
 
 @triton.jit

@@ -9,17 +9,25 @@ program per (sequence, chunk of key positions) computes every next_n row and eve
 sequence, so each key byte is read once; no [rows, H, positions] tensor ever reaches memory.
 
 Exactness. Keys and queries are decoded from fp8 to fp16, which holds every e4m3fn and e4m3fnuz
-value exactly, and multiplied on the tensor cores with fp32 accumulation: every product q_d * k_d
+value exactly (as bf16 does; fp16 is used because the hardware converts e4m3 pairs to it in one
+instruction), and multiplied on the tensor cores with fp32 accumulation: every product q_d * k_d
 (at most 8 significant bits) is exact, so the only errors are the fp32 sums, the same class of
 error a correct fp32 kernel makes. (fp8 tensor-core products are not used: Hopper's fp8 MMA keeps
 only ~14 accumulator bits.) ReLU, weights, head sum and scale are fp32 CUDA-core operations.
+Where every partial sum is representable (small integers, power-of-two scales) the logits are
+bit-equal to the float64 oracle's rounded to float32.
 
 The bound. bound[r] = gamma * max_{p < limit} (folded[r] . |k_p|) * s_p with
 folded[r, :] = sum_h |w[r, h]| * |q[r, h, :]|, so that for every p < limit
 |fused[r, p] - exact[r, p]| + |fp32 backend[r, p] - exact[r, p]| <= bound[r]: a correct fp32 backend
 stays within bound[r] of this oracle (see `bound_gamma` for gamma). It is computed in the same
-pass, by a second tensor-core product of |k| with folded (rounded up to fp16), and rounded up at
-every step where rounding could lower it.
+pass, by a second tensor-core product of |k| with folded (scaled by a power of two and rounded up
+to fp16), and every rounding that could lower it is paid for by `peak_inflation` and
+`bound_factor`, so it is an upper bound, not an estimate, barring fp32 underflow (magnitudes
+below 2^-126, far from any logit the indexer produces). It is 0 for rows with an empty window.
+
+Memory. Beyond the float32 logits the call allocates one int32 per row (the bound's running
+maximum) and the float32 bound: nothing of size rows x positions or heads x positions.
 
 Shrink-free. Nothing here depends on the whole batch beyond each row's own sequence: a row's logits
 and bound are the same whether its sequence is alone or in a batch of 128, whatever the other
@@ -34,8 +42,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from pathlib import Path
 
+import numpy as np
 import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -53,8 +63,9 @@ KERNEL_FILE = Path(__file__).with_name("_paged_mqa_logits_kernel.py")
 # aligns it, so we count two such roundings per product.
 U_FP32 = 2.0 ** -24
 U_TENSOR_CORE = 2.0 ** -23
-# Each value of the folded bound vector is in [2^14, 2^15) after scaling: fp16 keeps it finite.
-_TINY_SLACK = 2.0 ** -40  # the host's few float64 roundings of the factor
+# fp32 rounding of peak * factor loses at most 2^-24 of it; the float64 arithmetic of the factor
+# itself a few 2^-53: a relative slack of 2^-22 covers both.
+_PRODUCT_SLACK = 2.0 ** -22
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +123,17 @@ def peak_inflation(heads: int, head_dim: int) -> float:
     return 1 / kept
 
 
+@functools.cache
+def bound_factor(heads: int, head_dim: int) -> float:
+    """gamma * peak_inflation, with slack for the one fp32 rounding of peak * factor, rounded up to a float32.
+
+    The returned Python float is exactly a float32, so torch multiplies by it without rounding it.
+    """
+    wanted = bound_gamma(heads, head_dim) * peak_inflation(heads, head_dim) * (1 + _PRODUCT_SLACK)
+    single = np.float32(wanted)
+    return float(single if float(single) >= wanted else np.nextafter(single, np.float32(np.inf)))
+
+
 def fused_reference(case: Case, config: KernelConfig | None = None) -> FusedReference:
     """Logits and per-row bound of `case`, on the case's device (interpreted when it is the CPU)."""
     interpret = case.device.type == "cpu"
@@ -119,12 +141,12 @@ def fused_reference(case: Case, config: KernelConfig | None = None) -> FusedRefe
     shape = _Shape.of(case)
     kernels = load_kernel_module(KERNEL_FILE, "difftest_fused_oracle", interpret)
     logits = torch.empty((case.rows, case.max_model_len), dtype=torch.float32, device=case.device)
-    shifts = torch.empty(case.rows, dtype=torch.int32, device=case.device)
     peaks = torch.zeros(case.rows, dtype=torch.int32, device=case.device)  # float32 bits, >= 0
     device_guard = contextlib.nullcontext() if interpret else torch.cuda.device(case.device)
     with device_guard, interpreter_compat() if interpret else contextlib.nullcontext():
-        _launch(kernels, case, shape, config, logits, peaks, shifts, interpret)
-    return FusedReference(logits=logits, bound=_finish_bound(peaks, shifts, case))
+        _launch(kernels, case, shape, config, logits, peaks, interpret)
+    # One rounding (fp32 multiply) covered by bound_factor's slack: the bound stays an upper bound.
+    return FusedReference(logits=logits, bound=peaks.view(torch.float32) * bound_factor(case.heads, case.head_dim))
 
 
 # --------------------------------------------------------------------------- shapes and configs
@@ -153,27 +175,34 @@ def default_config(case: Case, interpret: bool) -> KernelConfig:
         # Few, wide programs: the interpreter's cost is per operation, not per element.
         return KernelConfig(block_p=min(256, max(16, triton.next_power_of_2(case.max_model_len))),
                             num_warps=4, num_stages=1)
-    # One warpgroup's wgmma covers 64 key positions; with next_n * H = 256 score columns, two
-    # warpgroups split the columns so the fp32 accumulators stay in registers (4 warps spill).
-    columns = _Shape.of(case).next_n_pad * _Shape.of(case).h_pad
-    return KernelConfig(block_p=64, num_warps=8 if columns >= 256 else 4, num_stages=4)
+    # One warpgroup (4 warps) per 64-key tile. Measured on the H200 (reports/h200/fused-oracle): 4 warps
+    # beat 8 at every width, 256 score columns (next_n 4, H 64) included, where the accumulators spill
+    # a little but two programs fit an SM instead of one; at 128 columns a 168-register cap fits three
+    # programs per SM instead of two (0.73 -> 0.57 ms at B 40, 120K).
+    shape = _Shape.of(case)
+    columns = shape.next_n_pad * shape.h_pad
+    return KernelConfig(block_p=64, num_warps=4, num_stages=4, maxnreg=168 if columns == 128 else None)
 
 
 def _chunk_tiles(case: Case, config: KernelConfig, interpret: bool) -> int:
-    """Tiles per program: enough programs to fill the GPU several times, each reusing its q tile."""
+    """Tiles per program: enough programs to fill the GPU a few times, each reusing its q tile.
+
+    About four programs per SM (two to three run at once): on the H200, 8 per SM was 10-20 % slower
+    at 8K and 32K contexts, where each program then had only 7 tiles to amortize its prologue.
+    """
     tiles_per_row = triton.cdiv(case.max_model_len, config.block_p)
     if config.chunk_tiles is not None:
         return max(1, min(config.chunk_tiles, tiles_per_row))
     if interpret:
         return tiles_per_row
     sms = torch.cuda.get_device_properties(case.device).multi_processor_count
-    return max(1, min(32, tiles_per_row, case.batch * tiles_per_row // (8 * sms)))
+    return max(1, min(32, tiles_per_row, case.batch * tiles_per_row // (4 * sms)))
 
 
 # --------------------------------------------------------------------------- launches
 
 def _launch(kernels: object, case: Case, shape: _Shape, config: KernelConfig, logits: torch.Tensor,
-            peaks: torch.Tensor, shifts: torch.Tensor, interpret: bool) -> None:
+            peaks: torch.Tensor, interpret: bool) -> None:
     chunk = _chunk_tiles(case, config, interpret) * config.block_p
     grid = (triton.cdiv(case.max_model_len, chunk), case.batch)
     table = case.block_table.contiguous()
@@ -181,7 +210,7 @@ def _launch(kernels: object, case: Case, shape: _Shape, config: KernelConfig, lo
     keys, scales = _pool_sources(case, config.block_p, tma)
     kernels.logits_kernel[grid](
         case.q.contiguous(), keys, scales, case.weights.contiguous(),
-        table, case.seq_lens.contiguous(), logits, peaks, shifts,
+        table, case.seq_lens.contiguous(), logits, peaks,
         table.shape[1], case.max_model_len, case.k_pool.shape[0], chunk,
         NEXT_N=case.next_n, H=case.heads, D=case.head_dim, BS=case.block_size,
         NEXT_N_PAD=shape.next_n_pad, H_PAD=shape.h_pad, D_PAD=shape.d_pad, NF=shape.nf,
@@ -201,12 +230,3 @@ def _pool_sources(case: Case, block_p: int, tma: bool) -> tuple[object, object]:
         return keys, scales
     return (TensorDescriptor.from_tensor(keys.view(slots, case.head_dim), [block_p, case.head_dim]),
             TensorDescriptor.from_tensor(scales.view(slots), [block_p]))
-
-
-def _finish_bound(peaks: torch.Tensor, shifts: torch.Tensor, case: Case) -> torch.Tensor:
-    """float32 bound per row, rounded up: peak * 2^-shift * gamma * inflation, in float64 first."""
-    factor = bound_gamma(case.heads, case.head_dim) * peak_inflation(case.heads, case.head_dim)
-    factor *= 1 + _TINY_SLACK
-    exact = peaks.view(torch.float32).double() * torch.exp2(-shifts.double()) * factor
-    single = exact.float()
-    return torch.where(single.double() < exact, torch.nextafter(single, torch.full_like(single, torch.inf)), single)

@@ -1,4 +1,4 @@
-"""Reference paged MQA logits (DOMAIN.md section 1), written to be read.
+"""Reference paged MQA logits (docs/reference/kernel.md), written to be read.
 
     logits[b*next_n + j, p] = sum_h w[b*next_n + j, h] * relu(q[b, j, h, :] . k_b[p, :]) * s_b[p]
                               for p < len[b, j], and -inf for every other p < max_model_len

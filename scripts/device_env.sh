@@ -1,11 +1,9 @@
 # Sourced by the device scripts (scripts/h200_*.sh), from the repo root on the device:
-# unpacks the carried kernel libraries into /tmp/site, puts them and the repo on PYTHONPATH,
-# and links ../shared to the carried copy so the tests find the golden cases where they look.
+# unpacks the carried kernel libraries into /tmp/site and puts them and the repo on PYTHONPATH.
 # Once per machine: two scripts may run side by side, and must not unpack under each other's imports.
 if mkdir /tmp/site 2>/dev/null; then
   tar xzf .device-deps/deep_gemm.tgz -C /tmp/site && cp -r .device-deps/aiter .device-deps/aiter-dist/* /tmp/site/
 fi
-[ -e ../shared ] || ln -s "$PWD/.device-shared" ../shared
 # No `pip install -e .` there (no network): PYTEST_PLUGINS loads the plugin that the pytest11 entry
 # point would, in every pytest process, pytester's inline runs and xdist workers included.
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTEST_PLUGINS=difftest_pytest.plugin

@@ -3,7 +3,7 @@
 # tests/gpu_broken_backends.py (triton-good, triton-oob-read, triton-illegal-write) in one
 # `difftest run --device cuda --isolate` beside torch and DeepGEMM, which must keep passing.
 # Prepare here with scripts/prepare_device.sh, then on the device, from the repo root (carry
-# .device-deps and .device-shared): bash scripts/h200_isolation.sh OUTDIR
+# .device-deps): bash scripts/h200_isolation.sh OUTDIR
 # Writes OUTDIR/<step>.txt (the command line, its output, its exit status) and the steps' JSON and
 # JSONL reports; every step runs whatever the one before it did. ONLY=regex runs a subset.
 #

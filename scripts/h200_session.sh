@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One visit to the GPU device: every command whose output backs a claim under reports/h200/.
 # Prepare here with scripts/prepare_device.sh, then on the device, from the repo root (carry
-# .device-deps and .device-shared): bash scripts/h200_session.sh OUTDIR
+# .device-deps): bash scripts/h200_session.sh OUTDIR
 # Writes OUTDIR/<step>.txt (the command line, then its output) and OUTDIR/<step>.json reports.
 set -uo pipefail
 out=${1:?usage: h200_session.sh OUTDIR}

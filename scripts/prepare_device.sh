@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Everything a device visit carries, from the project root: the pinned kernel libraries
-# (../shared/device/prepare-deps.sh), the amd-aiter dist-info (so importlib.metadata names the
-# version on the device: prepare-deps.sh keeps only the Python tree), and a copy of ../shared.
-# Then: device run with carry [".device-deps", ".device-shared"] and `bash scripts/h200_session.sh $OUT`.
+# Everything a device visit carries, from the project root: the pinned kernel libraries (written
+# to .device-deps/ by the team's dependency script, PREPARE_DEPS=path/to/prepare-deps.sh) and the
+# amd-aiter dist-info (so importlib.metadata names the version on the device: that script keeps only
+# the Python tree). Then: device run with carry [".device-deps"] and `bash scripts/h200_session.sh $OUT`.
 set -euo pipefail
-bash ../shared/device/prepare-deps.sh
+bash "${PREPARE_DEPS:?the dependency script that writes .device-deps/}"
 cache=${DIFFTEST_WHEEL_CACHE:-$HOME/.cache/difftest-wheels}
 python3 - "$cache" <<'PY'
 import glob, sys, zipfile
@@ -14,4 +14,3 @@ with zipfile.ZipFile(wheel) as z:
     z.extractall(".device-deps/aiter-dist",
                  [n for n in z.namelist() if ".dist-info/" in n or n == "aiter/_version.py"])
 PY
-rm -rf .device-shared && cp -r ../shared .device-shared && chmod -R u+w .device-shared

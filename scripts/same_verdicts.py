@@ -1,5 +1,8 @@
-"""Whether two `difftest run` reports hold the same (backend, case, verdict) triples, in the same order,
-and on which GPUs each report's results were computed. Exit status 1 when they differ.
+"""Whether two difftest JSON reports (from `difftest run --report` or `pytest --difftest-report`) hold
+the same results: (backend, case, verdict, rows, and the rows of each failure kind), in the same
+order, and the same per-backend summary counts; and on which GPUs each report's results were
+computed. Reads the JSON itself, so reports of different difftest versions compare. Exit status 1
+when they differ.
 
     python3 scripts/same_verdicts.py BASELINE.json OTHER.json
 """
@@ -7,21 +10,32 @@ and on which GPUs each report's results were computed. Exit status 1 when they d
 from __future__ import annotations
 
 import collections
+import json
 import sys
 
-from difftest.serialize import load_results
+ROW_KINDS = ("mask_rows", "nan_rows", "unwritten_rows", "value_rows")
+SUMMARY = ("backend", "cases", "skipped", "rows", "mask_rows", "verdict", "counts")
+
+
+def _result(r: dict) -> tuple:
+    compared = r.get("comparison") or {}
+    return (r["backend"], r["case"], r["verdict"], r["rows"], *(tuple(compared.get(k, ())) for k in ROW_KINDS))
 
 
 def main(baseline: str, other: str) -> int:
-    runs = {path: load_results(path) for path in (baseline, other)}
-    for path, results in runs.items():
-        devices = collections.Counter(r.gpu for r in results)
-        print(f"{path}: {len(results)} results; computed on {dict(devices)}")
-    triples = [[(r.backend, r.case, r.verdict.value) for r in results] for results in runs.values()]
-    differ = [(a, b) for a, b in zip(*triples, strict=False) if a != b]
-    same = not differ and len(triples[0]) == len(triples[1])
-    print("verdicts: the same, case for case" if same else f"verdicts differ: {differ[:10]}")
-    return 0 if same else 1
+    docs = {path: json.load(open(path)) for path in (baseline, other)}
+    for path, doc in docs.items():
+        devices = collections.Counter(r.get("gpu") for r in doc["results"])
+        print(f"{path}: {len(doc['results'])} results; computed on {dict(devices)}")
+    results = [[_result(r) for r in doc["results"]] for doc in docs.values()]
+    summaries = [[tuple(str(s[k]) for k in SUMMARY) for s in doc["summaries"]] for doc in docs.values()]
+    differ = [(a, b) for a, b in zip(*results, strict=False) if a != b]
+    same = not differ and len(results[0]) == len(results[1])
+    print("results: the same, case for case (verdict, rows, mask/NaN/unwritten/value rows)" if same
+          else f"results differ: {differ[:5]}")
+    same_summaries = summaries[0] == summaries[1]
+    print("summaries: the same counts per backend" if same_summaries else f"summaries differ: {summaries}")
+    return 0 if same and same_summaries else 1
 
 
 if __name__ == "__main__":

@@ -14,9 +14,8 @@ from difftest.kinds import Fp8Flavour
 from generators import CaseSpec, LengthDist, Stale, Values
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# CI clones the repository to <tmp>/main with shared/ beside it.
-GOLDEN_DIR = (REPO_ROOT / ".." / "shared" / "golden").resolve()
-GOLDEN_MISSING = f"golden cases not found: {GOLDEN_DIR} does not exist (shared/ must sit beside the checkout)"
+GOLDEN_DIR = REPO_ROOT / "tests" / "golden"
+GOLDEN_MISSING = f"golden cases not found: {GOLDEN_DIR} does not exist"
 
 
 def golden_files() -> list[Path]:
@@ -66,7 +65,7 @@ def decode_bytes(raw: torch.Tensor, flavour: Fp8Flavour) -> list:
 # --------------------------------------------------------------------------- slow reference
 
 def slow_reference(case: Case, rows: list[int] | None = None, positions: list[int] | None = None) -> dict:
-    """{(row, position): logit} straight from DOMAIN.md section 1, one element at a time, float64.
+    """{(row, position): logit} straight from the formula of docs/reference/kernel.md, one element at a time, float64.
 
     limit = max(L_b - next_n + j + 1, 0); key p of sequence b is slot p % block_size of physical
     block block_table[b, p // block_size]; logit = sum_h w[r, h] * relu(q[b, j, h] . k) * s.

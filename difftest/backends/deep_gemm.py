@@ -1,4 +1,4 @@
-"""DeepGEMM's paged MQA logits, called as vLLM 0.33's indexer calls it (DOMAIN.md section 4).
+"""DeepGEMM's paged MQA logits, called as vLLM 0.33's indexer calls it (docs/reference/kernel.md).
 
     meta = get_paged_mqa_logits_metadata(context_lens, block_size, num_sms[, indices])
     logits = fp8_fp4_paged_mqa_logits((q, None), kv_cache, weights, context_lens, block_table,
@@ -13,7 +13,7 @@ well as with the oracle:
 * deepgemm-varlen    flattened rows plus `indices` (request id per row); sm100 only.
 
 The envelope facts are those of the pinned DeepGEMM 2.8.1, vLLM 0.33.0's vendored copy
-(`.device-deps/deep_gemm.tgz`, from `bash ../shared/device/prepare-deps.sh`). Its host code is
+(as scripts/prepare_device.sh carries it to the GPU machine). Its host code is
 compiled into `_C_extension.abi3.so`: "host assert" below cites an assertion string `strings` finds
 there; "impl"/"sched" cite include/deep_gemm/impls/sm90_fp8_paged_mqa_logits.cuh and
 include/deep_gemm/scheduler/sm90_paged_mqa_logits.cuh in the tarball.

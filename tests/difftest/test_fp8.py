@@ -37,7 +37,7 @@ def test_decode_matches_bit_fields(flavour):
 
 
 def test_fnuz_is_half_of_fn_for_the_same_bits():
-    """DOMAIN.md section 3: same bits decode to half the value on gfx942 (except NaN/zero codes)."""
+    """docs/reference/layouts.md: same bits decode to half the value on gfx942 (except NaN/zero codes)."""
     fn, fnuz = decode(ALL_BYTES, FN), decode(ALL_BYTES, FNUZ)
     both = torch.isfinite(fn) & torch.isfinite(fnuz) & (ALL_BYTES != 0x80)
     assert torch.equal(fnuz[both] * 2, fn[both]), f"{torch.nonzero(fnuz[both] * 2 != fn[both])=}"

@@ -113,7 +113,7 @@ def test_fuzzed_bad_scales_and_block_ids_are_spec_errors(spec, seed, value, bloc
 @given(spec=specs(max_batch=3, heads=(2, 4), head_dims=(16,), block_sizes=(4, 1), max_model_len=24),
        seed=st.integers(0, 2**16), field=st.sampled_from(("q", "k_pool", "scale_pool", "weights", "block_table")))
 def test_non_contiguous_tensors_are_read_as_their_values(spec, seed, field):
-    """Non-contiguous views are legitimate input (DOMAIN.md section 6.7): same verdict, same logits."""
+    """Non-contiguous views are legitimate input (docs/reference/bug-classes.md, class 7): same verdict, same logits."""
     case = build_case(spec, seed)
     tensor = getattr(case, field)
     view = tensor.transpose(0, -1).contiguous().transpose(0, -1)  # same values, other strides

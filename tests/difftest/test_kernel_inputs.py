@@ -55,7 +55,7 @@ def test_pack_unpack_roundtrip(spec, seed, layout):
 
 
 def test_block_split_bytes_are_where_domain_says():
-    """Per block: block_size * D key bytes, then block_size fp32 scales (DOMAIN.md section 3)."""
+    """Per block: block_size * D key bytes, then block_size fp32 scales (docs/reference/layouts.md)."""
     case = build_case(TINY_SPECS[0], 0)
     packed = pack_cache(case.k_pool, case.scale_pool, CacheLayout.BLOCK_SPLIT)
     nb, bs, d = case.k_pool.shape
@@ -98,7 +98,7 @@ def test_layouts_coincide_at_block_size_one():
     case = build_case(next(s for s in TINY_SPECS if s.block_size == 1), 0)
     split = pack_cache(case.k_pool, case.scale_pool, CacheLayout.BLOCK_SPLIT)
     inter = pack_cache(case.k_pool, case.scale_pool, CacheLayout.TOKEN_INTERLEAVED)
-    assert torch.equal(split, inter), "DOMAIN.md section 3: at block_size 1 both layouts coincide"
+    assert torch.equal(split, inter), "docs/reference/layouts.md: at block_size 1 both layouts coincide"
 
 
 def test_unpack_rejects_wrong_shape():

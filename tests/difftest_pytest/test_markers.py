@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from difftest_pytest.markers import Hardware, skip_reason
+from difftest.hardware import Hardware
+from difftest_pytest.markers import skip_reason
 
 NO_GPU = Hardware(gpu=False, rocm=False, arch=None)
 CUDA_SM90 = Hardware(gpu=True, rocm=False, arch="sm90")
