@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from difftest import __version__
 from difftest.errors import SpecError
-from difftest.kinds import CacheLayout, CaseKind, Device, ExitStatus, LengthEncoding, SanitizerTool
+from difftest.kinds import CacheLayout, CaseKind, Device, ExitStatus, LengthEncoding, OracleKind, SanitizerTool
 
 if TYPE_CHECKING:
     from difftest.result import CaseResult
@@ -30,7 +30,7 @@ FLAGS = {"backends": "--backends", "cases": "--cases", "count": "--count", "seed
          "device": "--device", "encoding": "--encoding", "layout": "--layout", "isolate": "--isolate",
          "timeout": "--timeout", "repeat": "--repeat", "sanitize": "--sanitize", "sanitize_all": "--sanitize-all",
          "resume": "--resume", "stream": "--stream", "report": "--report", "backend": "--backends",
-         "trust": "--trust-bundle"}
+         "trust": "--trust-bundle", "budget": "--budget", "oracle": "--oracle"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -75,9 +75,17 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
                      "paths (default: every registered backend)")
     run.add_argument("--backend-module", action="append", default=[], metavar="PKG.MOD:OBJ",
                      help="a user backend: a Backend, a factory, or a difftest.backend-decorated function (repeatable)")
-    run.add_argument("--cases", type=_enum(CaseKind), default=CaseKind.ALL,
-                     help="random, edges or all (default: all)")
-    run.add_argument("--count", type=int, help="seeds per random spec (default: 6; 1 with --spec)")
+    run.add_argument("--cases", type=_enum(CaseKind), default=CaseKind.ENVELOPE,
+                     help="envelope: cases inside each backend's declared envelope at this device's scale "
+                          "(production shapes on a GPU, small ones on the CPU); random, edges or all: the fixed "
+                          "toy-shape suite (default: envelope)")
+    run.add_argument("--budget", type=float, metavar="SECONDS",
+                     help="start no case after this many seconds; the report lists those not started")
+    run.add_argument("--oracle", type=_enum(OracleKind),
+                     help="exact (float64 torch) or fast (the fused Triton oracle) (default: fast on cuda, "
+                          "exact on cpu)")
+    run.add_argument("--count", type=int, help="seeds per random spec (default: 1 for envelope suites, 6 for "
+                     "random and all; 1 with --spec)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--next-n", type=_int_list, help="e.g. 1,2,4: one copy of every spec per value")
     run.add_argument("--block-sizes", type=_int_list, help="e.g. 1,64: one copy of every spec per value")
@@ -215,10 +223,11 @@ def _run_request(args: argparse.Namespace) -> RunRequest:
                          case_filter=tuple(args.case_filter), shard=Shard.parse(args.shard) if args.shard else None)
     config = RunConfig(device=args.device.value, encoding=args.encoding, layout=args.layout, isolate=args.isolate,
                        timeout=args.timeout, repeat=args.repeat, sanitize=args.sanitize,
-                       sanitize_all=args.sanitize_all)
+                       sanitize_all=args.sanitize_all, oracle=args.oracle)
     names = (args.backends or ()) + tuple(args.backend_module)
     return RunRequest(suite=suite, backends=names or None, config=config, report=args.report, stream=args.stream,
-                      resume=args.resume, repro_dir=args.repro_dir, gpus=args.gpus, argv=tuple(args.argv))
+                      resume=args.resume, repro_dir=args.repro_dir, gpus=args.gpus, budget=args.budget,
+                      argv=tuple(args.argv))
 
 
 def _spec(text: str) -> object:
@@ -244,9 +253,14 @@ def _print_outcome(request: RunRequest, outcome: RunOutcome) -> None:
     if outcome.shards:
         print("\n".join(shard.describe() for shard in outcome.shards) + "\n")
     print(report.render_table(report.summarize(outcome.results)))
+    reach = report.render_reach(outcome.results, outcome.plan) if outcome.plan else ""
+    if reach:
+        print("\n" + reach)
     devices = report.render_devices(outcome.results)
     if devices:
         print(devices)
+    if outcome.info.get("not_started"):
+        print(f"\nbudget spent: {len(outcome.info['not_started'])} planned cases not started (listed in the report)")
     failures = report.render_failures(outcome.results)
     if failures:
         print("\n" + failures)

@@ -13,6 +13,8 @@ from difftest.poison import is_poison
 from difftest.verdict import Mismatch, Verdict, worst
 
 TOPK = 2048
+CHUNK_ELEMENTS = 1 << 25  # logits compared at once: a few float64 copies of this many stay under 2 GB
+_KINDS = (Verdict.FAIL_UNWRITTEN, Verdict.FAIL_NAN, Verdict.FAIL_MASK, Verdict.FAIL_VALUE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +48,29 @@ def compare(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, c
     rows, width = expected.shape
     if tuple(got.shape) != (rows, width):
         raise ValueError(f"backend returned logits of shape {tuple(got.shape)}, expected {(rows, width)}")
+    # Rows a few at a time: the float64 copies and masks of a whole 2^31-element output would not fit.
+    step = max(1, CHUNK_ELEMENTS // max(width, 1))
+    parts = [_compare_rows(expected[first:first + step], got[first:first + step], row_lens[first:first + step],
+                           contract, None if bound is None else bound[first:first + step], first)
+             for first in range(0, rows, step)]
+    return _combined(parts, rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Part:
+    """The comparison of a slice of rows, row numbers already those of the whole output."""
+
+    bad_rows: dict[Verdict, list[int]]
+    positions_differing: int
+    max_abs_err: float
+    max_rel_err: float
+    overlap: tuple[float, int]  # (sum of per-row top-k overlaps, rows with a window)
+    first_mismatch: Mismatch | None
+
+
+def _compare_rows(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, contract: Contract,
+                  bound: torch.Tensor | None, first: int) -> _Part:
+    width = expected.shape[1]
     poison = is_poison(got)
     got = got.to(expected.device, torch.float64)
     expected = expected.to(torch.float64)
@@ -53,15 +78,26 @@ def compare(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, c
     kinds = _position_kinds(expected, got, inside, poison.to(expected.device), contract, bound)
     errors = torch.where(inside & torch.isfinite(got), (got - expected).abs(), 0.0).nan_to_num(0.0)
     scale = _row_scale(expected, inside)
-    bad_rows = {kind: _rows_with(mask) for kind, mask in kinds.items()}
     any_bad = torch.stack(list(kinds.values())).any(dim=0)
+    mismatch = _first_mismatch(expected, got, kinds)
+    return _Part(bad_rows={kind: [first + r for r in _rows_with(mask)] for kind, mask in kinds.items()},
+                 positions_differing=int(any_bad.sum()), max_abs_err=float(errors.max()) if errors.numel() else 0.0,
+                 max_rel_err=float((errors / scale[:, None]).max()) if errors.numel() else 0.0,
+                 overlap=_topk_hits(expected, got, row_lens),
+                 first_mismatch=dataclasses.replace(mismatch, row=mismatch.row + first) if mismatch else None)
+
+
+def _combined(parts: list[_Part], rows: int) -> Comparison:
+    bad_rows = {kind: [r for part in parts for r in part.bad_rows[kind]] for kind in _KINDS}
+    hits, counted = sum(p.overlap[0] for p in parts), sum(p.overlap[1] for p in parts)
     return Comparison(
         rows=rows, mask_rows=bad_rows[Verdict.FAIL_MASK], nan_rows=bad_rows[Verdict.FAIL_NAN],
         unwritten_rows=bad_rows[Verdict.FAIL_UNWRITTEN], value_rows=bad_rows[Verdict.FAIL_VALUE],
-        positions_differing=int(any_bad.sum()), max_abs_err=float(errors.max()) if errors.numel() else 0.0,
-        max_rel_err=float((errors / scale[:, None]).max()) if errors.numel() else 0.0,
-        topk_overlap=topk_overlap(expected, got, row_lens),
-        first_mismatch=_first_mismatch(expected, got, kinds),
+        positions_differing=sum(p.positions_differing for p in parts),
+        max_abs_err=max((p.max_abs_err for p in parts), default=0.0),
+        max_rel_err=max((p.max_rel_err for p in parts), default=0.0),
+        topk_overlap=hits / counted if counted else 1.0,
+        first_mismatch=next((p.first_mismatch for p in parts if p.first_mismatch), None),
         verdict=worst([k for k, rows_ in bad_rows.items() if rows_]))
 
 
@@ -120,10 +156,16 @@ def topk_overlap(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tens
     largest expected value of the row, so integer-valued cases with many equal logits score 1.0
     when the backend is exact. NaN and -inf in `got` rank last.
     """
+    hits, counted = _topk_hits(expected, got, row_lens)
+    return hits / counted if counted else 1.0
+
+
+def _topk_hits(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor) -> tuple[float, int]:
+    """(sum over rows with a window of their top-k overlap, the number of such rows)."""
     lens = row_lens.to(expected.device)
     active = lens > 0
     if not bool(active.any()):
-        return 1.0
+        return 0.0, 0
     exp, out, lens = expected[active], got[active], lens[active]
     k_max = min(TOPK, int(lens.max()))
     inside = torch.arange(exp.shape[1], device=exp.device)[None, :] < lens[:, None]
@@ -136,4 +178,4 @@ def topk_overlap(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tens
     # A pick the backend scored -inf or NaN is no hit, whichever -inf tie torch.topk happened to take.
     hits = (ranked_exp.gather(1, picked) >= kth) & counted & inside.gather(1, picked) \
         & (ranked_got.gather(1, picked) > -math.inf)
-    return float((hits.sum(dim=1).double() / ks.double()).mean())
+    return float((hits.sum(dim=1).double() / ks.double()).sum()), int(active.sum())

@@ -6,7 +6,7 @@ import dataclasses
 import math
 
 from difftest.errors import require
-from difftest.kinds import CacheLayout, LengthEncoding, SanitizerTool
+from difftest.kinds import CacheLayout, LengthEncoding, OracleKind, SanitizerTool
 
 DEVICES = ("cpu", "cuda")
 MAX_REPEAT = 1000  # launches per case; more is a typo, not a stability study
@@ -24,6 +24,7 @@ class RunConfig:
     repeat: int = 1  # launches per case; more than one classifies the backend's stability
     sanitize: SanitizerTool | None = None  # a compute-sanitizer tool to replay failing results under
     sanitize_all: bool = False  # replay every result that ran, not only the failing ones
+    oracle: OracleKind | None = None  # None: FAST on cuda, EXACT on cpu
 
     def __post_init__(self) -> None:
         require(self.device in DEVICES, "device", self.device, f"one of {list(DEVICES)}")
@@ -42,6 +43,8 @@ class RunConfig:
                 f"None or a difftest.SanitizerTool {[t.value for t in SanitizerTool]}")
         require(not self.sanitize_all or self.sanitize is not None, "sanitize_all", self.sanitize_all,
                 "a sanitize tool to go with it")
+        require(self.oracle is None or isinstance(self.oracle, OracleKind), "oracle", self.oracle,
+                f"None or a difftest.OracleKind {[o.value for o in OracleKind]}")
 
     @property
     def isolated(self) -> bool:
@@ -49,6 +52,11 @@ class RunConfig:
         if self.isolate is not None:
             return self.isolate
         return self.device == "cuda" or self.timeout is not None
+
+    @property
+    def oracle_kind(self) -> OracleKind:
+        """The oracle this run compares against: as asked, else the fused one on a GPU."""
+        return self.oracle or (OracleKind.FAST if self.device == "cuda" else OracleKind.EXACT)
 
     @property
     def overridden(self) -> bool:

@@ -92,9 +92,17 @@ class Isolation(str, enum.Enum):
 class CaseKind(str, enum.Enum):
     """Which cases a suite draws."""
 
-    RANDOM = "random"
-    EDGES = "edges"
-    ALL = "all"
+    ENVELOPE = "envelope"  # each backend's declared envelope, at the device's scale (difftest.plan.envelope_plan)
+    RANDOM = "random"  # the fixed toy-shape random specs
+    EDGES = "edges"  # the fixed toy-shape edge list
+    ALL = "all"  # random and edges
+
+
+class OracleKind(str, enum.Enum):
+    """Which oracle a run compares against."""
+
+    EXACT = "exact"  # the float64 torch oracle: the truth, to float64 rounding
+    FAST = "fast"  # the fused Triton oracle: fp32 sums of exact products, with a rigorous per-row bound
 
 
 class ExitStatus(enum.IntEnum):

@@ -19,7 +19,10 @@ from generators.cases import suite
 from generators.spec import CaseSpec, case_name
 
 if TYPE_CHECKING:
+    from difftest.backends import Backend
+    from difftest.contract import Contract
     from difftest.result import CaseResult
+    from generators.envelope import Target
 
 T = TypeVar("T")
 MAX_SEED = 2**62  # seeds grow by 1000 per spec; torch takes any int64
@@ -29,10 +32,13 @@ SHARD_FORM = "I/N with 0 <= I < N, e.g. 0/2"
 
 @dataclasses.dataclass(frozen=True)
 class PlannedCase:
-    """One case of a plan: the spec and seed it is drawn from."""
+    """One case of a plan: the spec and seed it is drawn from, the edge families it reaches, and the
+    backends that run it (None: every backend of the run)."""
 
     spec: CaseSpec
     seed: int
+    families: tuple[str, ...] = ()
+    backends: frozenset[str] | None = None
 
     @property
     def name(self) -> str:
@@ -71,7 +77,7 @@ class Shard:
 class SuiteRequest:
     """What to plan: a named suite (with overrides) or one spec, then filters and a shard."""
 
-    cases: CaseKind = CaseKind.ALL
+    cases: CaseKind = CaseKind.ENVELOPE
     count: int | None = None  # seeds per random spec; default 6 for a suite, 1 for a spec
     seed: int = 0
     next_n: tuple[int, ...] | None = None  # one copy of every spec per value
@@ -97,7 +103,10 @@ class SuiteRequest:
 
 
 def plan(request: SuiteRequest) -> list[PlannedCase]:
-    """The cases `request` names, narrowed by its filters, then to its shard."""
+    """The cases `request` names, narrowed by its filters, then to its shard. Envelope suites depend on
+    the backends and the device: envelope_plan makes those."""
+    require(request.spec is not None or request.cases != CaseKind.ENVELOPE, "cases", request.cases.value,
+            "random, edges or all here (an envelope suite is planned from its backends by envelope_plan)")
     # Checked even where they apply to no spec (an edges-only suite): a bad value is never silently ignored.
     CaseSpec().replace(**request.overrides).validate()
     cases = _spec_cases(request) if request.spec else _suite_cases(request)
@@ -145,3 +154,69 @@ def kept_results(results: Iterable[CaseResult], cases: Sequence[PlannedCase], ba
                 f"({result.device}); run with the same options")
         kept[(result.backend, result.case)] = result
     return kept
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvelopePlan:
+    """Cases drawn inside every backend's declared envelope, and what each backend does not reach."""
+
+    cases: list[PlannedCase]
+    omitted: dict[str, list[tuple[str, str]]]  # backend -> (edge family, why it was left out)
+    idle: dict[str, str]  # backend -> why it runs no case here at all
+
+    def narrowed(self, request: SuiteRequest) -> list[PlannedCase]:
+        """The cases `request`'s filters and shard keep."""
+        cases = filtered(self.cases, request.case_filter) if request.case_filter else self.cases
+        return request.shard.of(cases) if request.shard else cases
+
+
+def envelope_plan(backends: Sequence[Backend], target: Target, seed: int, count: int = 1) -> EnvelopePlan:
+    """Cases for every backend inside its own envelope at `target`'s scale (generators.envelope), one
+    case per distinct spec so backends whose envelopes agree share the oracle's answer; each case runs
+    on every backend whose contract takes it. Specs of the RANDOM family get `count` seeds."""
+    from generators.envelope import EdgeFamily, envelope_specs  # deferred: envelopes import torch (contracts)
+
+    idle = {b.name: reason for b in backends if (reason := _idle_reason(b, target))}
+    specs: dict[CaseSpec, set[str]] = {}
+    omitted: dict[str, list[tuple[str, str]]] = {}
+    for backend in (b for b in backends if b.name not in idle):
+        planned, left_out = envelope_specs(backend.contract, target)
+        for item in planned:
+            specs.setdefault(item.spec, set()).update(f.value for f in item.families)
+        omitted[backend.name] = [(o.family.value, o.reason) for o in left_out]
+    working = [b for b in backends if b.name not in idle]
+    cases = []
+    for index, (spec, families) in enumerate(_uniquely_named(specs)):
+        takers = frozenset(b.name for b in working if _takes(b.contract, spec, target))
+        seeds = count if EdgeFamily.RANDOM.value in families else 1
+        cases += [PlannedCase(spec, seed + 1000 * index + k, tuple(sorted(families)), takers) for k in range(seeds)]
+    return EnvelopePlan(cases, omitted, idle)
+
+
+def _idle_reason(backend: Backend, target: Target) -> str | None:
+    try:
+        return backend.unavailable_reason(target.device.value)
+    except Exception as exc:  # a backend's own check failing is its fault: it runs nothing
+        return f"unavailable_reason raised {type(exc).__name__}: {exc}"
+
+
+def _uniquely_named(specs: dict[CaseSpec, set[str]]) -> list[tuple[CaseSpec, set[str]]]:
+    """The specs, a repeated name given a -2, -3, ... suffix so every case name stays unique."""
+    seen: dict[str, int] = {}
+    named = []
+    for spec, families in specs.items():
+        seen[spec.name] = seen.get(spec.name, 0) + 1
+        unique = spec if seen[spec.name] == 1 else spec.replace(name=f"{spec.name}-{seen[spec.name]}")
+        named.append((unique, families))
+    return named
+
+
+def _takes(contract: Contract, spec: CaseSpec, target: Target) -> bool:
+    """Whether a backend with `contract` can be handed cases of `spec` on `target`."""
+    from generators.envelope import estimate_bytes  # deferred: envelopes import torch (contracts)
+
+    if contract.shape_reason(spec.next_n, spec.heads, spec.head_dim, spec.block_size) is not None:
+        return False
+    if contract.max_context is not None and spec.max_model_len > contract.max_context:
+        return False
+    return contract.max_pool_bytes is None or estimate_bytes(spec, contract).pool_bytes <= contract.max_pool_bytes

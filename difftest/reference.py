@@ -1,4 +1,10 @@
-"""The oracle's answer for one case, computed once and shared by every backend that runs it."""
+"""The oracle's answer for one case, computed once and shared by every backend that runs it.
+
+Two oracles (difftest.kinds.OracleKind): EXACT, the float64 torch oracle (oracles.paged_mqa_logits),
+which is the truth; FAST, the fused Triton oracle (oracles.fused), fp32 sums of exact products whose
+per-row bound covers its own rounding and a correct fp32 backend's together. Both give a Reference of
+the same form, so the comparison does not know which one ran.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,8 @@ import dataclasses
 import torch
 
 from difftest.case import Case
+from difftest.kinds import OracleKind
+from oracles.fused import fused_reference
 from oracles.paged_mqa_logits import fp32_error_bound, reference
 
 
@@ -14,13 +22,18 @@ from oracles.paged_mqa_logits import fp32_error_bound, reference
 class Reference:
     """Oracle logits with each row's limit and the fp32 rounding bound a correct backend stays inside."""
 
-    logits: torch.Tensor  # float64 [rows, max_model_len]
+    logits: torch.Tensor  # float64 (EXACT) or float32 (FAST) [rows, max_model_len]
     row_lens: torch.Tensor  # (rows,)
     bound: torch.Tensor  # (rows,) float32 rounding bound
+    oracle: OracleKind = OracleKind.EXACT
 
 
-def make_reference(case: Case) -> Reference:
-    """Oracle logits in float64 on the case's device, the limits, and the fp32 error bound."""
+def make_reference(case: Case, oracle: OracleKind = OracleKind.EXACT) -> Reference:
+    """The oracle's logits on the case's device, the limits, and the fp32 error bound."""
+    row_lens = case.row_lens().reshape(-1)
+    if oracle == OracleKind.FAST:
+        fused = fused_reference(case)
+        return Reference(fused.logits, row_lens, fused.bound, oracle)
     q, k = case.q_values(), case.k_values()
     bound = fp32_error_bound(q, k, case.scale_pool, case.weights, case.block_table, case.row_lens())
-    return Reference(reference(case), case.row_lens().reshape(-1), bound)
+    return Reference(reference(case), row_lens, bound, oracle)

@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from difftest.plan import EnvelopePlan
 from difftest.result import CaseResult
 from difftest.serialize import to_jsonable
 from difftest.stability import Stability, StabilityKind
@@ -153,3 +154,48 @@ def write_json(path: str | Path, results: list[CaseResult], run_info: dict[str, 
     doc = {"run": run_info, "summaries": to_jsonable(summarize(results)), "results": to_jsonable(results)}
     path.write_text(json.dumps(doc, indent=1) + "\n")
     return path
+
+
+def render_reach(results: list[CaseResult], plan: EnvelopePlan | None = None) -> str:
+    """How far each backend went: cases run and skipped, the longest context, the largest cache and
+    batch, the edge families reached, then what the plan left out and why. '' when nothing ran."""
+    names = list(dict.fromkeys([r.backend for r in results] + list(plan.idle if plan else ())))
+    if not names:
+        return ""
+    lines = [f"{'reach':<28} {'run':>5} {'skip':>5} {'longest':>8} {'pool':>9} {'B':>5}  families"]
+    lines += [_reach_line(name, [r for r in results if r.backend == name]) for name in names]
+    return "\n".join(lines + _left_out(names, results, plan))
+
+
+def _reach_line(name: str, results: list[CaseResult]) -> str:
+    ran = [r for r in results if r.verdict != Verdict.SKIP and r.reach is not None]
+    families = sorted({f for r in ran for f in r.reach.families})  # type: ignore[union-attr]
+    longest = max((r.reach.longest for r in ran), default=0)  # type: ignore[union-attr]
+    pool = max((r.reach.pool_bytes for r in ran), default=0)  # type: ignore[union-attr]
+    batch = max((r.reach.batch for r in ran), default=0)  # type: ignore[union-attr]
+    skipped = sum(r.verdict == Verdict.SKIP for r in results)
+    return (f"{name:<28} {len(ran):>5} {skipped:>5} {longest:>8} {_bytes(pool):>9} {batch:>5}  "
+            f"{len(families)}: {', '.join(families) or '-'}")
+
+
+def _left_out(names: list[str], results: list[CaseResult], plan: EnvelopePlan | None) -> list[str]:
+    """One line per backend that ran nothing (why) and per family its plan left out (the first reason)."""
+    lines = []
+    for name in names:
+        if plan and name in plan.idle:
+            lines.append(f"  {name}: runs nothing here: {plan.idle[name]}")
+            continue
+        reached = {f for r in results if r.backend == name and r.reach for f in r.reach.families}
+        left = {}
+        for family, reason in (plan.omitted.get(name, []) if plan else []):
+            if family not in reached:
+                left.setdefault(family, reason)
+        lines += [f"  {name}: {family} left out: {reason}" for family, reason in sorted(left.items())]
+    return lines
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"

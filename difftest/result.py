@@ -12,6 +12,16 @@ from difftest.verdict import Verdict
 
 
 @dataclasses.dataclass(frozen=True)
+class Reach:
+    """How far into the envelope a case went: what the reach table adds up per backend."""
+
+    families: tuple[str, ...]  # the named edge families the case was drawn for
+    longest: int  # the longest sequence, in tokens
+    pool_bytes: int  # the cache the backend was handed
+    batch: int
+
+
+@dataclasses.dataclass(frozen=True)
 class CaseResult:
     """One backend on one case."""
 
@@ -35,3 +45,4 @@ class CaseResult:
     isolation_note: str | None = None  # why it ran in-process although isolation was asked for
     sanitizer: SanitizerReport | None = None  # the compute-sanitizer replay, when one was asked for
     gpu: str | None = None  # the physical GPU it was computed on (hardware.gpu_description); None on the CPU
+    reach: Reach | None = None

@@ -34,12 +34,13 @@ from difftest.guards import Execution, Fault, Launch
 from difftest.isolate import Executor, InProcess, WorkerPool
 from difftest.kernel_inputs import KernelInputs, encode
 from difftest.reference import Reference, make_reference
-from difftest.result import CaseResult
+from difftest.result import CaseResult, Reach
 from difftest.sanitize import SanitizerReport, replay_under
 from difftest.stability import StabilityKind, classify_stability
 from difftest.verdict import Verdict, worst
 
 Done = Mapping[tuple[str, str], CaseResult]  # (backend name, case name) -> a result kept from an earlier run
+Takes = Callable[[str, Case], bool]  # whether the backend of this name runs this case
 
 
 def unsupported_reason(backend: Backend, case: Case, device: str) -> str | None:
@@ -50,7 +51,7 @@ def unsupported_reason(backend: Backend, case: Case, device: str) -> str | None:
 def run_one(backend: Backend, case: Case, config: RunConfig) -> CaseResult:
     """One backend on one case, on config.device, against a fresh oracle answer, in this process."""
     case = case.to(config.device)
-    return start_backend(as_loaded(backend), case, make_reference(case), config, InProcess())()
+    return start_backend(as_loaded(backend), case, make_reference(case, config.oracle_kind), config, InProcess())()
 
 
 def start_backend(backend: Loaded, case: Case, ref: Reference, config: RunConfig,
@@ -82,10 +83,12 @@ def start_backend(backend: Loaded, case: Case, ref: Reference, config: RunConfig
 def _identity(backend: Loaded, case: Case, config: RunConfig) -> dict[str, Any]:
     """The fields every result of `backend` on `case` carries, whatever happens to the call."""
     contract = backend.contract
+    longest = int(case.seq_lens.max()) if case.batch else 0
+    reach = Reach(tuple(case.meta.get("families", ())), longest, case.pool_bytes, case.batch)
     return dict(backend=backend.name, case=case.name, description=case.describe(), rows=case.rows,
                 device=config.device, encoding=config.encoding or contract.length_encoding,
                 layout=config.layout or contract.cache_layout, overridden=config.overridden,
-                spec=case.meta.get("spec"), gpu=hardware.gpu_description(case.device))
+                spec=case.meta.get("spec"), gpu=hardware.gpu_description(case.device), reach=reach)
 
 
 def _prepared(backend: Loaded, case: Case, config: RunConfig, base: dict[str, Any]) -> KernelInputs | CaseResult:
@@ -131,8 +134,10 @@ def _judge(execution: Execution, ref: Reference, contract: Contract, base: dict[
 
 
 def run(backends: list[Backend], cases: Iterable[Case], config: RunConfig,
-        on_result: Callable[[CaseResult], None] | None = None, done: Done | None = None) -> list[CaseResult]:
-    """Every backend on every case; results in (case, backend) order.
+        on_result: Callable[[CaseResult], None] | None = None, done: Done | None = None,
+        takes: Takes | None = None) -> list[CaseResult]:
+    """Every backend on every case (every pair `takes` allows: the others give no result); results
+    in (case, backend) order.
 
     `done` maps (backend name, case name) to results kept from an earlier run: those pairs are not
     run again and do not reach `on_result`; their results take their place in the list. A backend
@@ -143,18 +148,20 @@ def run(backends: list[Backend], cases: Iterable[Case], config: RunConfig,
     results: list[CaseResult] = []
     with _executors(loaded, config) as executors:
         for case in cases:
-            results += _run_case(loaded, executors, case, config, on_result, done or {})
+            require(isinstance(case, Case), "cases", type(case).__name__, "difftest.Case objects")
+            chosen = [i for i, b in enumerate(loaded) if takes is None or takes(b.name, case)]
+            results += _run_case([loaded[i] for i in chosen], [executors[i] for i in chosen], case, config,
+                                 on_result, done or {})
     return results
 
 
 def _run_case(backends: list[Loaded], executors: list[Executor], case: Case, config: RunConfig,
               on_result: Callable[[CaseResult], None] | None, done: Done) -> list[CaseResult]:
-    require(isinstance(case, Case), "cases", type(case).__name__, "difftest.Case objects")
     todo = [i for i, b in enumerate(backends) if (b.name, case.name) not in done]
     fresh: dict[int, CaseResult] = {}
     if todo:
         case = case.validate().to(config.device)
-        ref = make_reference(case)
+        ref = make_reference(case, config.oracle_kind)
         # Every backend's call is submitted before any is waited for: workers compute side by side.
         started = {index: start_backend(backends[index], case, ref, config, executors[index]) for index in todo}
         for index in todo:

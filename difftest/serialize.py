@@ -18,7 +18,7 @@ from typing import IO, Any
 from difftest.comparison import Comparison
 from difftest.errors import SpecError
 from difftest.kinds import CacheLayout, Isolation, LengthEncoding, SanitizerTool
-from difftest.result import CaseResult
+from difftest.result import CaseResult, Reach
 from difftest.sanitize import Finding, SanitizerReport
 from difftest.stability import Stability, StabilityKind
 from difftest.verdict import Mismatch, Verdict
@@ -53,6 +53,7 @@ def result_from_json(data: dict[str, Any]) -> CaseResult:
         "mutated_inputs": tuple(data.get("mutated_inputs", ())),
         "stability": _maybe(_stability, data.get("stability")),
         "sanitizer": _maybe(_sanitizer, data.get("sanitizer")),
+        "reach": _maybe(lambda r: Reach(**{**r, "families": tuple(r["families"])}), data.get("reach")),
     }
     return CaseResult(**{**data, **nested})
 

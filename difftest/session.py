@@ -23,12 +23,13 @@ from difftest.bundle import bundle_name, write_bundle
 from difftest.case import Case
 from difftest.config import RunConfig
 from difftest.errors import require
-from difftest.kinds import ExitStatus
-from difftest.plan import PlannedCase, Shard, SuiteRequest, kept_results, plan
+from difftest.kinds import CaseKind, Device, ExitStatus
+from difftest.plan import EnvelopePlan, PlannedCase, Shard, SuiteRequest, envelope_plan, kept_results, plan
 from difftest.report import write_json
 from difftest.result import CaseResult
 from difftest.runner import run
 from difftest.serialize import ResultStream, is_stream, load_results
+from generators.envelope import Target
 from generators.tensors import build_case
 
 
@@ -44,6 +45,7 @@ class RunRequest:
     resume: Path | None = None  # a report or stream of an earlier run of the same cases
     repro_dir: Path | None = None  # a bundle for every failing result
     gpus: int | None = None  # spread over this many GPUs, one child process each
+    budget: float | None = None  # seconds: no case is started after this much of the run has passed
     argv: tuple[str, ...] = ()  # the `run` command line: recorded, and what the children of a spread run get
 
     @property
@@ -58,6 +60,7 @@ class RunOutcome:
 
     results: list[CaseResult]
     info: dict[str, Any]
+    plan: EnvelopePlan | None = None  # what an envelope suite planned and left out
     bundles: int = 0
     stream: Path | None = None
     shards: tuple[spread.ShardRun, ...] = ()
@@ -76,24 +79,61 @@ def execute(request: RunRequest, on_result: Listener | None = None,
             shard_envs: list[dict[str, str]] | None = None) -> RunOutcome:
     """Run `request`. With `gpus` (or `shard_envs`: what each child's environment adds, how the tests
     spread a CPU run) the plan is spread over child processes, one shard each."""
+    require(request.budget is None or request.budget > 0, "budget", request.budget, "a number of seconds > 0")
     backends = get_backends(list(request.backends) if request.backends else None)
-    cases = plan(request.suite)
+    planned = _envelope(request, backends)
+    cases = planned.narrowed(request.suite) if planned else plan(request.suite)
     if shard_envs is None and request.gpus is not None:
         shard_envs = spread.gpu_environments(request.gpus, request.config.device, torch.cuda.device_count(),
                                              os.environ.get("CUDA_VISIBLE_DEVICES"))
+    planned_info = {"plan": _plan_info(planned)} if planned else {}
     if shard_envs is not None:
-        return _spread(request, backends, cases, shard_envs)
-    return _here(request, backends, cases, on_result)
+        return dataclasses.replace(_spread(request, backends, cases, shard_envs, planned_info), plan=planned)
+    return dataclasses.replace(_here(request, backends, cases, on_result, planned_info), plan=planned)
+
+
+def _plan_info(planned: EnvelopePlan) -> dict[str, Any]:
+    """What the report keeps of an envelope plan: what each backend left out, and which run nothing."""
+    return {"omitted": {name: [{"family": f, "reason": r} for f, r in left] for name, left in planned.omitted.items()},
+            "idle": planned.idle, "cases": len(planned.cases)}
+
+
+def _envelope(request: RunRequest, backends: list[Loaded]) -> EnvelopePlan | None:
+    """The envelope plan, when the suite is one: on this device, at its scale, inside its memory."""
+    if request.suite.spec is not None or request.suite.cases != CaseKind.ENVELOPE:
+        return None
+    target = Target.probe(Device(request.config.device))
+    return envelope_plan(backends, target, request.suite.seed, request.suite.count or 1)
+
+
+def _drawn(cases: list[PlannedCase], device: str, deadline: float | None, left: list[str]) -> Iterator[Case]:
+    """The planned cases as tensors, drawn on the run's device (a 128K-context batch would take seconds
+    on the CPU), until `deadline` (time.monotonic()): the names of those never started go to `left`."""
+    for index, planned in enumerate(cases):
+        if deadline is not None and time.monotonic() > deadline:
+            left.extend(c.name for c in cases[index:])
+            return
+        case = build_case(planned.spec, planned.seed, device, name=planned.name)
+        yield dataclasses.replace(case, meta={**case.meta, "families": list(planned.families)})
+
+
+def _taker(cases: list[PlannedCase]) -> Callable[[str, Case], bool] | None:
+    """Which backends run which case: those the plan chose for it (every one for a plain suite)."""
+    chosen = {c.name: c.backends for c in cases if c.backends is not None}
+    if not chosen:
+        return None
+    return lambda backend, case: backend in chosen.get(case.name, (backend,))
 
 
 def _here(request: RunRequest, backends: list[Loaded], cases: list[PlannedCase],
-          on_result: Listener | None) -> RunOutcome:
+          on_result: Listener | None, extra: dict[str, Any]) -> RunOutcome:
     config, started = request.config, time.time()
     done = _resumed(request, cases, backends) if request.resume else {}
     stream = _open_stream(request, run_info(request, started, len(cases), len(done)), done)
     repro = ReproWriter(request.repro_dir, config, backends) if request.repro_dir else None
-    # Drawn on the run's device: a 128K-context batch would take seconds to draw on the CPU.
-    drawn = (build_case(c.spec, c.seed, config.device, name=c.name) for c in cases)
+    left: list[str] = []
+    deadline = time.monotonic() + request.budget if request.budget else None
+    drawn = _drawn(cases, config.device, deadline, left)
 
     def heard(result: CaseResult) -> None:
         for listener in (stream.write if stream else None, repro.on_result if repro else None, on_result):
@@ -101,17 +141,18 @@ def _here(request: RunRequest, backends: list[Loaded], cases: list[PlannedCase],
                 listener(result)
 
     try:
-        results = run(backends, repro.track(drawn) if repro else drawn, config, on_result=heard, done=done)
+        results = run(backends, repro.track(drawn) if repro else drawn, config, on_result=heard, done=done,
+                      takes=_taker(cases))
     finally:
         if stream:
             stream.close()
-    info = run_info(request, started, len(cases), len(done))
+    info = {**run_info(request, started, len(cases), len(done)), "not_started": left, **extra}
     _write_report(request, results, info)
-    return RunOutcome(results, info, len(repro.written) if repro else 0, stream.path if stream else None)
+    return RunOutcome(results, info, bundles=len(repro.written) if repro else 0, stream=stream.path if stream else None)
 
 
 def _spread(request: RunRequest, backends: list[Loaded], cases: list[PlannedCase],
-            envs: list[dict[str, str]]) -> RunOutcome:
+            envs: list[dict[str, str]], extra: dict[str, Any]) -> RunOutcome:
     """The plan's shards in child processes (difftest.spread), their results merged in plan order."""
     require(request.resume is None, "resume", str(request.resume), "a run that is not spread (resume a spread "
             "run's report or stream on one GPU)")
@@ -121,7 +162,7 @@ def _spread(request: RunRequest, backends: list[Loaded], cases: list[PlannedCase
     expected = [len(Shard(i, len(envs)).of(cases)) * len(backends) for i in range(len(envs))]
     shards = spread.run_shards(request.argv, envs, expected)
     results = spread.merge([c.name for c in cases], shards)
-    info = {**run_info(request, started, len(cases)), "shards": [shard.info() for shard in shards]}
+    info = {**run_info(request, started, len(cases)), "shards": [shard.info() for shard in shards], **extra}
     stream = _open_stream(request, info, {})
     if stream:
         for result in results:
@@ -129,7 +170,7 @@ def _spread(request: RunRequest, backends: list[Loaded], cases: list[PlannedCase
         stream.close()
     _write_report(request, results, info)
     bundles = _bundles_written(request.repro_dir, results)
-    return RunOutcome(results, info, bundles, stream.path if stream else None, tuple(shards))
+    return RunOutcome(results, info, bundles=bundles, stream=stream.path if stream else None, shards=tuple(shards))
 
 
 def _write_report(request: RunRequest, results: list[CaseResult], info: dict[str, Any]) -> None:
@@ -182,6 +223,7 @@ def run_info(request: RunRequest, started: float, cases: int, resumed: int = 0) 
             "layout_override": config.layout.value if config.layout else None, "isolated": config.isolated,
             "timeout": config.timeout, "repeat": config.repeat,
             "sanitize": config.sanitize.value if config.sanitize else None, "sanitize_all": config.sanitize_all,
+            "oracle": config.oracle_kind.value, "cases_kind": request.suite.cases.value, "budget": request.budget,
             "case_filter": list(request.suite.case_filter),
             "shard": str(request.suite.shard) if request.suite.shard else None,
             "resumed_from": str(request.resume) if request.resume else None, "resumed": resumed}

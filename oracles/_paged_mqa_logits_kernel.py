@@ -131,8 +131,11 @@ def _sweep_tiles_gather(k_ptr, s_ptr, table_ptr, seq, table_stride, num_blocks, 
         slots = blocks.to(tl.int64) * BS + pos % BS  # int64: slot * D passes 2^31 in big pools
         blocks = _table_entry(table_ptr, seq, table_stride, pos + BLOCK_P, visible, num_blocks, BS)
         scales = tl.load(s_ptr + slots, mask=live, other=0.0)
-        raw = tl.load(k_ptr + slots[:, None] * D + dims[None, :], mask=live[:, None] & (dims[None, :] < D),
-                      other=0)
+        if D_PAD == D:  # a mask constant along D keeps the loads 16 bytes wide
+            mask = live[:, None]
+        else:
+            mask = live[:, None] & (dims[None, :] < D)
+        raw = tl.load(k_ptr + slots[:, None] * D + dims[None, :], mask=mask, other=0)
         peak = _score_tile(decode_fp8(raw, FNUZ, FIX_NAN), scales, pos, peak, sweep, NEXT_N, NEXT_N_PAD,
                            H_PAD, NF, BLOCK_P)
     return peak

@@ -292,3 +292,16 @@ def test_the_fp32_bound_counts_but_is_never_widened():
     assert compare(expected, expected + torch.tensor([[3.0, 0.0]]), lens,
                    Contract(LengthEncoding.PER_ROW, CacheLayout.BLOCK_SPLIT, MaskConvention.TAIL_NEG_INF,
                             rtol=1e-2), bound).verdict == Verdict.FAIL_VALUE, "DeepGEMM's rtol still rejects it"
+
+
+def test_comparing_a_few_rows_at_a_time_gives_the_whole_comparison(oracle, monkeypatch):
+    expected, lens = oracle
+    rows = [int(r) for r in torch.nonzero(lens >= 4).flatten()]
+    got = expected.clone().float()
+    got[rows[0], 0] = -math.inf  # a mask error
+    got[rows[-1], 3] += 5.0  # a value error further down
+    got[rows[1], 1] = 7.5e37  # another value error in between
+    whole = compare(expected, got, lens, STRICT)
+    monkeypatch.setattr("difftest.comparison.CHUNK_ELEMENTS", expected.shape[1])  # one row per chunk
+    assert compare(expected, got, lens, STRICT) == whole, f"{whole=}"
+    assert whole.mask_rows == [rows[0]] and whole.value_rows == sorted({rows[1], rows[-1]}), f"{whole=}"
