@@ -16,12 +16,14 @@ $(BIN)/difftest: pyproject.toml requirements-ci.txt
 	touch $@
 
 # difftest exits 1 when a backend fails (today AITER's kernels do: a finding, not a broken run);
-# only a usage error or a crash (any other status) fails `make run`.
+# only a usage error or a crash (any other status) fails `make run`. --isolate runs the backends'
+# workers side by side: the Triton interpreter keeps both cores busy.
 run: $(BIN)/difftest
-	$(BIN)/difftest run --report reports/cpu/default.json || test $$? -eq 1
+	$(BIN)/difftest run --isolate --report reports/cpu/default.json || test $$? -eq 1
 
 test: $(BIN)/difftest
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 bench: $(BIN)/difftest

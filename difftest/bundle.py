@@ -21,13 +21,15 @@ from difftest import __version__
 from difftest.backends import Origin
 from difftest.case import Case
 from difftest.config import RunConfig
-from difftest.errors import require
+from difftest.errors import SpecError, require
 from difftest.kinds import CacheLayout, LengthEncoding
 from difftest.result import CaseResult
+from difftest.schema import BundleInfoModel, one_line, parse_json, read_text, shown, validate
 from difftest.serialize import to_jsonable
 from difftest.verdict import Verdict
 
 CASE_FILE, INFO_FILE = "case.npz", "bundle.json"
+MAX_BUNDLE_INFO_BYTES = 1 << 28  # bundle.json: a comparison lists its bad rows, up to one per row
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,13 +71,28 @@ def write_bundle(directory: str | Path, case: Case, result: CaseResult, config: 
 
 
 def load_bundle(path: str | Path) -> Bundle:
-    """Read a bundle folder written by write_bundle."""
+    """Read a bundle folder written by write_bundle.
+
+    bundle.json is checked against difftest.schema.BundleInfoModel, then case.npz from its zip
+    directory and array headers against its meta and the spec it was drawn from (Case.load) before
+    anything is decompressed; the case's name must be the one bundle.json records. Anything that does
+    not fit is one SpecError naming the file and the field ('.../bundle.json origin.target').
+    """
     folder = Path(path)
     require((folder / INFO_FILE).is_file() and (folder / CASE_FILE).is_file(), "bundle", str(folder),
             f"a folder holding {CASE_FILE} and {INFO_FILE}")
-    info = json.loads((folder / INFO_FILE).read_text())
+    info_path = folder / INFO_FILE
+    text = read_text(info_path, one_line(str(info_path)), "JSON file", MAX_BUNDLE_INFO_BYTES)
+    try:
+        info = parse_json(text)
+    except ValueError as exc:
+        raise SpecError(one_line(str(info_path)), shown(text, 80), f"a JSON object of bundle fields ({exc})") from None
+    validate(BundleInfoModel, info, f"{info_path} ")
+    case = Case.load(folder / CASE_FILE)
+    require(case.name == info["case"], one_line(f"{info_path} case"), info["case"],
+            f"the name of the case in {CASE_FILE}, {case.name!r}")
     encoding, layout = info.get("encoding_override"), info.get("layout_override")
     config = RunConfig(device=info["device"], encoding=LengthEncoding(encoding) if encoding else None,
                        layout=CacheLayout(layout) if layout else None)
-    return Bundle(path=folder, case=Case.load(folder / CASE_FILE), backend=info["backend"],
+    return Bundle(path=folder, case=case, backend=info["backend"],
                   origin=Origin(**info["origin"]), config=config, verdict=Verdict(info["verdict"]), info=info)

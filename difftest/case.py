@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from difftest.errors import require
+from difftest.errors import SpecError, require
 from difftest.fp8 import decode
 from difftest.kinds import CacheLayout, Fp8Flavour
 from difftest.layout import pack_cache, unpack_cache
+from difftest.schema import check_case_archive, one_line, shown
 
 
 def row_limits(seq_lens: torch.Tensor, next_n: int) -> torch.Tensor:
@@ -132,10 +135,20 @@ class Case:
 
     @classmethod
     def load(cls, path: str | Path) -> Case:
-        """Read a case written by save(), or one of shared/golden's files."""
-        with np.load(path) as z:
-            arrays = {k: torch.from_numpy(z[k].copy()) for k in z.files if k != "meta"}
-            meta = json.loads(str(z["meta"]))
+        """Read a case written by save(), or one of shared/golden's files.
+
+        The archive is checked first (difftest.schema.check_case_archive): its members, their shapes
+        and dtypes against its meta and their declared sizes, before any array is decompressed. A file
+        that does not fit is a SpecError naming the path and what is wrong, never another exception.
+        """
+        meta = check_case_archive(path)
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: torch.from_numpy(z[k].copy()) for k in z.files if k not in ("meta", "expected")}
+        # A member torn after its header, or too large for this machine:
+        except (OSError, ValueError, EOFError, MemoryError, zipfile.BadZipFile, zlib.error) as exc:
+            raise SpecError(one_line(str(path)), str(path), f"a case archive whose arrays read back "
+                            f"({type(exc).__name__}: {one_line(str(exc))[:200]})") from None
         head_dim = int(meta["D"])
         k_pool, scale_pool = unpack_cache(arrays["kv_cache"], head_dim, CacheLayout(meta["layout"]))
         known = {"name", "B", "next_n", "H", "D", "block_size", "max_model_len", "layout", "fp8",
@@ -146,8 +159,8 @@ class Case:
                    max_model_len=int(meta["max_model_len"]), fp8=Fp8Flavour(meta["fp8"]),
                    meta={k: v for k, v in meta.items() if k not in known})
         stored = arrays["context_lens"].to(torch.int64)
-        require(torch.equal(stored, case.row_lens()), "context_lens", stored.tolist(),
-                f"the per-row limits of seq_lens {meta['seq_lens']}")
+        require(torch.equal(stored, case.row_lens()), "context_lens", shown(stored.tolist()),
+                f"the per-row limits of seq_lens {shown(meta['seq_lens'])!r}")
         return case.validate()
 
 

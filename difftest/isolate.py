@@ -192,6 +192,8 @@ def serve(conn: Connection, origin: Origin, device: str, log_path: str, transpor
             return
         outcome = execute(backend, _moved(inputs, device), launch)
         del inputs  # over IPC: the parent's memory, released as soon as the call is over
+        if device == "cuda":
+            torch.cuda.empty_cache()  # what the call cached goes back: seven workers share one GPU
         # Over IPC the outputs stay on the GPU (the parent copies them out); a CPU tensor among them
         # would need a file descriptor passed along, so it goes over as a GPU tensor too.
         outgoing = _outputs_moved(outcome, device if transport == Transport.CUDA_IPC else "cpu")
@@ -221,8 +223,6 @@ class Worker:
     def __init__(self, origin: Origin, device: str, timeout: float, log_dir: Path) -> None:
         self.origin, self.device, self.timeout, self.log_dir = origin, device, timeout, log_dir
         self.transport = transport_for(device)
-        # The only parent memory a worker can reach over IPC: one call's inputs at a time.
-        self.pool = torch.cuda.MemPool() if self.transport == Transport.CUDA_IPC else None
         self.process: multiprocessing.process.BaseProcess | None = None
         self.conn: Connection | None = None
         self.ready = False
@@ -252,14 +252,24 @@ class Worker:
             return lambda: fault
         assert self.conn is not None
         start = time.perf_counter()
-        # Kept referenced until the answer is in: over IPC the worker reads this very memory.
-        shipped = _shipped(inputs, self.pool) if self.pool is not None else _moved(inputs, "cpu")
+        # Kept referenced until the answer is in: over IPC the worker reads this very memory. A pool of
+        # its own per call (the only parent memory a worker can reach is that call's inputs), released
+        # with it: pools kept per worker held every worker's largest inputs at once (out of memory on
+        # 256K-context batches, seven backends).
+        shipped = _shipped(inputs, torch.cuda.MemPool()) if self.transport == Transport.CUDA_IPC else \
+            _moved(inputs, "cpu")
         try:
             self.conn.send_bytes(_dumps((shipped, launch), self.transport))
         except OSError:
             died = self._died(time.perf_counter() - start)
             return lambda: died
-        return lambda: self._answer(start, shipped)
+        return lambda: self._released(self._answer(start, shipped))
+
+    def _released(self, outcome: Outcome) -> Outcome:
+        """`outcome`, once the call's inputs (and their pool) are gone from the device."""
+        if self.transport == Transport.CUDA_IPC:
+            torch.cuda.empty_cache()
+        return outcome
 
     def __call__(self, backend: Backend, inputs: KernelInputs, launch: Launch) -> Outcome:
         return self.submit(backend, inputs, launch)()

@@ -18,18 +18,15 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import re
 from pathlib import Path
 from typing import Any
 
 from difftest.errors import SpecError, require
 from difftest.result import CaseResult
-from generators.spec import CaseSpec
+from difftest.schema import LedgerModel, read_text, validate
 
-ISSUE = re.compile(r"https?://\S+|[\w.-]+/[\w.-]+#\d+")
 REQUIRED = ("backend", "case", "reason", "issue")
-REQUIRED_TEXT = {"issue": "the tracking issue: a URL (https://...) or 'owner/repo#N'",
-                 "backend": "a backend name or fnmatch pattern", "case": "a case name or fnmatch pattern"}
+MAX_LEDGER_BYTES = 1 << 24
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,36 +66,23 @@ class Ledger:
 
 
 def load_ledger(path: str | Path) -> Ledger:
-    """Read and check a ledger file; SpecError names the first field that is wrong ('divergence[2].issue')."""
+    """Read and check a ledger file against difftest.schema.LedgerModel; SpecError names the first field
+    that is wrong ('divergence[2].issue')."""
     path = Path(path)
     require(path.is_file(), "ledger", str(path), "an existing TOML file")
     toml = _toml_module(path)
+    text = read_text(path, "ledger", "TOML file", MAX_LEDGER_BYTES)
     try:
-        document = toml.loads(path.read_text())
-    except toml.TOMLDecodeError as exc:
+        document = toml.loads(text)
+    except (ValueError, RecursionError) as exc:  # TOMLDecodeError, or an integer past str()'s digits
         raise SpecError("ledger", str(path), f"valid TOML ({exc})") from None
-    unknown = sorted(set(document) - {"divergence"})
-    require(not unknown, "tables", unknown, "only [[divergence]] tables")
-    tables = document.get("divergence", [])
-    require(isinstance(tables, list), "divergence", tables, "an array of tables ([[divergence]])")
-    return Ledger(path, tuple(_entry(table, f"divergence[{i}]") for i, table in enumerate(tables)))
+    validate(LedgerModel, document, root="ledger")
+    return Ledger(path, tuple(_entry(table) for table in document.get("divergence", [])))
 
 
-def _entry(table: dict[str, Any], where: str) -> Divergence:
-    allowed = (*REQUIRED, "spec")
-    unknown = sorted(set(table) - set(allowed))
-    require(not unknown, f"{where} keys", unknown, f"keys among {list(allowed)}")
-    for key in REQUIRED:
-        value = table.get(key)
-        require(isinstance(value, str) and value.strip() != "", f"{where}.{key}", value,
-                REQUIRED_TEXT.get(key, "a non-empty string"))
-    require(ISSUE.fullmatch(table["issue"].strip()) is not None, f"{where}.issue", table["issue"],
-            REQUIRED_TEXT["issue"])
+def _entry(table: dict[str, Any]) -> Divergence:
+    """The Divergence of a table that fits schema.DivergenceModel."""
     spec = table.get("spec", {})
-    require(isinstance(spec, dict), f"{where}.spec", spec, "a table of CaseSpec fields, e.g. { next_n = 2 }")
-    fields = _spec_fields()
-    unknown = sorted(set(spec) - fields)
-    require(not unknown, f"{where}.spec", unknown, f"CaseSpec fields among {sorted(fields)}")
     return Divergence(backend=table["backend"], case=table["case"], reason=table["reason"],
                       issue=table["issue"].strip(), spec=tuple(sorted(spec.items())))
 
@@ -107,10 +91,6 @@ def _field_matches(value: Any, want: Any) -> bool:
     if isinstance(want, str):
         return fnmatch.fnmatchcase(str(value), want)
     return value == want
-
-
-def _spec_fields() -> set[str]:
-    return {f.name for f in dataclasses.fields(CaseSpec)}
 
 
 def _toml_module(path: Path) -> Any:

@@ -41,6 +41,10 @@ from difftest.verdict import Verdict, worst
 
 Done = Mapping[tuple[str, str], CaseResult]  # (backend name, case name) -> a result kept from an earlier run
 Takes = Callable[[str, Case], bool]  # whether the backend of this name runs this case
+# Workers' copies of one case's inputs and their outputs may take this share of the GPU's free memory
+# side by side: the rest is for the oracle and the kernels' working memory (AITER's stage1 holds H x
+# the logits).
+SIDE_BY_SIDE_MEMORY = 0.2
 
 
 def unsupported_reason(backend: Backend, case: Case, device: str) -> str | None:
@@ -162,13 +166,28 @@ def _run_case(backends: list[Loaded], executors: list[Executor], case: Case, con
     if todo:
         case = case.validate().to(config.device)
         ref = make_reference(case, config.oracle_kind)
-        # Every backend's call is submitted before any is waited for: workers compute side by side.
-        started = {index: start_backend(backends[index], case, ref, config, executors[index]) for index in todo}
-        for index in todo:
-            fresh[index] = _sanitized(started[index](), backends[index], case, config)
+        for index, result in _results(backends, executors, case, ref, config, todo):
+            fresh[index] = _sanitized(result, backends[index], case, config)
             if on_result:
                 on_result(fresh[index])
     return [fresh[i] if i in fresh else done[(b.name, case.name)] for i, b in enumerate(backends)]
+
+
+def _results(backends: list[Loaded], executors: list[Executor], case: Case, ref: Reference, config: RunConfig,
+             todo: list[int]) -> Iterator[tuple[int, CaseResult]]:
+    """(index, result) of each backend in `todo`, in order. Every call is submitted before any is
+    waited for, so workers compute side by side, unless the workers' copies of the inputs and their
+    outputs together would take more than SIDE_BY_SIDE_MEMORY of the GPU's free memory: then one call
+    at a time (on the H200, seven backends' 8 GiB outputs of a 2^31-logit case ran out of memory)."""
+    per_call = case.pool_bytes + case.q.numel() + case.weights.numel() * 4 + case.rows * case.max_model_len * 4
+    together = len(todo) * per_call
+    if config.device == "cuda" and together > SIDE_BY_SIDE_MEMORY * hardware.free_memory():
+        for index in todo:
+            yield index, start_backend(backends[index], case, ref, config, executors[index])()
+        return
+    started = {index: start_backend(backends[index], case, ref, config, executors[index]) for index in todo}
+    for index in todo:
+        yield index, started.pop(index)()  # popped: that call's inputs are freed with its closure
 
 
 def _checked(backends: list[Backend], config: RunConfig) -> list[Loaded]:

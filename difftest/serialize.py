@@ -20,8 +20,20 @@ from difftest.errors import SpecError
 from difftest.kinds import CacheLayout, Isolation, LengthEncoding, SanitizerTool
 from difftest.result import CaseResult, Reach
 from difftest.sanitize import Finding, SanitizerReport
+from difftest.schema import (
+    STREAM_TEXT,
+    ReportModel,
+    ResultModel,
+    StreamLineModel,
+    parse_json,
+    read_text,
+    shown,
+    validate,
+)
 from difftest.stability import Stability, StabilityKind
 from difftest.verdict import Mismatch, Verdict
+
+MAX_LINE_PEEK = 1 << 20  # is_stream reads this much of the first line at most
 
 
 def to_jsonable(value: Any) -> Any:
@@ -40,11 +52,14 @@ def to_jsonable(value: Any) -> Any:
 
 
 def result_from_json(data: dict[str, Any]) -> CaseResult:
-    """The CaseResult to_jsonable wrote (non-finite floats come back from their 'inf'/'nan' strings)."""
-    known = {f.name for f in dataclasses.fields(CaseResult)}
-    unknown = set(data) - known
-    if unknown:
-        raise SpecError("result", sorted(unknown), f"fields among {sorted(known)}")
+    """The CaseResult to_jsonable wrote (non-finite floats come back from their 'inf'/'nan' strings);
+    SpecError naming the first field that does not fit difftest.schema.ResultModel ('result.verdict')."""
+    validate(ResultModel, data, "result.")
+    return _built(data)
+
+
+def _built(data: dict[str, Any]) -> CaseResult:
+    """The CaseResult of `data`, which fits ResultModel."""
     nested = {
         "verdict": Verdict(data["verdict"]), "seconds": float(data["seconds"]),
         "encoding": LengthEncoding(data["encoding"]), "layout": CacheLayout(data["layout"]),
@@ -81,51 +96,53 @@ def _sanitizer(data: dict[str, Any]) -> SanitizerReport:
 def load_results(path: str | Path, field: str = "resume") -> list[CaseResult]:
     """Every result of a JSON report (write_json) or of a JSONL stream (ResultStream).
 
-    A stream's last line may be torn (the run was killed while writing it): it is ignored. Any
-    other unreadable line is a SpecError naming `field`, the file and the line.
+    A stream's last line may be torn (the run was killed while writing it): it is ignored. The file
+    is checked against difftest.schema (ReportModel, StreamLineModel) before any result is built: a
+    SpecError names `field`, the bad value, what is allowed and where ('at r.jsonl:3 result.verdict'),
+    or why the file cannot be read.
     """
     path = Path(path)
+    text = read_text(path, field, "report or stream")
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise SpecError(field, str(path), f"a readable report or stream ({exc.strerror})") from None
-    with_results = _json_or_none(text)
-    if isinstance(with_results, dict) and "results" in with_results:
-        return [_result(r, field, path) for r in with_results["results"]]
-    return _stream_results(text, field, path)
+        document = _json_or_none(text)
+        if isinstance(document, dict) and ({"results", "summaries"} & set(document)):
+            validate(ReportModel, document, f"{path} ")
+            return [_built(r) for r in document["results"]]
+        return _stream_results(text, path)
+    except SpecError as exc:  # named after `field` (the option that gave the file), the place in it after
+        raise SpecError(field, exc.value, f"{exc.expected}, at {exc.field}") from None
 
 
 def is_stream(path: str | Path) -> bool:
     """Whether `path` holds a JSONL stream (its first line a {"run": ...} or {"result": ...} record)."""
-    with Path(path).open() as file:
-        record = _json_or_none(file.readline())
+    try:
+        with Path(path).open("rb") as file:
+            line = file.readline(MAX_LINE_PEEK).decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    record = _json_or_none(line)
     return isinstance(record, dict) and bool({"run", "result"} & set(record))
 
 
-def _stream_results(text: str, field: str, path: Path) -> list[CaseResult]:
+def _stream_results(text: str, path: Path) -> list[CaseResult]:
     lines = text.splitlines()
     results = []
     for number, line in enumerate(lines, 1):
         record = _json_or_none(line)
         if record is None and number == len(lines) and not text.endswith("\n"):
             break  # torn by a kill mid-write
-        if not isinstance(record, dict) or not ({"run"} <= set(record) or {"result"} <= set(record)):
-            raise SpecError(field, f"{path}:{number}", 'a JSON report, or JSONL lines {"run": ...} / {"result": ...}')
+        where = f"{path}:{number} "
+        if record is None:
+            raise SpecError(where.rstrip(), shown(line, 80), STREAM_TEXT)
+        validate(StreamLineModel, record, where)
         if "result" in record:
-            results.append(_result(record["result"], field, path))
+            results.append(_built(record["result"]))
     return results
-
-
-def _result(data: Any, field: str, path: Path) -> CaseResult:
-    try:
-        return result_from_json(data)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise SpecError(field, str(path), f"results as difftest writes them ({type(exc).__name__}: {exc})") from None
 
 
 def _json_or_none(text: str) -> Any:
     try:
-        return json.loads(text)
+        return parse_json(text)
     except ValueError:
         return None
 

@@ -109,9 +109,11 @@ REPRESENTATIVE = {
 # Memory model constants. generators may not import oracles (the layering contract), so the torch
 # oracle's chunk size is restated: oracles.paged_mqa_logits._CHUNK_ELEMENTS.
 ORACLE_CHUNK_ELEMENTS = 1 << 22
-# difftest.compare as it is: float64 copies of both logits, ~8 boolean masks and three float64
-# temporaries (errors, row scales, top-k ranking) per logit. Lower it when comparison is chunked.
+# difftest.comparison: float64 copies of both logits, ~8 boolean masks and three float64 temporaries
+# (errors, row scales, top-k ranking) per logit, for COMPARE_CHUNK_ELEMENTS logits at a time
+# (restated: difftest.comparison.CHUNK_ELEMENTS; generators may not import the comparison).
 COMPARE_BYTES_PER_LOGIT = 48
+COMPARE_CHUNK_ELEMENTS = 1 << 25
 # Case.validate's visible-slot check: a bool mask, the repeated int32 table, its int64 index and the
 # float32 gathered scales over (B, W * block_size). 25 measured on the H200 (logits-over-2^31).
 VALIDATE_BYTES_PER_SLOT = 26
@@ -230,7 +232,7 @@ def estimate_bytes(spec: CaseSpec, contract: Contract | None = None) -> Footprin
         kernel += key_bytes * CONVERT_BYTES_PER_KEY
     return Footprint(pool_bytes=pool, other_bytes=other, logits_bytes=logits * 4,
                      oracle_fused_bytes=logits * 4 + rows * 4, oracle_cpu_bytes=_torch_oracle_bytes(spec, key_bytes),
-                     compare_bytes=logits * COMPARE_BYTES_PER_LOGIT, kernel_bytes=kernel,
+                     compare_bytes=min(logits, COMPARE_CHUNK_ELEMENTS) * COMPARE_BYTES_PER_LOGIT, kernel_bytes=kernel,
                      build_bytes=_build_bytes(spec, blocks, slots), key_reads=_key_reads(spec))
 
 

@@ -7,6 +7,7 @@ import enum
 
 from difftest.errors import require
 from difftest.kinds import Fp8Flavour
+from difftest.schema import SpecModel, validate
 
 
 class LengthDist(str, enum.Enum):
@@ -116,9 +117,9 @@ class CaseSpec:
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> CaseSpec:
-        fields = {f.name: f.type for f in dataclasses.fields(cls)}
-        unknown = set(data) - set(fields)
-        require(not unknown, "spec", sorted(unknown), f"fields among {sorted(fields)}")
+        """The spec of to_json's JSON (fields left out keep their defaults); SpecError naming the first
+        field that does not fit difftest.schema.SpecModel ('lengths[2]'), or that validate() refuses."""
+        validate(SpecModel, data, root="spec")
         enums = {"length_dist": LengthDist, "values": Values, "stale": Stale, "fp8": Fp8Flavour}
         kwargs = {k: enums[k](v) if k in enums else v for k, v in data.items()}
         if kwargs.get("lengths") is not None:

@@ -4,6 +4,10 @@
 if mkdir /tmp/site 2>/dev/null; then
   tar xzf .device-deps/deep_gemm.tgz -C /tmp/site && cp -r .device-deps/aiter .device-deps/aiter-dist/* /tmp/site/
 fi
+# Python dependencies the image lacks, as wheels (scripts/prepare_device.sh downloads them to .whl/).
+if [ -d .whl ] && mkdir /tmp/site/.wheels 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+fi
 # No `pip install -e .` there (no network): PYTEST_PLUGINS loads the plugin that the pytest11 entry
 # point would, in every pytest process, pytester's inline runs and xdist workers included.
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTEST_PLUGINS=difftest_pytest.plugin

@@ -213,11 +213,11 @@ VARIANTS: dict[str, KernelVariant] = {
 # the same lines in the other three).
 PARTITION = WorkPartition(CHUNK_K, PartitionScope.PER_ROW, workers=SPLIT_KV)
 # Key rows are addressed as `KV_buffer + token_id * stride_k_seq` (_triton_kernels/pa_mqa_logits.py:
-# 84-85, 179-180, 273-274, 367-368): an int32 token id times an int32 stride, so every byte offset
-# into the cache, below num_tokens * (D + 4), must fit in int32. Measured on the H200 (Triton 3.6,
-# stage1 and fused-ragged, 2026-12-02): keys in the last slots of a 2147483580-byte cache read
-# right; 64 slots more (past byte 2**31) is an illegal memory access.
-MAX_POOL_BYTES = 2**31
+# 84-85, 179-180, 273-274, 367-368): an int32 token id times an int32 stride, so a byte offset past
+# 2**31 overflows. Measured on the H200 (Triton 3.6, stage1 and fused-ragged, 2026-12-02): keys in the
+# last slots of a 2147483580-byte cache read right; 64 slots more is an illegal memory access. That
+# is a bug (production caches are larger), not an envelope limit: no max_pool_bytes is declared, so
+# the pool families reach it (docs/findings/aiter-triton-int32-offsets.md).
 
 
 def kernel_contract(variant: KernelVariant) -> Contract:
@@ -246,7 +246,6 @@ def kernel_contract(variant: KernelVariant) -> Contract:
         # next_n, heads and max_context: any (runtime arguments with no bound in the kernels). The
         # output offsets are int32 too (`row * stride_out_batch + p`, plus `head * stride_out_heads`
         # in stage1), which bounds rows * max_model_len (times H in stage1), not max_context alone.
-        max_pool_bytes=MAX_POOL_BYTES,
         tiles=(CHUNK_K,),
         partition=PARTITION,
         writes_into_output=False,

@@ -63,12 +63,13 @@ def test_vllm_names_take_their_path(name):
 # --------------------------------------------------------------------------- the envelopes
 
 @pytest.mark.parametrize("name", list(aiter_triton.VARIANTS) + list(aiter_rocm.WRAPPERS))
-def test_aiter_kernels_declare_chunks_splits_and_the_int32_cache_bound(name):
+def test_aiter_kernels_declare_chunks_and_splits_and_no_cache_bound(name):
     c = load_backend(name).contract
     assert c.tiles == (64,) and c.tiles == (aiter_triton.CHUNK_K,)
     assert c.partition == WorkPartition(64, PartitionScope.PER_ROW, workers=5)
     assert c.partition.worker_count(4, 132) == 5, "programs per row, whatever the GPU"
-    assert c.max_pool_bytes == 2**31 and c.block_sizes == (1,) and c.head_dims == (32, 64, 128, 256)
+    # The int32 cache offsets are a bug production caches reach, not a limit the plan should avoid.
+    assert c.max_pool_bytes is None and c.block_sizes == (1,) and c.head_dims == (32, 64, 128, 256)
     stage1 = "stage1" in name
     assert (c.heads_multiple_of, c.heads_power_of_two) == ((32, False) if stage1 else (1, True))
     assert (c.heads, c.next_n, c.max_context) == (None, None, None), "runtime arguments the kernels do not bound"
