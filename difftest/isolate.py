@@ -192,7 +192,8 @@ def serve(conn: Connection, origin: Origin, device: str, log_path: str, transpor
             return
         outcome = execute(backend, _moved(inputs, device), launch)
         del inputs  # over IPC: the parent's memory, released as soon as the call is over
-        if device == "cuda":
+        crashed = isinstance(outcome, Fault) and outcome.verdict == Verdict.CRASH
+        if device == "cuda" and not crashed:  # after a sticky CUDA error any CUDA call aborts the process
             torch.cuda.empty_cache()  # what the call cached goes back: seven workers share one GPU
         # Over IPC the outputs stay on the GPU (the parent copies them out); a CPU tensor among them
         # would need a file descriptor passed along, so it goes over as a GPU tensor too.
@@ -362,7 +363,10 @@ def crash_summary(path: Path) -> str:
     if fatal is None:
         return " | ".join(lines[-_STDERR_LINES:])
     frame = next((line for line in lines[fatal:] if line.startswith("File ")), None)
+    # A C++ abort prints its what() (a CUDA error, say) above a long stack: that line says the most.
+    cause = next((line for line in lines[:fatal] if "CUDA error" in line or line.startswith("what():")), None)
     said = lines[max(0, fatal - 2):fatal]
+    said = [cause, *said] if cause and cause not in said else said
     return " | ".join([*said, lines[fatal], *([f"innermost {frame}"] if frame else [])])
 
 

@@ -162,7 +162,7 @@ def render_reach(results: list[CaseResult], plan: EnvelopePlan | None = None) ->
     names = list(dict.fromkeys([r.backend for r in results] + list(plan.idle if plan else ())))
     if not names:
         return ""
-    lines = [f"{'reach':<28} {'run':>5} {'skip':>5} {'longest':>8} {'pool':>9} {'B':>5}  families"]
+    lines = [f"{'reach':<28} {'run':>5} {'skip':>5} {'longest':>8} {'pool':>14} {'B':>5}  families"]
     lines += [_reach_line(name, [r for r in results if r.backend == name]) for name in names]
     return "\n".join(lines + _left_out(names, results, plan))
 
@@ -174,7 +174,7 @@ def _reach_line(name: str, results: list[CaseResult]) -> str:
     pool = max((r.reach.pool_bytes for r in ran), default=0)  # type: ignore[union-attr]
     batch = max((r.reach.batch for r in ran), default=0)  # type: ignore[union-attr]
     skipped = sum(r.verdict == Verdict.SKIP for r in results)
-    return (f"{name:<28} {len(ran):>5} {skipped:>5} {longest:>8} {_bytes(pool):>9} {batch:>5}  "
+    return (f"{name:<28} {len(ran):>5} {skipped:>5} {longest:>8} {_bytes(pool):>14} {batch:>5}  "
             f"{len(families)}: {', '.join(families) or '-'}")
 
 
@@ -195,7 +195,8 @@ def _left_out(names: list[str], results: list[CaseResult], plan: EnvelopePlan | 
 
 
 def _bytes(n: int) -> str:
-    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+    """Binary units, with digits enough to tell a cache just past 2^31 bytes from one just under."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= size:
-            return f"{n / size:.1f} {unit}"
+            return f"{n / size:.8g} {unit}"
     return f"{n} B"

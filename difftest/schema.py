@@ -206,13 +206,47 @@ def TableOf(key: Any, value: Any, what: str) -> Any:
 
 HeadDim = Rule(lambda v: _is_int(v) and 16 <= v <= MAX_HEAD_DIM and v % 16 == 0,
                f"a multiple of 16 in [16, {MAX_HEAD_DIM}]").type(int)
-SpecLengths = ListOf(Int(0, MAX_MODEL_LEN), MAX_BATCH, f"a list of 1 to {_n(MAX_BATCH)} lengths in [0, max_model_len]",
-                     low=1)
-Rows = ListOf(RowIndex, MAX_ROWS, f"a list of row indices in [0, {_n(MAX_ROWS)}]")
+
+
+def IntList(low: int, high: int, most: int, what: str, least: int = 0) -> Any:
+    """A list of `least` to `most` integers in [low, high]: checked at C speed (a comparison may list
+    millions of rows); a bad entry is named by its index ('lengths[2]')."""
+    item = f"an integer in [{_n(low)}, {_n(high)}]"
+
+    def check(value: Any) -> Any:
+        if type(value) is not list or not least <= len(value) <= most:
+            raise PydanticCustomError("difftest", "{expected}", {"expected": what})
+        if value and not (all(type(v) is int for v in value) and low <= min(value) and max(value) <= high):
+            index, bad = next((i, v) for i, v in enumerate(value) if not (_is_int(v) and low <= v <= high))
+            raise SpecError(f"[{index}]", shown(bad), item)
+        return value
+
+    return Annotated[list[int], PlainValidator(check), Expect(what)]
+
+
+SpecLengths = IntList(0, MAX_MODEL_LEN, MAX_BATCH, f"a list of 1 to {_n(MAX_BATCH)} lengths in [0, max_model_len]",
+                      least=1)
+Rows = IntList(0, MAX_ROWS, MAX_ROWS, f"a list of row indices in [0, {_n(MAX_ROWS)}]")
 Names = ListOf(Name, MAX_ITEMS, f"a list of names of at most {_n(MAX_NAME)} characters")
 
 
 # --------------------------------------------------------------------------- models
+
+def _strip(annotation: Any) -> tuple[Any, bool]:
+    """`annotation` without its `| None`, and whether it had one."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return annotation, False
+
+
+def _base(annotation: Any) -> Any:
+    while typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return annotation
+
+
 
 class Model(BaseModel):
     """A JSON object with exactly these fields, each checked strictly."""
@@ -221,29 +255,6 @@ class Model(BaseModel):
     what: ClassVar[str] = "a JSON object"  # what the object as a whole must be
     unknown_name: ClassVar[str | None] = None  # the word after the object's path naming its unknown keys
     unknown_expected: ClassVar[str | None] = None  # what its keys may be; default: its fields, sorted
-
-
-def _spec_field_rules() -> dict[str, Any]:
-    return {
-        "name": Text(256, 1),
-        "batch": Int(1, MAX_BATCH),
-        "next_n": Int(1, MAX_NEXT_N),
-        "heads": Int(1, MAX_HEADS),
-        "head_dim": HeadDim,
-        "block_size": Int(1, MAX_BLOCK_SIZE),
-        "max_model_len": Int(1, MAX_MODEL_LEN),
-        "length_dist": OneOf(LENGTH_DISTS),
-        "lengths": SpecLengths,
-        "values": OneOf(VALUE_DISTS),
-        "padding": Int(0, MAX_BATCH),
-        "shared_blocks": Bool,
-        "stale": OneOf(STALES),
-        "extra_columns": Int(0, MAX_EXTRA_COLUMNS),
-        "canary_blocks": Int(1, MAX_CANARY_BLOCKS),
-        "fp8": OneOf(Fp8Flavour),
-        "pool_blocks": Int(1, MAX_POOL_BYTES),
-        "high_block_ids": Bool,
-    }
 
 
 class SpecModel(Model):
@@ -272,9 +283,7 @@ class SpecModel(Model):
     @model_validator(mode="after")
     def _fits(self) -> "SpecModel":
         """Lengths within max_model_len; the cache, q and logits a case of this spec allocates, bounded."""
-        for index, length in enumerate(self.lengths or ()):
-            if length > self.max_model_len:
-                raise SpecError(f"lengths[{index}]", length, f"an integer in [0, max_model_len = {self.max_model_len}]")
+        _within("lengths", self.lengths or [], self.max_model_len)
         requests = (len(self.lengths) if self.lengths is not None else self.batch) + self.padding
         rows = requests * self.next_n
         if rows * self.max_model_len > MAX_LOGITS:
@@ -297,6 +306,13 @@ class SpecModel(Model):
             return sum(-(-n // self.block_size) for n in self.lengths)
         longest = min(self.max_model_len, 2 * self.next_n + 1) if self.length_dist == "short" else self.max_model_len
         return self.batch * -(-longest // self.block_size)
+
+
+def _within(name: str, lengths: list[int], max_model_len: int) -> None:
+    """SpecError naming the first of `lengths` past max_model_len."""
+    if lengths and max(lengths) > max_model_len:
+        index = next(i for i, n in enumerate(lengths) if n > max_model_len)
+        raise SpecError(f"{name}[{index}]", lengths[index], f"an integer in [0, max_model_len = {max_model_len}]")
 
 
 class MismatchModel(Model):
@@ -331,9 +347,10 @@ class ComparisonModel(Model):
     @model_validator(mode="after")
     def _rows_exist(self) -> "ComparisonModel":
         for name in ("mask_rows", "nan_rows", "unwritten_rows", "value_rows"):
-            for index, row in enumerate(getattr(self, name)):
-                if row >= self.rows:
-                    raise SpecError(f"{name}[{index}]", row, f"a row index in [0, rows = {self.rows})")
+            rows = getattr(self, name)
+            if rows and max(rows) >= self.rows:
+                index = next(i for i, row in enumerate(rows) if row >= self.rows)
+                raise SpecError(f"{name}[{index}]", rows[index], f"a row index in [0, rows = {self.rows})")
         return self
 
 
@@ -560,7 +577,7 @@ class CaseMetaModel(Model):
     max_model_len: Int(1, MAX_MODEL_LEN)
     layout: OneOf(CacheLayout)
     fp8: OneOf(Fp8Flavour)
-    seq_lens: ListOf(Int(0, MAX_MODEL_LEN), 2 * MAX_BATCH, "a list of B lengths in [0, max_model_len]")
+    seq_lens: IntList(0, MAX_MODEL_LEN, 2 * MAX_BATCH, "a list of B lengths in [0, max_model_len]")
     seed: Seed | None = None
     spec: SpecModel | None = None
     families: Names | None = None
@@ -570,10 +587,7 @@ class CaseMetaModel(Model):
     def _consistent(self) -> "CaseMetaModel":
         if len(self.seq_lens) != self.B:
             raise SpecError("seq_lens", shown(self.seq_lens), f"B = {self.B} lengths")
-        for index, length in enumerate(self.seq_lens):
-            if length > self.max_model_len:
-                raise SpecError(f"seq_lens[{index}]", length,
-                                f"an integer in [0, max_model_len = {self.max_model_len}]")
+        _within("seq_lens", self.seq_lens, self.max_model_len)
         rows = self.B * self.next_n
         if rows * self.max_model_len > MAX_LOGITS:
             raise SpecError("B", self.B, f"B * next_n * max_model_len at most {_n(MAX_LOGITS)}")
@@ -600,22 +614,19 @@ class CaseMetaModel(Model):
 
 # --------------------------------------------------------------------------- the ledger
 
-def _pattern_or(rule_type: Any) -> Any:
+def _pattern_or(field: Any) -> Any:
     """A ledger spec value: an fnmatch pattern (a string), or a value the CaseSpec field may take."""
-    inner = _rule_of(rule_type)
+    annotation, _ = _strip(field.annotation)
+    inner = next((m for m in (*field.metadata, *getattr(annotation, "__metadata__", ())) if isinstance(m, Rule)), None)
     if inner is None:  # lengths: a list of lengths
         def check(value: Any) -> bool:
             return (type(value) is str and len(value) <= MAX_NAME) or (
                 type(value) is list and len(value) <= MAX_BATCH
                 and all(_is_int(n) and 0 <= n <= MAX_MODEL_LEN for n in value))
 
-        return Rule(check, "an fnmatch pattern (a string) or a list of lengths").type()
+        return Rule(check, "an fnmatch pattern (a string), or a list of lengths").type()
     return Rule(lambda v: (type(v) is str and len(v) <= MAX_NAME) or inner.check(v),
-                f"an fnmatch pattern (a string) or {inner.expected}").type()
-
-
-def _rule_of(annotation: Any) -> Rule | None:
-    return next((m for m in getattr(annotation, "__metadata__", ()) if isinstance(m, Rule)), None)
+                f"an fnmatch pattern (a string), or {inner.expected}").type()
 
 
 class _LedgerSpecBase(Model):
@@ -626,7 +637,7 @@ class _LedgerSpecBase(Model):
 # Each CaseSpec field, as a ledger entry may give it: an fnmatch pattern or a value of the field.
 LedgerSpecModel: type[_LedgerSpecBase] = create_model(  # type: ignore[call-overload]
     "LedgerSpecModel", __base__=_LedgerSpecBase,
-    **{name: (_pattern_or(rule), None) for name, rule in _spec_field_rules().items()})
+    **{name: (_pattern_or(field), None) for name, field in SpecModel.model_fields.items()})
 
 
 class DivergenceModel(Model):
@@ -736,21 +747,6 @@ def _walk(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[str, Any, bool]
             continue
     annotation, optional = _strip(annotation)
     return path, annotation, optional
-
-
-def _strip(annotation: Any) -> tuple[Any, bool]:
-    """`annotation` without its `| None`, and whether it had one."""
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if len(args) == 1:
-            return args[0], True
-    return annotation, False
-
-
-def _base(annotation: Any) -> Any:
-    while typing.get_origin(annotation) is Annotated:
-        annotation = typing.get_args(annotation)[0]
-    return annotation
 
 
 def _expected_of(annotation: Any) -> str | None:

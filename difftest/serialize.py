@@ -105,7 +105,8 @@ def load_results(path: str | Path, field: str = "resume") -> list[CaseResult]:
     text = read_text(path, field, "report or stream")
     try:
         document = _json_or_none(text)
-        if isinstance(document, dict) and ({"results", "summaries"} & set(document)):
+        # One JSON object that is not one stream record ({"run": ...} or {"result": ...}) is a report.
+        if isinstance(document, dict) and not (len(document) == 1 and {"run", "result"} & set(document)):
             validate(ReportModel, document, f"{path} ")
             return [_built(r) for r in document["results"]]
         return _stream_results(text, path)

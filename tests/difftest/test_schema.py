@@ -10,6 +10,7 @@ read and write small files.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import dataclasses
@@ -30,8 +31,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 
 from difftest import schema
 from difftest.backends import as_loaded
@@ -54,7 +56,8 @@ from tests.support import TINY
 
 ONE_LINE = re.compile(r"^[^\n]+=[^\n]*: expected [^\n]+$")
 FAST = dict(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], deadline=None)
-WORK = Path(tempfile.mkdtemp(prefix="difftest-schema-"))
+WORK = Path(tempfile.mkdtemp(prefix="difftest-schema-"))  # the strategies need the documents at import
+atexit.register(shutil.rmtree, WORK, ignore_errors=True)
 
 # --------------------------------------------------------------------------- valid documents, made once
 
@@ -66,7 +69,8 @@ FULL = dataclasses.replace(
     RESULT, isolation=Isolation.WORKER, isolation_note="in a worker", mutated_inputs=("q",),
     stability=Stability(StabilityKind.WITHIN_TOLERANCE, 3, [0, 1], [], 1e-7),
     sanitizer=SanitizerReport(SanitizerTool.MEMCHECK, True, None, "compute-sanitizer ...", 99, 2,
-                              (Finding("Invalid __global__ read of size 4 bytes", "k", 2, ("thread (0,0,0)",)),), "tail"),
+                              (Finding("Invalid __global__ read of size 4 bytes", "k", 2, ("thread (0,0,0)",)),),
+                              "tail"),
     reach=Reach(("block-boundaries",), 8, CASE.pool_bytes, CASE.batch), gpu="cuda:0 NVIDIA H200")
 RESULTS = [RESULT, FULL]
 BUNDLE = write_bundle(WORK / "bundles", CASE, RESULT, RunConfig(), BOUNDARY.origin, "planted")
@@ -183,8 +187,16 @@ def loads_or_refuses(read: Callable[[], Any]) -> SpecError | None:
         read()
     except SpecError as exc:
         assert ONE_LINE.match(str(exc)), f"not one 'field=value: expected ...' line: {str(exc)[:500]!r}"
+        _event("refused")
         return exc
+    _event("loaded")
     return None
+
+
+def _event(what: str) -> None:
+    """Counted in --hypothesis-show-statistics: how many examples loaded and how many were refused."""
+    if currently_in_test_context():
+        event(what)
 
 
 def cli(argv: list[str]) -> tuple[int, str]:
@@ -218,7 +230,7 @@ def test_the_restated_enums_and_defaults_agree_with_their_modules():
     assert schema.MAX_REPEAT == MAX_REPEAT
     defaults = {f.name: f.default for f in dataclasses.fields(CaseSpec)}
     assert schema.SPEC_DEFAULTS == {k: v.value if isinstance(v, enum.Enum) else v for k, v in defaults.items()}
-    assert set(schema.SpecModel.model_fields) == set(defaults)
+    assert set(schema.SpecModel.model_fields) == set(defaults) == set(schema.LedgerSpecModel.model_fields)
 
 
 @pytest.mark.parametrize("model, cls", [(schema.ResultModel, CaseResult), (schema.StabilityModel, Stability),
