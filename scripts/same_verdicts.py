@@ -1,6 +1,6 @@
 """Whether two difftest JSON reports (from `difftest run --report` or `pytest --difftest-report`) hold
-the same results: (backend, case, verdict, rows, and the rows of each failure kind), in the same
-order, and the same per-backend summary counts; and on which GPUs each report's results were
+the same results: (backend, case, verdict, rows, and the rows of each failure kind), whatever their
+order (a pytest-xdist run reports them as its workers finish), and the same per-backend summary counts; and on which GPUs each report's results were
 computed. Reads the JSON itself, so reports of different difftest versions compare. Exit status 1
 when they differ.
 
@@ -27,8 +27,8 @@ def main(baseline: str, other: str) -> int:
     for path, doc in docs.items():
         devices = collections.Counter(r.get("gpu") for r in doc["results"])
         print(f"{path}: {len(doc['results'])} results; computed on {dict(devices)}")
-    results = [[_result(r) for r in doc["results"]] for doc in docs.values()]
-    summaries = [[tuple(str(s[k]) for k in SUMMARY) for s in doc["summaries"]] for doc in docs.values()]
+    results = [sorted(_result(r) for r in doc["results"]) for doc in docs.values()]
+    summaries = [sorted(tuple(str(s[k]) for k in SUMMARY) for s in doc["summaries"]) for doc in docs.values()]
     differ = [(a, b) for a, b in zip(*results, strict=False) if a != b]
     same = not differ and len(results[0]) == len(results[1])
     print("results: the same, case for case (verdict, rows, mask/NaN/unwritten/value rows)" if same
