@@ -98,9 +98,10 @@ def unavailable_reason(device: str) -> str | None:
 
 def sanitizer_command(tool: SanitizerTool, bundle: str | Path, sanitizer: str = "compute-sanitizer",
                       python: str = sys.executable) -> list[str]:
-    """The argv that replays `bundle` under `tool`."""
+    """The argv that replays `bundle` under `tool`. The bundle is the run's own, just written: its
+    backend's module is trusted (--trust-bundle), as the run itself imported it."""
     return [sanitizer, "--tool", SanitizerTool(tool).value, "--error-exitcode", str(ERROR_EXITCODE),
-            python, "-m", "difftest.cli", "replay", str(bundle)]
+            python, "-m", "difftest.cli", "replay", str(bundle), "--trust-bundle"]
 
 
 def sanitizer_environment(base: dict[str, str] | None = None) -> dict[str, str]:

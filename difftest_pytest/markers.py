@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import pytest
 
-if TYPE_CHECKING:
-    from difftest.hardware import Hardware
+from difftest.hardware import CUDA_UNAVAILABLE, Hardware
 
 MARKERS = (
     "difftest(backends=None, next_n=None): run difftest_backend over these backend names only (among the "
@@ -32,8 +30,6 @@ def register(config: pytest.Config) -> None:
 
 def skip_reason(marker: str, hw: Hardware) -> str | None:
     """Why a test marked `marker` cannot run on `hw`; None when it can."""
-    from difftest.hardware import CUDA_UNAVAILABLE  # deferred: the plugin loads in every pytest run
-
     if marker.startswith("gfx"):
         if not hw.rocm:
             return f"needs ROCm {marker}: not a ROCm build of torch"
@@ -52,8 +48,6 @@ def skip_missing_hardware(items: Sequence[pytest.Item]) -> None:
     marked = [(item, name) for item in items for name in HARDWARE if item.get_closest_marker(name)]
     if not marked:
         return  # torch stays unimported for runs that use no hardware marker
-    from difftest.hardware import Hardware  # deferred: loads torch
-
     hw = Hardware.probe()
     for item, name in marked:
         reason = skip_reason(name, hw)

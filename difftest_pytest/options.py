@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from difftest import hardware
+
 BACKENDS = "--difftest-backends"
 SEED = "--difftest-seed"
 CASES = "--difftest-cases"
@@ -118,8 +120,6 @@ def _device(name: str) -> str:
     if name not in DEVICES:
         raise usage_error(DEVICE, name, " or ".join(DEVICES))
     if name == "cuda":
-        from difftest import hardware  # deferred: asked only for a GPU run; loads torch
-
         if hardware.cuda_unavailable_reason():
             raise usage_error(DEVICE, name, f"a device torch can see ({hardware.CUDA_UNAVAILABLE})")
     return name

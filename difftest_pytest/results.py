@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import platform
 import shlex
-import sys
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from difftest import __version__, observe
 from difftest_pytest.options import SEED, Settings
 
 if TYPE_CHECKING:
@@ -37,12 +37,6 @@ class Recorder:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
         """Run the test with an Observer attached to difftest.check (difftest.observe)."""
-        # A test that can call check() has imported difftest by now (at collection, or by an earlier
-        # test); the lookup keeps difftest unimported for runs that never touch it.
-        if "difftest" not in sys.modules:
-            return (yield)
-        from difftest import observe  # deferred: the plugin loads in every pytest run
-
         def record(result: CaseResult) -> None:
             from difftest.serialize import to_jsonable  # deferred: loads torch
 
@@ -91,8 +85,6 @@ class Recorder:
     def run_info(self, config: pytest.Config) -> dict[str, Any]:
         """How the run was made, for the JSON report's `run` field."""
         import torch  # deferred: the plugin loads without torch
-
-        from difftest import __version__  # deferred: the plugin loads in every pytest run
 
         return {"command": shlex.join(["pytest", *config.invocation_params.args]), "seed": self.settings.seed,
                 "cases": self.settings.cases_text, "device": self.settings.device,

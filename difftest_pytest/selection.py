@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from difftest.kinds import CaseKind
+from difftest.plan import PlannedCase, SuiteRequest, plan
 from difftest_pytest.options import BACKENDS, Settings, usage_error
 
 if TYPE_CHECKING:
     from difftest.backends import Backend
     from difftest.case import Case
-    from difftest.plan import PlannedCase
 
 
 class Selection:
@@ -78,9 +79,6 @@ class Selection:
 
     def cases(self, next_n: tuple[int, ...] | None = None) -> list[PlannedCase]:
         """Every selected case (difftest.plan); `next_n` makes one copy of each spec per value."""
-        from difftest.kinds import CaseKind  # deferred: the plugin loads in every pytest run
-        from difftest.plan import SuiteRequest, plan
-
         request = SuiteRequest(cases=CaseKind(self.settings.cases), count=self.settings.count,
                                seed=self.settings.seed, next_n=next_n)
         return plan(request)
