@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from difftest.backends.torch_ref import TorchBackend
+from difftest.contract import WorkPartition
 from difftest.errors import SpecError
-from difftest.kinds import CaseKind
-from difftest.plan import PlannedCase, Shard, SuiteRequest, filtered, plan
+from difftest.kinds import CaseKind, PartitionScope
+from difftest.plan import PlannedCase, Shard, SuiteRequest, envelope_plan, filtered, plan
+from generators.envelope import Target
 from generators.spec import CaseSpec
 
 
@@ -55,3 +60,48 @@ def test_bounds_name_the_parameter(changes: dict, field: str) -> None:
     with pytest.raises(SpecError) as info:
         SuiteRequest(**changes)
     assert info.value.field == field
+
+
+# --------------------------------------------------------------------------- envelope plans
+
+def _reader(name: str, **envelope: object) -> object:
+    """The per-sequence test kernel under a contract with `envelope` (a backend of its own name)."""
+    from difftest.backends.user import FunctionBackend
+    from tests.user_backends import PER_SEQUENCE, per_sequence_reader
+
+    return FunctionBackend(name, dataclasses.replace(PER_SEQUENCE, **envelope), per_sequence_reader)
+
+
+def test_a_backend_declaring_h64_block64_only_runs_only_such_cases() -> None:
+    narrow = _reader("narrow", heads=(64,), block_sizes=(64,))
+    planned = envelope_plan([TorchBackend(), narrow], Target.small_cpu(), seed=0)
+    mine = [c for c in planned.cases if "narrow" in c.backends]
+    assert mine and all((c.spec.heads, c.spec.block_size) == (64, 64) for c in mine), [c.name for c in mine]
+    assert all("torch" in c.backends for c in planned.cases), "the oracle-as-backend takes every case"
+    assert any((c.spec.heads, c.spec.block_size) != (64, 64) for c in planned.cases), "torch's own envelope too"
+
+
+def test_backends_with_one_envelope_share_every_case() -> None:
+    one, two = _reader("one"), _reader("two")
+    planned = envelope_plan([one, two], Target.small_cpu(), seed=0)
+    assert planned.cases and all(c.backends == {"one", "two"} for c in planned.cases)
+    specs = [c.spec for c in planned.cases]
+    assert len(specs) == len(set(specs)), "one case per distinct spec: the oracle runs once per case"
+    assert len({c.name for c in planned.cases}) == len(planned.cases), "names are unique"
+
+
+def test_a_backend_unavailable_here_runs_nothing_and_says_why() -> None:
+    planned = envelope_plan([TorchBackend(), _reader("gpu-only", devices=("cuda",))], Target.small_cpu(), seed=0)
+    assert planned.idle["gpu-only"] == "gpu-only declares devices ['cuda'], not cpu", planned.idle
+    assert all("gpu-only" not in c.backends for c in planned.cases)
+
+
+def test_a_different_split_size_gives_different_edge_lengths() -> None:
+    def tile_lengths(unit: int) -> set[int]:
+        partition = WorkPartition(unit, PartitionScope.GLOBAL, workers=4)
+        backend = _reader(f"split-{unit}", partition=partition, tiles=(unit,))
+        cases = envelope_plan([backend], Target.small_cpu(), seed=0).cases
+        return {n for c in cases if "partition-straddle" in c.families or "tile-multiples" in c.families
+                for n in (c.spec.lengths or ())}
+    assert tile_lengths(32) != tile_lengths(48)
+    assert {31, 32, 33} <= tile_lengths(32) and {47, 48, 49} <= tile_lengths(48)

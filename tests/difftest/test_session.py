@@ -1,0 +1,42 @@
+"""One `difftest run` as a library call: the envelope suite by default, reach, budget, reports."""
+
+from __future__ import annotations
+
+import json
+
+from difftest.config import RunConfig
+from difftest.kinds import CaseKind
+from difftest.plan import SuiteRequest
+from difftest.report import render_reach
+from difftest.session import RunRequest, execute
+
+FILTER = ("length-one-*", "block-boundaries-*", "all-padding-*")
+
+
+def test_the_default_suite_is_the_envelope_one_with_reach_and_what_was_left_out(tmp_path):
+    request = RunRequest(suite=SuiteRequest(case_filter=FILTER[:2]), backends=("torch",),
+                         report=tmp_path / "r.json")
+    outcome = execute(request)
+    assert outcome.plan is not None and outcome.results and not outcome.status
+    families = {f for r in outcome.results for f in r.reach.families}
+    assert "tile-multiples" in families and "short-lengths" in families, families
+    reach = render_reach(outcome.results, outcome.plan)
+    assert reach.splitlines()[1].startswith("torch") and "tile-multiples" in reach, reach
+    assert "torch: pool-2^31-bytes left out: " in reach, "a CPU run says which families need scale"
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["run"]["cases_kind"] == "envelope" and report["run"]["plan"]["omitted"]["torch"], report["run"]
+
+
+def test_a_budget_starts_no_case_past_it_and_lists_those_not_started():
+    request = RunRequest(suite=SuiteRequest(case_filter=FILTER), backends=("torch",), budget=1e-9)
+    outcome = execute(request)
+    assert not outcome.results and outcome.info["not_started"], outcome.info
+    prefixes = ("length-one", "block-boundaries", "all-padding")
+    assert all(name.startswith(prefixes) for name in outcome.info["not_started"]), outcome.info
+
+
+def test_the_toy_suite_is_still_there():
+    request = RunRequest(suite=SuiteRequest(cases=CaseKind.EDGES, case_filter=("length-one-*",)), backends=("torch",),
+                         config=RunConfig())
+    outcome = execute(request)
+    assert outcome.plan is None and [r.case for r in outcome.results] == ["length-one-s1000"]
