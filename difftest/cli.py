@@ -30,7 +30,8 @@ FLAGS = {"backends": "--backends", "cases": "--cases", "count": "--count", "seed
          "device": "--device", "encoding": "--encoding", "layout": "--layout", "isolate": "--isolate",
          "timeout": "--timeout", "repeat": "--repeat", "sanitize": "--sanitize", "sanitize_all": "--sanitize-all",
          "resume": "--resume", "stream": "--stream", "report": "--report", "backend": "--backends",
-         "trust": "--trust-bundle", "budget": "--budget", "oracle": "--oracle"}
+         "trust": "--trust-bundle", "budget": "--budget", "oracle": "--oracle",
+         "until_failures": "--until-failures", "shrink_seconds": "--shrink-seconds"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -133,6 +134,33 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
                           "--stream (written when the children end); --device cuda only; not with --resume or --shard")
 
 
+def _duration(text: str) -> float:
+    """Seconds of '90', '90s', '10m' or '1h'."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    number, unit = (text[:-1], units[text[-1]]) if text and text[-1] in units else (text, 1)
+    try:
+        return float(number) * unit
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a duration such as 90, 90s, 10m or 1h") from None
+
+
+def _add_fuzz(commands: argparse._SubParsersAction) -> None:
+    fuzz = commands.add_parser("fuzz", help="a time-budgeted campaign: envelope cases with fresh seeds until the "
+                               "budget, distinct failures bundled and shrunk", allow_abbrev=False)
+    fuzz.add_argument("--budget", type=_duration, required=True, help="how long to draw cases: 90s, 10m, 1h")
+    fuzz.add_argument("--until-failures", type=int, metavar="N", help="stop at N distinct failure signatures")
+    fuzz.add_argument("--backends", type=_names, help="registered names or package.module:object paths "
+                      "(default: every registered backend)")
+    fuzz.add_argument("--device", type=_enum(Device), default=Device.CPU)
+    fuzz.add_argument("--seed", type=int, default=0)
+    fuzz.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                      help="workers per backend (default: on for cuda, off for cpu)")
+    fuzz.add_argument("--oracle", type=_enum(OracleKind), help="exact or fast (default: fast on cuda)")
+    fuzz.add_argument("--repro-dir", type=Path, metavar="DIR", help="a bundle per distinct failure, and its shrunk one")
+    fuzz.add_argument("--stream", type=Path, metavar="PATH.jsonl", help="every result, as it is made")
+    fuzz.add_argument("--shrink-seconds", type=float, default=30.0, help="shrink budget per failure (default: 30)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line."""
     parser = _Parser(prog="difftest", description=__doc__)
@@ -151,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     shrink.add_argument("--backends", type=_names, help="shrink through this backend instead of the recorded one")
     shrink.add_argument("--trust-bundle", action="store_true",
                         help="import the module the bundle names as its backend (that runs its code)")
+    _add_fuzz(commands)
     backends = commands.add_parser("backends", help="list backends and whether each can run here")
     backends.add_argument("--device", type=_enum(Device), default=Device.CPU)
     return parser
@@ -171,7 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse_args(argv)
     except SystemExit as exc:  # --help, --version, or a usage error argparse already printed
         return int(exc.code or 0)
-    commands = {"run": cmd_run, "backends": cmd_backends, "replay": cmd_replay, "shrink": cmd_shrink}
+    commands = {"run": cmd_run, "backends": cmd_backends, "replay": cmd_replay, "shrink": cmd_shrink,
+                "fuzz": cmd_fuzz}
     try:
         return commands[args.command](args)
     except SpecError as exc:
@@ -309,6 +339,22 @@ def cmd_shrink(args: argparse.Namespace) -> int:
                           backend.contract.library)
     print(f"{found.summary()}\nbundle: {folder}")
     return ExitStatus.OK
+
+
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    """`difftest fuzz`: exit 1 when the campaign found a failure."""
+    from difftest import fuzz, report  # deferred: loads torch and the runner
+    from difftest.config import RunConfig
+
+    campaign = fuzz.Campaign(budget=args.budget, backends=args.backends, until_failures=args.until_failures,
+                             seed=args.seed, repro_dir=args.repro_dir, stream=args.stream,
+                             shrink_seconds=args.shrink_seconds,
+                             config=RunConfig(device=args.device.value, isolate=args.isolate, oracle=args.oracle))
+    outcome = fuzz.fuzz(campaign)
+    print(report.render_table(report.summarize(outcome.results)))
+    print("\n" + report.render_reach(outcome.results))
+    print("\n" + fuzz.render_campaign(outcome))
+    return ExitStatus.FAILED if outcome.found else ExitStatus.OK
 
 
 class _Progress:

@@ -1,0 +1,57 @@
+"""`difftest fuzz`: a budgeted campaign finds a planted bug, bundles it, shrinks it and prints a line
+that draws it again."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from difftest.cli import main
+from difftest.errors import SpecError
+from difftest.fuzz import Campaign, fuzz, render_campaign, repro_line
+from difftest.kinds import ExitStatus
+from difftest.verdict import Verdict
+
+PLANTED = "tests.user_backends:window_one_short"
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory):
+    repro = tmp_path_factory.mktemp("fuzz")
+    return repro, fuzz(Campaign(budget=60.0, backends=("torch", PLANTED), until_failures=1, repro_dir=repro,
+                                shrink_seconds=10.0))
+
+
+def test_a_campaign_finds_the_planted_bug_and_stops_at_the_failure_count(campaign):
+    _, outcome = campaign
+    assert len(outcome.found) == 1 and outcome.found[0].signature.verdict == Verdict.FAIL_MASK, outcome.found
+    assert outcome.found[0].signature.backend == "window-one-short"
+    assert outcome.cases >= 1 and outcome.cases_per_second > 0
+    assert "1 distinct failures" in render_campaign(outcome)
+
+
+def test_the_first_case_of_a_signature_is_bundled_and_shrunk_to_a_line_that_draws_it(campaign, capsys):
+    repro, outcome = campaign
+    found = outcome.found[0]
+    assert found.bundle is not None and found.bundle.parent == repro and found.shrunk is not None
+    assert found.shrunk.case.batch == 1, found.shrunk.case.describe()
+    words = shlex.split(repro_line(found))
+    assert words[:4] == ["difftest", "run", "--backends", PLANTED], words
+    assert main([*words[1:], "--no-progress"]) == ExitStatus.FAILED, "the repro line reproduces the failure"
+    assert "FAIL(mask)" in capsys.readouterr().out
+
+
+def test_the_cli_campaign_exits_1_on_a_failure_and_0_without(capsys):
+    assert main(["fuzz", "--budget", "5s", "--backends", f"torch,{PLANTED}", "--until-failures", "1",
+                 "--shrink-seconds", "0"]) == ExitStatus.FAILED
+    assert main(["fuzz", "--budget", "2s", "--backends", "torch"]) == ExitStatus.OK
+    out = capsys.readouterr().out
+    assert "cases/s" in out and "0 distinct failures" in out
+
+
+@pytest.mark.parametrize(("changes", "field"), [(dict(budget=0), "budget"), (dict(until_failures=0), "until_failures")])
+def test_bad_campaigns_name_the_field(changes, field):
+    with pytest.raises(SpecError) as info:
+        Campaign(**{"budget": 1.0, **changes})
+    assert info.value.field == field
