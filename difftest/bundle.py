@@ -3,15 +3,18 @@
 A bundle is a folder holding case.npz (Case.save: the exact tensors) and bundle.json (backend and
 where it was loaded from, library versions, device, run config, verdict, first mismatch, and the
 command that replays it). A bundle is data: loading one imports nothing it names
-(docs/reference/bundles.md says what replay does with the recorded origin).
+(docs/bundles.md says what replay does with the recorded origin).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import platform
 import re
+import shlex
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +24,11 @@ from difftest import __version__
 from difftest.backends import Origin
 from difftest.case import Case
 from difftest.config import RunConfig
-from difftest.errors import SpecError, require
+from difftest.errors import OutputError, SpecError, require
 from difftest.kinds import CacheLayout, LengthEncoding
 from difftest.result import CaseResult
 from difftest.schema import BundleInfoModel, one_line, parse_json, read_text, shown, validate
-from difftest.serialize import to_jsonable
+from difftest.serialize import atomic_write, sync_folder, to_jsonable
 from difftest.verdict import Verdict
 
 CASE_FILE, INFO_FILE = "case.npz", "bundle.json"
@@ -51,11 +54,22 @@ def bundle_name(result: CaseResult) -> str:
 
 
 def write_bundle(directory: str | Path, case: Case, result: CaseResult, config: RunConfig,
-                 origin: Origin, library: str = "") -> Path:
-    """Write the bundle of `result` under `directory`; returns the bundle's folder."""
+                 origin: Origin, library: str = "", field: str = "repro_dir") -> Path:
+    """Write the bundle of `result` under `directory`; returns the bundle's folder.
+
+    Atomically: the bundle is made in a hidden folder beside it, its files fsync'd, then renamed into
+    place, so a folder of that name is always a whole bundle (an older one it replaces included).
+    OutputError naming `field` when it cannot be written."""
     folder = Path(directory) / bundle_name(result)
-    folder.mkdir(parents=True, exist_ok=True)
-    case.save(folder / CASE_FILE)
+    partial = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+    try:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        case.save(partial / CASE_FILE)
+        _fsync_file(partial / CASE_FILE)
+    except OSError as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise OutputError(field, folder, f"cannot write: {exc.strerror or exc}") from None
     info = {
         "backend": result.backend, "origin": to_jsonable(origin), "library": library,
         "device": config.device, "encoding_override": config.encoding.value if config.encoding else None,
@@ -64,10 +78,42 @@ def write_bundle(directory: str | Path, case: Case, result: CaseResult, config: 
         "comparison": to_jsonable(result.comparison), "case": case.name, "description": case.describe(),
         "torch": torch.__version__, "difftest": __version__, "python": platform.python_version(),
         "gpu": torch.cuda.get_device_name() if config.device == "cuda" else None,
-        "replay": f"difftest replay {folder}",
+        "replay": replay_command(folder, origin),
     }
-    (folder / INFO_FILE).write_text(json.dumps(info, indent=1) + "\n")
+    try:
+        atomic_write(partial / INFO_FILE, json.dumps(info, indent=1) + "\n", field)
+        _replace_folder(partial, folder)
+    except OSError as exc:
+        raise OutputError(field, folder, f"cannot write: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
     return folder
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _replace_folder(partial: Path, folder: Path) -> None:
+    """Rename `partial` to `folder`; an older `folder` is moved aside first and removed after."""
+    old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+    if folder.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(folder, old)
+    os.replace(partial, folder)
+    sync_folder(folder.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def replay_command(folder: Path, origin: Origin) -> str:
+    """The command that replays the bundle in `folder`: a backend loaded from a module path is imported
+    again only when trusted, and the writer of the bundle is the one who trusts it."""
+    trust = [] if origin.registered or origin.target is None else ["--trust-bundle"]
+    return shlex.join(["difftest", "replay", str(folder), *trust])
 
 
 def load_bundle(path: str | Path) -> Bundle:

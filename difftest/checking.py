@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from difftest.backends import Backend, Loaded, as_loaded, get_backends
+from difftest.bundle import replay_command as bundle_replay_command
 from difftest.bundle import write_bundle
 from difftest.case import Case
 from difftest.config import RunConfig
@@ -70,7 +71,7 @@ def replay_command(backend: Loaded, case: Case, result: CaseResult, config: RunC
     `difftest run` line that draws the same case; a hint when the case has no spec to draw it from."""
     if repro_dir is not None:
         folder = write_bundle(repro_dir, case, result, config, backend.origin, backend.contract.library)
-        return f"difftest replay {shlex.quote(str(folder))}"
+        return bundle_replay_command(folder, backend.origin)
     spec, seed = case.meta.get("spec"), case.meta.get("seed")
     if spec is None or seed is None:
         return "none from the command line (the case was not drawn from a CaseSpec): set a repro dir for a bundle"

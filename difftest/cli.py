@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from difftest import __version__
-from difftest.errors import SpecError
+from difftest.errors import Interrupted, OutputError, SpecError
 from difftest.kinds import CacheLayout, CaseKind, Device, ExitStatus, LengthEncoding, OracleKind, SanitizerTool
 
 if TYPE_CHECKING:
@@ -31,7 +31,8 @@ FLAGS = {"backends": "--backends", "cases": "--cases", "count": "--count", "seed
          "timeout": "--timeout", "repeat": "--repeat", "sanitize": "--sanitize", "sanitize_all": "--sanitize-all",
          "resume": "--resume", "stream": "--stream", "report": "--report", "backend": "--backends",
          "trust": "--trust-bundle", "budget": "--budget", "oracle": "--oracle",
-         "until_failures": "--until-failures", "shrink_seconds": "--shrink-seconds"}
+         "until_failures": "--until-failures", "shrink_seconds": "--shrink-seconds", "overwrite": "--overwrite",
+         "startup_timeout": "--startup-timeout", "repro_dir": "--repro-dir"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -102,6 +103,9 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
                      help="what-if: hand every backend this cache layout instead")
     run.add_argument("--device", type=_enum(Device), default=Device.CPU, help="cpu or cuda (default: cpu)")
     run.add_argument("--report", type=Path, metavar="PATH", help="write the JSON report here")
+    run.add_argument("--overwrite", action="store_true",
+                     help="replace the report and stream an earlier run left at those paths (refused otherwise, "
+                          "unless --resume)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     run.add_argument("--repro-dir", type=Path, metavar="DIR", help="write a reproducer bundle here for every failure")
     run.add_argument("--case-filter", action="append", default=[], metavar="GLOB",
@@ -112,6 +116,9 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--timeout", type=float, metavar="SECONDS",
                      help="seconds one case (all its --repeat launches) may take in a worker before it is "
                           "killed: TIMEOUT (needs isolation; default 600)")
+    run.add_argument("--startup-timeout", type=float, default=600.0, metavar="SECONDS",
+                     help="seconds a worker may take to import and build its backend before it is killed: "
+                          "TIMEOUT (default 600)")
     run.add_argument("--repeat", type=int, default=1, metavar="K",
                      help="launch each backend K times per case: bitwise-stable, stable within tolerance, "
                           "or unstable = FAIL(nondeterministic) (default: 1)")
@@ -208,6 +215,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"difftest: error: {FLAGS.get(exc.field, exc.field)}={exc.value!r}: expected {exc.expected}",
               file=sys.stderr)
         return ExitStatus.USAGE
+    except OutputError as exc:
+        print(f"difftest: error: {FLAGS.get(exc.field, exc.field)}={exc.path!r}: {exc.reason}", file=sys.stderr)
+        return ExitStatus.IO
+    except Interrupted as exc:
+        where = f"; kept in {', '.join(exc.kept)} (--resume {exc.kept[0]} continues it)" if exc.kept else ""
+        print(f"\ndifftest: interrupted after {exc.results} results{where}", file=sys.stderr)
+        return ExitStatus.INTERRUPTED
+    except KeyboardInterrupt:
+        print("\ndifftest: interrupted", file=sys.stderr)
+        return ExitStatus.INTERRUPTED
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
@@ -235,8 +252,12 @@ def cmd_run(args: argparse.Namespace, shard_envs: list[dict[str, str]] | None = 
 
     request = _run_request(args)
     progress = _Progress(enabled=not args.no_progress and sys.stderr.isatty())
-    outcome = session.execute(request, on_result=progress.step, shard_envs=shard_envs)
-    progress.close()
+    try:
+        outcome = session.execute(request, on_result=progress.step, shard_envs=shard_envs)
+    finally:
+        progress.close()
+    for note in outcome.notes:
+        print(f"difftest: note: {note}", file=sys.stderr)
     _print_outcome(request, outcome)
     return outcome.status
 
@@ -253,11 +274,11 @@ def _run_request(args: argparse.Namespace) -> RunRequest:
                          case_filter=tuple(args.case_filter), shard=Shard.parse(args.shard) if args.shard else None)
     config = RunConfig(device=args.device.value, encoding=args.encoding, layout=args.layout, isolate=args.isolate,
                        timeout=args.timeout, repeat=args.repeat, sanitize=args.sanitize,
-                       sanitize_all=args.sanitize_all, oracle=args.oracle)
+                       sanitize_all=args.sanitize_all, oracle=args.oracle, startup_timeout=args.startup_timeout)
     names = (args.backends or ()) + tuple(args.backend_module)
     return RunRequest(suite=suite, backends=names or None, config=config, report=args.report, stream=args.stream,
                       resume=args.resume, repro_dir=args.repro_dir, gpus=args.gpus, budget=args.budget,
-                      argv=tuple(args.argv))
+                      argv=tuple(args.argv), overwrite=args.overwrite)
 
 
 def _spec(text: str) -> object:
@@ -266,8 +287,8 @@ def _spec(text: str) -> object:
 
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError("--spec", text, f"a JSON object ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # malformed, or nested past the parser's depth
+        raise SpecError("--spec", text[:200], f"a JSON object ({type(exc).__name__}: {exc})") from None
     if not isinstance(data, dict):
         raise SpecError("--spec", text, "a JSON object of CaseSpec fields")
     try:
@@ -299,7 +320,8 @@ def _print_outcome(request: RunRequest, outcome: RunOutcome) -> None:
     if outcome.stream:
         print(f"stream: {outcome.stream}")
     if outcome.bundles:
-        print(f"\nreproducers: {outcome.bundles} bundles under {request.repro_dir} (difftest replay BUNDLE)")
+        print(f"\nreproducers: {outcome.bundles} bundle(s) under {request.repro_dir} (difftest replay BUNDLE; "
+              "--trust-bundle for a backend given as package.module:object)")
 
 
 def _bundle_backend(args: argparse.Namespace, bundle: object) -> object:
@@ -336,7 +358,7 @@ def cmd_shrink(args: argparse.Namespace) -> int:
     backend = as_loaded(_bundle_backend(args, bundle))
     found = shrink(bundle, backend, bundle.config, args.seconds)
     folder = write_bundle(args.out or bundle.path.parent, found.case, found.result, bundle.config, backend.origin,
-                          backend.contract.library)
+                          backend.contract.library, field="--out" if args.out else "bundle")
     print(f"{found.summary()}\nbundle: {folder}")
     return ExitStatus.OK
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections.abc import Callable
 
 import torch
 
 from difftest.contract import Contract
+from difftest.explain import Explanation, MaskLimit, explain
 from difftest.kinds import MaskConvention
 from difftest.poison import is_poison
 from difftest.verdict import Mismatch, Verdict, worst
@@ -15,6 +18,11 @@ from difftest.verdict import Mismatch, Verdict, worst
 TOPK = 2048
 CHUNK_ELEMENTS = 1 << 25  # logits compared at once: a few float64 copies of this many stay under 2 GB
 _KINDS = (Verdict.FAIL_UNWRITTEN, Verdict.FAIL_NAN, Verdict.FAIL_MASK, Verdict.FAIL_VALUE)
+# Wrong-mask rows whose limits a Comparison records: enough for every pattern difftest.explain knows
+# (a case's requests repeat them), few enough that a JSON report of a 2^21-row case stays small.
+MASK_LIMITS = 256
+STRIP_SPAN = 12  # positions the mask strip shows on each side of a boundary
+STRIP_LEGEND = "v value, - -inf, N NaN, ? poison, + +inf; | where the oracle's window ends, ] where the kernel's does"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,10 +40,17 @@ class Comparison:
     topk_overlap: float  # mean over rows with a window, tie-aware
     first_mismatch: Mismatch | None
     verdict: Verdict
+    # (row, the oracle's limit, the kernel's apparent limit) of the first MASK_LIMITS wrong-mask rows. The
+    # apparent limit is how many leading positions are not -inf (nor poison): the window the kernel
+    # behaved as if it had; None when its visible positions are no prefix (-inf between values).
+    # Under tail-unspecified only the oracle's window is read: the first -inf in it.
+    mask_limits: tuple[MaskLimit, ...] = ()
+    explanation: Explanation | None = None  # the pattern the wrong windows follow (difftest.explain)
+    mask_strip: str | None = None  # the first wrong-mask row around its boundaries (STRIP_LEGEND)
 
 
 def compare(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, contract: Contract,
-            bound: torch.Tensor | None = None) -> Comparison:
+            bound: torch.Tensor | None = None, next_n: int | None = None) -> Comparison:
     """Compare logits [rows, max_model_len]; row_lens (rows,) are the true causal limits.
 
     Inside a row's window every value must be finite and within max(rtol * row scale, bound);
@@ -44,6 +59,9 @@ def compare(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, c
     widened for a narrower accumulator: a worst-case bound at FP8-MMA precision (~14 bits) is about
     as large as the logits themselves at H 64, D 128, and it once passed a row scored with another
     request's q (docs/findings/deepgemm-zero-length-request.md). Such a backend declares a wider rtol.
+
+    `next_n` (rows per request) lets the wrong windows be explained request by request
+    (difftest.explain); without it only the patterns that need no requests are tried.
     """
     rows, width = expected.shape
     if tuple(got.shape) != (rows, width):
@@ -53,7 +71,9 @@ def compare(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, c
     parts = [_compare_rows(expected[first:first + step], got[first:first + step], row_lens[first:first + step],
                            contract, None if bound is None else bound[first:first + step], first)
              for first in range(0, rows, step)]
-    return _combined(parts, rows)
+    explained = functools.partial(explain, next_n=next_n, row_lens=row_lens, width=width,
+                                  tail_checked=contract.mask == MaskConvention.TAIL_NEG_INF)
+    return _combined(parts, rows, explained)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,30 +86,37 @@ class _Part:
     max_rel_err: float
     overlap: tuple[float, int]  # (sum of per-row top-k overlaps, rows with a window)
     first_mismatch: Mismatch | None
+    mask_limits: list[MaskLimit]  # of at most MASK_LIMITS of its wrong-mask rows
+    mask_strip: str | None  # of its first wrong-mask row
 
 
 def _compare_rows(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, contract: Contract,
                   bound: torch.Tensor | None, first: int) -> _Part:
     width = expected.shape[1]
-    poison = is_poison(got)
+    poison = is_poison(got).to(expected.device)
     got = got.to(expected.device, torch.float64)
     expected = expected.to(torch.float64)
     inside = torch.arange(width, device=expected.device)[None, :] < row_lens.to(expected.device)[:, None]
-    kinds = _position_kinds(expected, got, inside, poison.to(expected.device), contract, bound)
+    kinds = _position_kinds(expected, got, inside, poison, contract, bound)
     errors = torch.where(inside & torch.isfinite(got), (got - expected).abs(), 0.0).nan_to_num(0.0)
     scale = _row_scale(expected, inside)
     any_bad = torch.stack(list(kinds.values())).any(dim=0)
     mismatch = _first_mismatch(expected, got, kinds)
+    limits = _apparent_limits(got, poison, row_lens, _rows_with(kinds[Verdict.FAIL_MASK])[:MASK_LIMITS],
+                              contract.mask == MaskConvention.TAIL_NEG_INF)
+    strip = _strip(got, poison, kinds[Verdict.FAIL_MASK], limits[0], first) if limits else None
     return _Part(bad_rows={kind: [first + r for r in _rows_with(mask)] for kind, mask in kinds.items()},
                  positions_differing=int(any_bad.sum()), max_abs_err=float(errors.max()) if errors.numel() else 0.0,
                  max_rel_err=float((errors / scale[:, None]).max()) if errors.numel() else 0.0,
                  overlap=_topk_hits(expected, got, row_lens),
-                 first_mismatch=dataclasses.replace(mismatch, row=mismatch.row + first) if mismatch else None)
+                 first_mismatch=dataclasses.replace(mismatch, row=mismatch.row + first) if mismatch else None,
+                 mask_limits=[(row + first, oracle, apparent) for row, oracle, apparent in limits], mask_strip=strip)
 
 
-def _combined(parts: list[_Part], rows: int) -> Comparison:
+def _combined(parts: list[_Part], rows: int, explained: Callable[..., Explanation | None]) -> Comparison:
     bad_rows = {kind: [r for part in parts for r in part.bad_rows[kind]] for kind in _KINDS}
     hits, counted = sum(p.overlap[0] for p in parts), sum(p.overlap[1] for p in parts)
+    limits = tuple(limit for part in parts for limit in part.mask_limits)[:MASK_LIMITS]
     return Comparison(
         rows=rows, mask_rows=bad_rows[Verdict.FAIL_MASK], nan_rows=bad_rows[Verdict.FAIL_NAN],
         unwritten_rows=bad_rows[Verdict.FAIL_UNWRITTEN], value_rows=bad_rows[Verdict.FAIL_VALUE],
@@ -98,7 +125,9 @@ def _combined(parts: list[_Part], rows: int) -> Comparison:
         max_rel_err=max((p.max_rel_err for p in parts), default=0.0),
         topk_overlap=hits / counted if counted else 1.0,
         first_mismatch=next((p.first_mismatch for p in parts if p.first_mismatch), None),
-        verdict=worst([k for k, rows_ in bad_rows.items() if rows_]))
+        verdict=worst([k for k, rows_ in bad_rows.items() if rows_]),
+        mask_limits=limits, explanation=explained(limits, wrong_rows=bad_rows[Verdict.FAIL_MASK]),
+        mask_strip=next((p.mask_strip for p in parts if p.mask_strip), None))
 
 
 def _position_kinds(expected: torch.Tensor, got: torch.Tensor, inside: torch.Tensor, poison: torch.Tensor,
@@ -133,6 +162,76 @@ def _row_scale(expected: torch.Tensor, inside: torch.Tensor) -> torch.Tensor:
 
 def _rows_with(mask: torch.Tensor) -> list[int]:
     return torch.nonzero(mask.any(dim=1)).flatten().tolist()
+
+
+def _apparent_limits(got: torch.Tensor, poison: torch.Tensor, row_lens: torch.Tensor, rows: list[int],
+                     tail_checked: bool) -> list[MaskLimit]:
+    """(row, oracle limit, apparent limit) of `rows` of this slice, all rows at once (see Comparison)."""
+    if not rows:
+        return []
+    picked = torch.tensor(rows, device=got.device)
+    lens = row_lens.to(got.device)[picked]
+    positions = torch.arange(got.shape[1], device=got.device)[None, :]
+    visible = ~torch.isneginf(got[picked]) & ~poison[picked]
+    if not tail_checked:  # past the oracle's window anything goes: only the window tells
+        visible |= positions >= lens[:, None]
+    hidden = ~visible
+    # argmax of a 0/1 row is its first 1; a row with nothing hidden is visible to its end.
+    ends = torch.where(hidden.any(dim=1), hidden.to(torch.uint8).argmax(dim=1), got.shape[1])
+    after = visible & (positions > ends[:, None])
+    if not tail_checked:
+        after &= positions < lens[:, None]
+    prefix = ~after.any(dim=1)
+    return [(row, oracle, end if whole else None)
+            for row, oracle, end, whole in zip(rows, lens.tolist(), ends.tolist(), prefix.tolist(), strict=True)]
+
+
+def _strip(got: torch.Tensor, poison: torch.Tensor, wrong: torch.Tensor, limit: MaskLimit, first: int) -> str:
+    """'row 5 (oracle limit 13, kernel 12), p 1-25: ...vvvvvvvvvvv]-|----------...': the row around
+    the oracle's limit and the kernel's (its first wrong position when its window has holes)."""
+    row, oracle, apparent = limit
+    width = got.shape[1]
+    focus = apparent if apparent is not None else int(torch.nonzero(wrong[row])[0])
+    spans = _merged([(max(0, f - STRIP_SPAN), min(width, f + STRIP_SPAN)) for f in sorted({oracle, focus})])
+    values = got[row]
+    pieces = [_strip_text(values[lo:hi], poison[row, lo:hi], lo, oracle, apparent) for lo, hi in spans]
+    text = ("..." if spans[0][0] > 0 else "") + "...".join(pieces) + ("..." if spans[-1][1] < width else "")
+    where = ", ".join(f"{lo}-{hi - 1}" for lo, hi in spans)
+    kernel = "not a prefix" if apparent is None else str(apparent)
+    return f"row {row + first} (oracle limit {oracle}, kernel {kernel}), p {where}: {text}"
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for lo, hi in spans:
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def _strip_text(values: torch.Tensor, poison: torch.Tensor, start: int, oracle: int, apparent: int | None) -> str:
+    """One character per position, '|' before the oracle's limit and ']' before the kernel's."""
+    chars = []
+    for offset, (value, poisoned) in enumerate(zip(values.tolist(), poison.tolist(), strict=True)):
+        chars.append(_marks(start + offset, oracle, apparent) + _symbol(value, poisoned))
+    end = start + len(chars)
+    return "".join(chars) + _marks(end, oracle, apparent)
+
+
+def _marks(position: int, oracle: int, apparent: int | None) -> str:
+    return ("]" if position == apparent else "") + ("|" if position == oracle else "")
+
+
+def _symbol(value: float, poisoned: bool) -> str:
+    if poisoned:
+        return "?"
+    if math.isnan(value):
+        return "N"
+    if math.isinf(value):
+        return "-" if value < 0 else "+"
+    return "v"
 
 
 def _first_mismatch(expected: torch.Tensor, got: torch.Tensor,

@@ -10,6 +10,7 @@ from difftest.kinds import CacheLayout, LengthEncoding, OracleKind, SanitizerToo
 
 DEVICES = ("cpu", "cuda")
 MAX_REPEAT = 1000  # launches per case; more is a typo, not a stability study
+MAX_STARTUP_TIMEOUT = 86400.0  # seconds: a worker start-up wait is bounded, however slow its library
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +26,7 @@ class RunConfig:
     sanitize: SanitizerTool | None = None  # a compute-sanitizer tool to replay failing results under
     sanitize_all: bool = False  # replay every result that ran, not only the failing ones
     oracle: OracleKind | None = None  # None: FAST on cuda, EXACT on cpu
+    startup_timeout: float = 600.0  # seconds a worker may take to import and build its backend (a JIT library)
 
     def __post_init__(self) -> None:
         require(self.device in DEVICES, "device", self.device, f"one of {list(DEVICES)}")
@@ -37,6 +39,8 @@ class RunConfig:
                 f"an integer in [1, {MAX_REPEAT}]")
         require(self.timeout is None or (isinstance(self.timeout, (int, float)) and 0 < self.timeout < math.inf),
                 "timeout", self.timeout, "a finite number of seconds > 0")
+        require(isinstance(self.startup_timeout, (int, float)) and 0 < self.startup_timeout <= MAX_STARTUP_TIMEOUT,
+                "startup_timeout", self.startup_timeout, f"a number of seconds in (0, {MAX_STARTUP_TIMEOUT:g}]")
         require(self.timeout is None or self.isolate is not False, "timeout", self.timeout,
                 "isolation (a call is cut short by killing its worker), not isolate=False")
         require(self.sanitize is None or isinstance(self.sanitize, SanitizerTool), "sanitize", self.sanitize,

@@ -1,4 +1,5 @@
-"""The one error type for impossible input: it names the field, its value and what is allowed."""
+"""The error types: SpecError for impossible input (it names the field, its value and what is allowed),
+OutputError for an output that cannot be written, Interrupted for a run stopped by Ctrl-C."""
 
 from __future__ import annotations
 
@@ -19,3 +20,24 @@ def require(condition: bool, field: str, value: Any, expected: str) -> None:
     """Raise SpecError(field, value, expected) unless condition holds."""
     if not condition:
         raise SpecError(field, value, expected)
+
+
+class OutputError(Exception):
+    """An output (report, stream, bundle, lock) that cannot be written: names the parameter that gave
+    its path, the path and why. Not a SpecError: the request was fine, the filesystem was not."""
+
+    def __init__(self, field: str, path: Any, reason: str) -> None:
+        self.field = field
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"{field}={self.path!r}: {reason}")
+
+
+class Interrupted(Exception):
+    """A run stopped by Ctrl-C after keeping what finished: `results` of them, in `kept` (the paths
+    of the stream and of the report marked incomplete)."""
+
+    def __init__(self, results: int, kept: tuple[str, ...]) -> None:
+        self.results = results
+        self.kept = kept
+        super().__init__(f"interrupted after {results} results" + (f"; kept in {', '.join(kept)}" if kept else ""))

@@ -23,6 +23,8 @@ outputs.
 from __future__ import annotations
 
 import dataclasses
+import signal
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -141,12 +143,19 @@ def execute(backend: Backend, inputs: KernelInputs, launch: Launch) -> Outcome:
 
     A raised exception is ERROR, unless the device no longer runs anything afterwards (a sticky
     CUDA error such as an illegal memory access): then CRASH, since nothing after it can be trusted.
+    That covers a BaseException the backend raises (SystemExit, a KeyboardInterrupt of its own), but
+    not a Ctrl-C that arrives while it runs: that one stops the run. An output of the wrong type,
+    shape, dtype or device is ERROR with the reason 'contract: expected ..., got ...'.
     """
     start = time.perf_counter()
     try:
-        return _launches(backend, inputs, launch)
+        with _SigintWatch() as watch:
+            return _launches(backend, inputs, launch, watch)
+    except ContractViolation as exc:
+        return Fault(Verdict.ERROR, str(exc), time.perf_counter() - start, "contract")
     except Exception as exc:  # the backend's fault becomes its verdict, never the run's end
         seconds = time.perf_counter() - start
+        exc = exc.raised if isinstance(exc, BackendRaised) else exc
         reason = f"{type(exc).__name__}: {exc}"
         broken = device_failure(inputs.q.device)
         if broken is not None:
@@ -154,7 +163,52 @@ def execute(backend: Backend, inputs: KernelInputs, launch: Launch) -> Outcome:
         return Fault(Verdict.ERROR, reason, seconds, type(exc).__name__)
 
 
-def _launches(backend: Backend, inputs: KernelInputs, launch: Launch) -> Execution:
+class ContractViolation(Exception):
+    """The backend returned something other than the output its contract promises."""
+
+
+class BackendRaised(Exception):
+    """A BaseException that is no Exception (SystemExit, KeyboardInterrupt, GeneratorExit) raised by
+    the backend itself, carried as an Exception so that it becomes the backend's ERROR."""
+
+    def __init__(self, raised: BaseException) -> None:
+        self.raised = raised
+        super().__init__(f"{type(raised).__name__}: {raised}")
+
+
+class _SigintWatch:
+    """Around a backend call in the main thread: remembers whether a SIGINT (Ctrl-C) arrived, so a
+    KeyboardInterrupt it caused is told apart from one the backend raised itself. The handler in
+    place (Python's default, or the caller's) still runs; an ignored SIGINT stays ignored."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self.previous: Any = None
+
+    def __enter__(self) -> _SigintWatch:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        previous = signal.getsignal(signal.SIGINT)
+        if previous in (signal.SIG_IGN, None):
+            return self
+        self.previous = previous
+
+        def heard(signum: int, frame: Any) -> None:
+            self.seen = True
+            if callable(previous):
+                previous(signum, frame)
+            else:
+                raise KeyboardInterrupt
+
+        signal.signal(signal.SIGINT, heard)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
+def _launches(backend: Backend, inputs: KernelInputs, launch: Launch, watch: _SigintWatch) -> Execution:
     contract, device = backend.contract, inputs.q.device
     before = input_fingerprints(inputs)
     outputs, seconds = [], []
@@ -165,11 +219,18 @@ def _launches(backend: Backend, inputs: KernelInputs, launch: Launch) -> Executi
         nbytes = launch.rows * launch.max_model_len * contract.output_dtype.itemsize
         poison_cached_memory(nbytes, contract.output_dtype, device)
         start = time.perf_counter()
-        with PoisonFreshTensors():
-            got = backend(inputs, out)
+        try:
+            with PoisonFreshTensors():
+                got = backend(inputs, out)
+        except Exception:
+            raise
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt) and watch.seen:
+                raise  # a real Ctrl-C: the run stops
+            raise BackendRaised(exc) from exc
         synchronize(device)
         seconds.append(time.perf_counter() - start)
-        got = _checked_output(got, launch)
+        got = _checked_output(got, launch, contract.output_dtype, device)
         # A backend may hand back the same buffer every launch: keep each launch's bits apart.
         outputs.append(_bit_copy(got) if launch.repeat > 1 else got)
     after = input_fingerprints(inputs)
@@ -177,14 +238,19 @@ def _launches(backend: Backend, inputs: KernelInputs, launch: Launch) -> Executi
     return Execution(tuple(outputs), mutated, seconds[0])
 
 
-def _checked_output(got: object, launch: Launch) -> torch.Tensor:
-    """`got` when it is a dense tensor holding data; TypeError (the backend's ERROR) otherwise."""
-    expected = f"a torch.Tensor of shape [rows, max_model_len] = {(launch.rows, launch.max_model_len)}"
+def _checked_output(got: object, launch: Launch, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """`got` when it is the dense tensor the contract promises: shape [rows, max_model_len], the
+    contract's output_dtype (or float64: exact logits, as the reference computes them on the CPU), on
+    the inputs' device; ContractViolation (the backend's ERROR) otherwise."""
+    shape = (launch.rows, launch.max_model_len)
+    dtypes = list(dict.fromkeys((dtype, torch.float64)))
+    expected = (f"a dense torch.Tensor of shape [rows, max_model_len] = {list(shape)}, dtype "
+                f"{' or '.join(map(str, dtypes))}, on {device}")
     if not isinstance(got, torch.Tensor):
-        raise TypeError(f"backend returned {type(got).__name__}, expected {expected}")
-    if got.layout != torch.strided or got.device.type not in ("cpu", "cuda"):
-        raise TypeError(f"backend returned a {got.layout} tensor on {got.device}, expected {expected} "
-                        "(dense, on cpu or cuda)")
+        raise ContractViolation(f"contract: expected {expected}, got {type(got).__name__}")
+    actual = f"a {got.layout} tensor of shape {list(got.shape)}, dtype {got.dtype}, on {got.device}"
+    if got.layout != torch.strided or tuple(got.shape) != shape or got.dtype not in dtypes or got.device != device:
+        raise ContractViolation(f"contract: expected {expected}, got {actual}")
     return got
 
 

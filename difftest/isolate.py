@@ -28,14 +28,20 @@ in __main__, or configured after construction) runs in-process, and its results 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
 import faulthandler
 import io
 import multiprocessing
+import multiprocessing.forkserver
+import multiprocessing.util
 import os
 import pickle
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -55,6 +61,7 @@ from difftest.kernel_inputs import KernelInputs
 from difftest.kinds import Isolation, Transport
 from difftest.verdict import Verdict
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 DEFAULT_TIMEOUT = 600.0  # seconds one case may take in a worker when the run sets no --timeout
 STARTUP_TIMEOUT = 600.0  # seconds a worker may take to import and build its backend (a JIT library)
 _STDERR_LINES = 4  # last lines of a dead worker's stderr quoted when faulthandler said nothing
@@ -165,9 +172,10 @@ def _shipped(inputs: KernelInputs, pool: Any) -> KernelInputs:
 # --------------------------------------------------------------------------- the worker process
 
 def serve(conn: Connection, origin: Origin, device: str, log_path: str, transport: Transport = Transport.COPY,
-          environ: Mapping[str, str] | None = None) -> None:
-    """The worker's main: take the parent's environment, rebuild the backend, then answer cases
-    until the pipe closes."""
+          environ: Mapping[str, str] | None = None, run_pid: int | None = None) -> None:
+    """The worker's main: die with the run (process `run_pid`), take the parent's environment,
+    rebuild the backend, then answer cases until the pipe closes."""
+    _die_with(run_pid)
     if environ is not None:
         # Forked from a fork server, the worker would otherwise inherit the environment of the
         # moment the server started: a CUDA_VISIBLE_DEVICES or library switch set since then in
@@ -206,6 +214,48 @@ def serve(conn: Connection, origin: Origin, device: str, log_path: str, transpor
             return  # the device is unusable in this process; the parent starts a new worker
 
 
+def _die_with(run_pid: int | None) -> None:
+    """Make this worker end when the run that started it ends, however it ends (SIGKILL included).
+
+    Ctrl-C reaches the whole process group: a worker ignores it (the run kills its workers when it
+    stops). PR_SET_PDEATHSIG (Linux) kills the worker when its parent dies: the fork server, which
+    exits when the run's end of its pipe closes, or the run itself under spawn. (No watching thread:
+    faulthandler would name its frame, not the backend's, as the innermost on a crash.)"""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A child of the fork server holds a copy of the run's end of the server's "alive" pipe: the server
+    # would outlive the run as long as a worker does, and the worker outlive the server. Dropped.
+    server = getattr(multiprocessing.forkserver, "_forkserver", None)
+    alive = getattr(server, "_forkserver_alive_fd", None)
+    if alive is not None and multiprocessing.parent_process() is not None:
+        with contextlib.suppress(OSError):
+            os.close(alive)
+        server._forkserver_alive_fd = None
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # no prctl here: the worker outlives a killed run until its call ends
+    if run_pid is None:
+        return
+    if not _alive(run_pid):  # the run died before prctl: no signal will come
+        os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X")
+
+
 def _redirect_output(log_path: str) -> None:
     """The backend's prints and the fatal-signal stack go to the log the parent quotes on a crash."""
     log = open(log_path, "ab", buffering=0)  # open for the life of the process
@@ -221,8 +271,10 @@ class Worker:
 
     isolation, note = Isolation.WORKER, None
 
-    def __init__(self, origin: Origin, device: str, timeout: float, log_dir: Path) -> None:
+    def __init__(self, origin: Origin, device: str, timeout: float, log_dir: Path,
+                 startup_timeout: float = STARTUP_TIMEOUT) -> None:
         self.origin, self.device, self.timeout, self.log_dir = origin, device, timeout, log_dir
+        self.startup_timeout = startup_timeout
         self.transport = transport_for(device)
         self.process: multiprocessing.process.BaseProcess | None = None
         self.conn: Connection | None = None
@@ -239,7 +291,8 @@ class Worker:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         parent_conn, child_conn = multiprocessing.Pipe()
         self.process = _context().Process(target=serve, args=(child_conn, self.origin, self.device, str(self.log_path),
-                                                              self.transport, dict(os.environ)), daemon=True)
+                                                              self.transport, dict(os.environ), os.getpid()),
+                                               daemon=True)
         self.process.start()
         child_conn.close()  # so the parent sees EOF when the child dies
         self.conn, self.ready = parent_conn, False
@@ -295,9 +348,9 @@ class Worker:
         if self.ready:
             return None
         assert self.conn is not None
-        if not self.conn.poll(STARTUP_TIMEOUT):
+        if not self.conn.poll(self.startup_timeout):
             self.kill()
-            why = f"the worker did not load {self.origin.target} within {STARTUP_TIMEOUT:g} s"
+            why = f"the worker did not load {self.origin.target} within {self.startup_timeout:g} s (start-up timeout)"
             return Fault(Verdict.TIMEOUT, why, 0.0)
         try:
             kind, payload = _loads(self.conn.recv_bytes(), self.transport)
@@ -371,17 +424,25 @@ def crash_summary(path: Path) -> str:
 
 
 class WorkerPool:
-    """A Worker for every backend that can be rebuilt in a fresh process, InProcess for the rest."""
+    """A Worker for every backend that can be rebuilt in a fresh process, InProcess for the rest.
 
-    def __init__(self, backends: list[Loaded], device: str, timeout: float | None) -> None:
+    The workers' logs live in one run folder (difftest-workers-*), removed when the pool closes; a
+    small reaper process removes it too should this process die without closing the pool (SIGKILL):
+    it waits for its stdin, which only this process holds open, to close."""
+
+    def __init__(self, backends: list[Loaded], device: str, timeout: float | None,
+                 startup_timeout: float = STARTUP_TIMEOUT) -> None:
         self.log_dir = Path(tempfile.mkdtemp(prefix="difftest-workers-"))
+        # multiprocessing's own temp folder (pymp-*), which it removes only at a clean exit
+        self.reaper = _reaper(self.log_dir, Path(multiprocessing.util.get_temp_dir()))
         limit = timeout or DEFAULT_TIMEOUT
-        self.executors: list[Executor] = [self._executor(b, index, device, limit) for index, b in enumerate(backends)]
+        self.executors: list[Executor] = [self._executor(b, index, device, limit, startup_timeout)
+                                          for index, b in enumerate(backends)]
 
-    def _executor(self, backend: Loaded, index: int, device: str, timeout: float) -> Executor:
+    def _executor(self, backend: Loaded, index: int, device: str, timeout: float, startup_timeout: float) -> Executor:
         if backend.origin.target is None:
             return InProcess(note=backend.origin.why_not)
-        return Worker(backend.origin, device, timeout, self.log_dir / str(index))
+        return Worker(backend.origin, device, timeout, self.log_dir / str(index), startup_timeout)
 
     def __enter__(self) -> WorkerPool:
         # Started together, so the backends' imports overlap.
@@ -399,4 +460,38 @@ class WorkerPool:
             elif isinstance(executor, Worker):
                 executor.stop()
         shutil.rmtree(self.log_dir, ignore_errors=True)
+        if self.reaper is not None:
+            with contextlib.suppress(OSError):  # "done": this process lives on, its pymp-* folder with it
+                self.reaper.stdin.write(b"done")  # type: ignore[union-attr]
+                self.reaper.stdin.close()  # type: ignore[union-attr]
+            try:
+                self.reaper.wait(10)
+            except subprocess.TimeoutExpired:
+                self.reaper.kill()
+                self.reaper.wait()
+
+
+# Run by the reaper: ignore Ctrl-C (the run cleans up itself then) and wait for stdin to close. "done"
+# (the pool closed): remove the run folder, already gone. Nothing (this process died): the others too.
+_REAPER = ("import shutil, signal, sys, time\n"
+           "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+           "folders = sys.argv[1:] if sys.stdin.buffer.read() != b'done' else sys.argv[1:2]\n"
+           "for _ in range(30):\n"
+           "    for folder in folders:\n"
+           "        shutil.rmtree(folder, ignore_errors=True)\n"
+           "    if len(folders) == 1:\n"
+           "        break\n"
+           "    time.sleep(0.1)\n")
+
+
+def _reaper(folder: Path, *at_death: Path) -> subprocess.Popen | None:
+    """The process that removes `folder` (and the `at_death` folders) once this process is gone (None
+    where it cannot start): dying workers may still write their logs for a moment, so it keeps
+    removing for a few seconds."""
+    try:
+        return subprocess.Popen([sys.executable, "-I", "-S", "-c", _REAPER, str(folder), *map(str, at_death)],
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                close_fds=True)
+    except OSError:
+        return None
 

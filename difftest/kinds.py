@@ -106,8 +106,10 @@ class OracleKind(str, enum.Enum):
 
 
 class ExitStatus(enum.IntEnum):
-    """What `difftest` exits with (docs/reference/cli.md lists them)."""
+    """What `difftest` exits with (docs/cli.md lists them)."""
 
     OK = 0  # every result passed or was skipped
     FAILED = 1  # some backend failed (or a shard of a spread run died)
     USAGE = 2  # a bad option or an impossible spec: one line names the field, its value and what is allowed
+    IO = 3  # an output (report, stream, bundle) could not be written, or another run holds it: one line says why
+    INTERRUPTED = 130  # Ctrl-C: what finished is kept (stream, report marked incomplete); --resume continues

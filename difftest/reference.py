@@ -26,6 +26,7 @@ class Reference:
     row_lens: torch.Tensor  # (rows,)
     bound: torch.Tensor  # (rows,) float32 rounding bound
     oracle: OracleKind = OracleKind.EXACT
+    next_n: int | None = None  # rows per request: lets a failure's wrong windows be explained by request
 
 
 def make_reference(case: Case, oracle: OracleKind = OracleKind.EXACT) -> Reference:
@@ -33,7 +34,7 @@ def make_reference(case: Case, oracle: OracleKind = OracleKind.EXACT) -> Referen
     row_lens = case.row_lens().reshape(-1)
     if oracle == OracleKind.FAST:
         fused = fused_reference(case)
-        return Reference(fused.logits, row_lens, fused.bound, oracle)
+        return Reference(fused.logits, row_lens, fused.bound, oracle, case.next_n)
     q, k = case.q_values(), case.k_values()
     bound = fp32_error_bound(q, k, case.scale_pool, case.weights, case.block_table, case.row_lens())
-    return Reference(reference(case), row_lens, bound, oracle)
+    return Reference(reference(case), row_lens, bound, oracle, case.next_n)

@@ -13,9 +13,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from difftest.comparison import STRIP_LEGEND, Comparison
 from difftest.plan import EnvelopePlan
 from difftest.result import CaseResult
-from difftest.serialize import to_jsonable
+from difftest.serialize import atomic_write, to_jsonable
 from difftest.stability import Stability, StabilityKind
 from difftest.verdict import Verdict, worst
 
@@ -124,6 +125,20 @@ def _comparison_lines(r: CaseResult) -> list[str]:
         m = c.first_mismatch
         lines.append(f"first mismatch: row {m.row}, position {m.position}: expected {m.expected!r}, "
                      f"got {m.got!r} ({m.kind.value})")
+    return lines + _mask_lines(c)
+
+
+def _mask_lines(c: Comparison, shown: int = 4) -> list[str]:
+    """Why the masks are wrong: the pattern, a few rows' limits (the oracle's and the one the kernel
+    behaved as if it had), and the first wrong row's mask around its boundaries."""
+    lines = []
+    if c.explanation is not None:
+        lines.append(f"pattern: {c.explanation.summary()}")
+    for row, oracle, apparent in c.mask_limits[:shown]:
+        behaved = "a mask that is not a prefix (-inf between values)" if apparent is None else apparent
+        lines.append(f"row {row}: oracle limit {oracle}, kernel behaved as {behaved}")
+    if c.mask_strip:
+        lines += [f"mask: {c.mask_strip}", f"      ({STRIP_LEGEND})"]
     return lines
 
 
@@ -148,12 +163,10 @@ def _few(rows: list[int], shown: int = 8) -> str:
 
 
 def write_json(path: str | Path, results: list[CaseResult], run_info: dict[str, Any]) -> Path:
-    """The whole run: how it was made, the summaries and every result."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """The whole run: how it was made, the summaries and every result. Written atomically (a crash
+    leaves the old report or the new one, never a part); OutputError (field 'report') when it cannot be."""
     doc = {"run": run_info, "summaries": to_jsonable(summarize(results)), "results": to_jsonable(results)}
-    path.write_text(json.dumps(doc, indent=1) + "\n")
-    return path
+    return atomic_write(Path(path), json.dumps(doc, indent=1) + "\n", "report")
 
 
 def render_reach(results: list[CaseResult], plan: EnvelopePlan | None = None) -> str:

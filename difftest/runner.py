@@ -100,7 +100,7 @@ def _prepared(backend: Loaded, case: Case, config: RunConfig, base: dict[str, An
     encoded for it), ERROR when asking the backend raised."""
     try:
         reason = unsupported_reason(backend, case, config.device)
-    except Exception as exc:  # a backend's own availability check failing is that backend's fault
+    except (Exception, SystemExit) as exc:  # a backend's own availability check failing is that backend's fault
         return CaseResult(verdict=Verdict.ERROR, seconds=0.0, reason=f"unavailable_reason raised "
                           f"{type(exc).__name__}: {exc}", error_type=type(exc).__name__, **base)
     if reason:
@@ -125,7 +125,7 @@ def _judge(execution: Execution, ref: Reference, contract: Contract, base: dict[
     got = execution.outputs[0]
     measured = {"mutated_inputs": execution.mutated, "seconds": execution.seconds}
     try:
-        result = compare(ref.logits, got, ref.row_lens, contract, ref.bound)
+        result = compare(ref.logits, got, ref.row_lens, contract, ref.bound, next_n=ref.next_n)
     except ValueError as exc:
         return CaseResult(verdict=Verdict.ERROR, reason=str(exc), error_type=type(exc).__name__, **measured, **base)
     verdicts = [result.verdict] + ([Verdict.FAIL_MUTATED_INPUT] if execution.mutated else [])
@@ -207,7 +207,7 @@ def _executors(backends: list[Loaded], config: RunConfig) -> Iterator[list[Execu
     if not config.isolated:
         yield [InProcess() for _ in backends]
         return
-    with WorkerPool(backends, config.device, config.timeout) as pool:
+    with WorkerPool(backends, config.device, config.timeout, config.startup_timeout) as pool:
         yield pool.executors
 
 

@@ -88,6 +88,9 @@ LENGTH_DISTS = ("uniform", "edges", "short", "full")
 VALUE_DISTS = ("normal", "heavy", "integer")
 STALES = ("canary", "other", "zero")
 STABILITY_KINDS = ("bitwise-stable", "stable-within-tolerance", "unstable")
+MASK_PATTERNS = ("no-window", "mtp-mirrored", "per-sequence-length", "constant-offset", "shifted-by-one-request",
+                 "tail-not-cleaned", "unknown")  # difftest.explain.Pattern
+MASK_LIMITS = 256  # difftest.comparison.MASK_LIMITS: wrong-mask rows whose limits a comparison records
 # CaseSpec's defaults (generators.spec.CaseSpec), likewise restated and checked.
 SPEC_DEFAULTS: dict[str, Any] = {
     "name": "random", "batch": 4, "next_n": 1, "heads": 32, "head_dim": 64, "block_size": 16,
@@ -326,6 +329,27 @@ class MismatchModel(Model):
     kind: Verdicts
 
 
+def _mask_limit(value: Any) -> bool:
+    """[row, oracle limit, apparent limit or null], each limit in [0, max_model_len]."""
+    return (type(value) is list and len(value) == 3 and _is_int(value[0]) and 0 <= value[0] <= MAX_ROWS
+            and _is_int(value[1]) and 0 <= value[1] <= MAX_MODEL_LEN
+            and (value[2] is None or (_is_int(value[2]) and 0 <= value[2] <= MAX_MODEL_LEN)))
+
+
+MaskLimits = ListOf(Rule(_mask_limit, "[row, oracle limit, apparent limit or null]").type(), MASK_LIMITS,
+                    f"a list of at most {MASK_LIMITS} [row, oracle limit, apparent limit or null]")
+
+
+class ExplanationModel(Model):
+    """difftest.explain.Explanation."""
+
+    what: ClassVar[str] = "a JSON object of Explanation fields"
+    pattern: OneOf(MASK_PATTERNS)
+    description: Text()
+    explained: Count
+    rows: Int(0, MASK_LIMITS)
+
+
 class ComparisonModel(Model):
     """difftest.comparison.Comparison."""
 
@@ -343,6 +367,10 @@ class ComparisonModel(Model):
                        "a number in [0, 1], or 'nan'").type()
     first_mismatch: MismatchModel | None
     verdict: Verdicts
+    # Reports written before failures explained themselves have none of these.
+    mask_limits: MaskLimits = []  # pydantic copies a mutable default
+    explanation: ExplanationModel | None = None
+    mask_strip: Text() | None = None
 
     @model_validator(mode="after")
     def _rows_exist(self) -> "ComparisonModel":
@@ -489,6 +517,8 @@ class RunInfoModel(Model):
     not_started: Names | None = None
     plan: PlanInfoModel | None = None
     shards: ListOf(ShardInfoModel, 4096, "a list of shard records") | None = None
+    incomplete: Bool | None = None  # the run was interrupted: the report holds what finished
+    startup_timeout: Number(0.0, math.inf) | None = None
 
 
 class SummaryModel(Model):

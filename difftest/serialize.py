@@ -12,11 +12,13 @@ import dataclasses
 import enum
 import json
 import math
+import os
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from difftest.comparison import Comparison
-from difftest.errors import SpecError
+from difftest.errors import OutputError, SpecError
+from difftest.explain import Explanation, Pattern
 from difftest.kinds import CacheLayout, Isolation, LengthEncoding, SanitizerTool
 from difftest.result import CaseResult, Reach
 from difftest.sanitize import Finding, SanitizerReport
@@ -81,7 +83,10 @@ def _comparison(data: dict[str, Any]) -> Comparison:
     floats = {k: float(data[k]) for k in ("max_abs_err", "max_rel_err", "topk_overlap")}
     first = _maybe(lambda m: Mismatch(m["row"], m["position"], float(m["expected"]), float(m["got"]),
                                       Verdict(m["kind"])), data.get("first_mismatch"))
-    return Comparison(**{**data, **floats, "first_mismatch": first, "verdict": Verdict(data["verdict"])})
+    explanation = _maybe(lambda e: Explanation(**{**e, "pattern": Pattern(e["pattern"])}), data.get("explanation"))
+    limits = tuple(tuple(limit) for limit in data.get("mask_limits", ()))
+    return Comparison(**{**data, **floats, "first_mismatch": first, "verdict": Verdict(data["verdict"]),
+                         "mask_limits": limits, "explanation": explanation})
 
 
 def _stability(data: dict[str, Any]) -> Stability:
@@ -149,18 +154,25 @@ def _json_or_none(text: str) -> Any:
 
 
 class ResultStream:
-    """The JSONL stream: a {"run": info} line, then one {"result": ...} line per result, each flushed.
+    """The JSONL stream: a {"run": info} line, then one {"result": ...} line per result, each written
+    with one write() and fsync'd before the next result is made.
 
     append=True keeps what the file holds (a resumed run adds to its own stream) after cutting a
-    torn last line; otherwise the file starts empty.
+    torn last line; otherwise the file starts empty. A write that fails (a full disk) is OutputError
+    naming `field`: every line before it stays whole, the failing one at most torn (load_results
+    ignores a torn last line).
     """
 
-    def __init__(self, path: str | Path, append: bool = False) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if append and self.path.exists():
-            _cut_torn_line(self.path)
-        self.file: IO[str] = self.path.open("a" if append else "w")
+    def __init__(self, path: str | Path, append: bool = False, field: str = "stream") -> None:
+        self.path, self.field = Path(path), field
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if append and self.path.exists():
+                _cut_torn_line(self.path)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
+            self.fd: int | None = os.open(self.path, flags, 0o644)
+        except OSError as exc:
+            raise OutputError(field, self.path, _why(exc)) from None
 
     def header(self, info: dict[str, Any]) -> None:
         self._line({"run": to_jsonable(info)})
@@ -169,11 +181,20 @@ class ResultStream:
         self._line({"result": to_jsonable(result)})
 
     def _line(self, record: dict[str, Any]) -> None:
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()  # in the kernel's hands now: a SIGKILL of this process cannot lose it
+        if self.fd is None:
+            raise OutputError(self.field, self.path, "written after it was closed")
+        data = (json.dumps(record) + "\n").encode()
+        try:
+            while data:
+                data = data[os.write(self.fd, data):]
+            os.fsync(self.fd)  # on the disk now: neither a SIGKILL nor a power cut loses it
+        except OSError as exc:
+            raise OutputError(self.field, self.path, _why(exc)) from None
 
     def close(self) -> None:
-        self.file.close()
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            os.close(fd)
 
 
 def _cut_torn_line(path: Path) -> None:
@@ -181,3 +202,147 @@ def _cut_torn_line(path: Path) -> None:
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
         path.write_bytes(data[:data.rfind(b"\n") + 1])
+
+
+# --------------------------------------------------------------------------- safe writes
+
+LOCK_SUFFIX = ".lock"
+
+
+def _why(exc: OSError) -> str:
+    """'cannot write: No space left on device' of an OSError, on one line."""
+    return f"cannot write: {exc.strerror or exc}"
+
+
+def atomic_write(path: str | Path, data: str | bytes, field: str) -> Path:
+    """Write `data` to `path` so that a reader (or a crash) sees the old file or the new one, never a
+    part: into `path.tmp-<pid>` beside it, fsync'd, then renamed over `path`. OutputError names `field`."""
+    path = Path(path)
+    temporary = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    raw = data.encode() if isinstance(data, str) else data
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(raw)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+        sync_folder(path.parent)
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        raise OutputError(field, path, _why(exc)) from None
+    return path
+
+
+def sync_folder(folder: Path) -> None:
+    """fsync a folder, so a rename in it survives a power cut (where the platform allows it)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a folder
+    finally:
+        os.close(fd)
+
+
+def check_writable(path: Path, field: str, folder: bool = False) -> None:
+    """OutputError naming `field` unless a file can be made at `path` (in the folder `path` when
+    `folder`): the folder is made, and a one-byte probe file written, fsync'd and removed in it, so a
+    read-only or full filesystem is found before any case runs."""
+    where = path if folder else path.parent
+    if not folder and path.is_dir():
+        raise OutputError(field, path, "cannot write: a folder is there")
+    probe = where / f".difftest-probe-{os.getpid()}"
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if not folder and path.exists() and not os.access(path, os.W_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as exc:
+        raise OutputError(field, path, _why(exc)) from None
+    finally:
+        try:
+            probe.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: os.kill said it exists
+    return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X")
+
+
+class OutputLock:
+    """`<path>.lock`, made with O_CREAT | O_EXCL and holding the pid of the run writing `path`: a second
+    run on the same path is OutputError naming the holder. A lock whose pid is gone (a run killed
+    with SIGKILL) is taken over, and `note` says so. release() removes it."""
+
+    def __init__(self, path: Path, field: str) -> None:
+        self.path, self.field = Path(path), field
+        self.lock = self.path.with_name(self.path.name + LOCK_SUFFIX)
+        self.note: str | None = None
+        self.held = False
+
+    def acquire(self) -> OutputLock:
+        for _ in range(3):
+            try:
+                fd = os.open(self.lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                holder = self._holder()
+                if holder is not None and (holder == os.getpid() or pid_alive(holder)):
+                    raise OutputError(self.field, self.path, f"another run (pid {holder}) is writing it: "
+                                      f"lock {self.lock}") from None
+                self.lock.unlink(missing_ok=True)  # stale: its run is gone
+                self.note = f"took over the stale lock {self.lock} of pid {holder}, which no longer runs"
+                continue
+            except OSError as exc:
+                raise OutputError(self.field, self.lock, _why(exc)) from None
+            try:
+                os.write(fd, f"{os.getpid()}\n".encode())
+                os.fsync(fd)
+            except OSError as exc:
+                os.close(fd)
+                self.lock.unlink(missing_ok=True)
+                raise OutputError(self.field, self.lock, _why(exc)) from None
+            os.close(fd)
+            self.held = True
+            return self
+        raise OutputError(self.field, self.path, f"could not take the lock {self.lock}")
+
+    def _holder(self) -> int | None:
+        try:
+            text = self.lock.read_text().strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() else None
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            try:
+                if self._holder() == os.getpid():
+                    self.lock.unlink()
+            except OSError:
+                pass

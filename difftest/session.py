@@ -6,6 +6,7 @@ The CLI builds a RunRequest from its options and prints what execute() returns; 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import platform
@@ -17,18 +18,18 @@ from typing import Any
 
 import torch
 
-from difftest import __version__, spread
+from difftest import __version__, hardware, spread
 from difftest.backends import Loaded, get_backends
 from difftest.bundle import bundle_name, write_bundle
 from difftest.case import Case
 from difftest.config import RunConfig
-from difftest.errors import require
+from difftest.errors import Interrupted, OutputError, SpecError, require
 from difftest.kinds import CaseKind, Device, ExitStatus
 from difftest.plan import EnvelopePlan, PlannedCase, Shard, SuiteRequest, envelope_plan, kept_results, plan
 from difftest.report import write_json
 from difftest.result import CaseResult
 from difftest.runner import run
-from difftest.serialize import ResultStream, is_stream, load_results
+from difftest.serialize import OutputLock, ResultStream, check_writable, is_stream, load_results
 from generators.envelope import Target
 from generators.tensors import build_case
 
@@ -47,6 +48,7 @@ class RunRequest:
     gpus: int | None = None  # spread over this many GPUs, one child process each
     budget: float | None = None  # seconds: no case is started after this much of the run has passed
     argv: tuple[str, ...] = ()  # the `run` command line: recorded, and what the children of a spread run get
+    overwrite: bool = False  # replace the report and stream an earlier run left at those paths
 
     @property
     def stream_path(self) -> Path | None:
@@ -64,6 +66,7 @@ class RunOutcome:
     bundles: int = 0
     stream: Path | None = None
     shards: tuple[spread.ShardRun, ...] = ()
+    notes: tuple[str, ...] = ()  # what the run did that its caller should hear (a stale lock taken over)
 
     @property
     def status(self) -> ExitStatus:
@@ -80,6 +83,8 @@ def execute(request: RunRequest, on_result: Listener | None = None,
     """Run `request`. With `gpus` (or `shard_envs`: what each child's environment adds, how the tests
     spread a CPU run) the plan is spread over child processes, one shard each."""
     require(request.budget is None or request.budget > 0, "budget", request.budget, "a number of seconds > 0")
+    require(request.config.device != "cuda" or hardware.cuda_unavailable_reason() is None, "device", "cuda",
+            f"a device torch can see ({hardware.CUDA_UNAVAILABLE})")
     backends = get_backends(list(request.backends) if request.backends else None)
     planned = _envelope(request, backends)
     cases = planned.narrowed(request.suite) if planned else plan(request.suite)
@@ -87,9 +92,43 @@ def execute(request: RunRequest, on_result: Listener | None = None,
         shard_envs = spread.gpu_environments(request.gpus, request.config.device, torch.cuda.device_count(),
                                              os.environ.get("CUDA_VISIBLE_DEVICES"))
     planned_info = {"plan": _plan_info(planned)} if planned else {}
-    if shard_envs is not None:
-        return dataclasses.replace(_spread(request, backends, cases, shard_envs, planned_info), plan=planned)
-    return dataclasses.replace(_here(request, backends, cases, on_result, planned_info), plan=planned)
+    locks = _claimed(request)
+    try:
+        if shard_envs is not None:
+            outcome = _spread(request, backends, cases, shard_envs, planned_info)
+        else:
+            outcome = _here(request, backends, cases, on_result, planned_info)
+    finally:
+        for lock in locks:
+            lock.release()
+    return dataclasses.replace(outcome, plan=planned, notes=tuple(lock.note for lock in locks if lock.note))
+
+
+def _claimed(request: RunRequest) -> list[OutputLock]:
+    """Before any case runs: every output location can be written (OutputError naming the parameter
+    otherwise), the report and the stream are locked for this run (OutputError naming the run that
+    holds one), and neither holds an earlier run's output unless `overwrite` or `resume` says so
+    (SpecError)."""
+    outputs: dict[Path, str] = {}
+    for field, path in (("report", request.report), ("stream" if request.stream else "report", request.stream_path)):
+        if path is not None:
+            outputs.setdefault(path.resolve(), field)
+    for path, field in outputs.items():
+        check_writable(path, field)
+    if request.repro_dir is not None:
+        check_writable(request.repro_dir, "repro_dir", folder=True)
+    locks: list[OutputLock] = []
+    try:
+        for path, field in outputs.items():
+            locks.append(OutputLock(path, field).acquire())
+        for path, field in outputs.items():
+            require(request.overwrite or request.resume is not None or not path.exists(), field, str(path),
+                    "a path no earlier run wrote (one did: overwrite it, or resume from it)")
+    except BaseException:
+        for lock in locks:
+            lock.release()
+        raise
+    return locks
 
 
 def _plan_info(planned: EnvelopePlan) -> dict[str, Any]:
@@ -102,6 +141,10 @@ def _envelope(request: RunRequest, backends: list[Loaded]) -> EnvelopePlan | Non
     """The envelope plan, when the suite is one: on this device, at its scale, inside its memory."""
     if request.suite.spec is not None or request.suite.cases != CaseKind.ENVELOPE:
         return None
+    shaped = {k: v for k, v in dict(next_n=request.suite.next_n, block_sizes=request.suite.block_sizes,
+                                    **request.suite.overrides).items() if v}
+    require(not shaped, next(iter(shaped), "cases"), next(iter(shaped.values()), None),
+            "cases random, edges or all with it: the envelope suite draws its shapes from each backend's envelope")
     target = Target.probe(Device(request.config.device))
     return envelope_plan(backends, target, request.suite.seed, request.suite.count or 1)
 
@@ -134,15 +177,34 @@ def _here(request: RunRequest, backends: list[Loaded], cases: list[PlannedCase],
     left: list[str] = []
     deadline = time.monotonic() + request.budget if request.budget else None
     drawn = _drawn(cases, config.device, deadline, left)
+    finished: list[CaseResult] = []  # what this run made, in the order the stream holds it
 
     def heard(result: CaseResult) -> None:
-        for listener in (stream.write if stream else None, repro.on_result if repro else None, on_result):
+        for listener in (stream.write if stream else None, finished.append, repro.on_result if repro else None,
+                         on_result):
             if listener:
                 listener(result)
 
     try:
         results = run(backends, repro.track(drawn) if repro else drawn, config, on_result=heard, done=done,
                       takes=_taker(cases))
+    except (KeyboardInterrupt, OutputError) as exc:
+        # Ctrl-C, or an output that can no longer be written (a full disk): the stream keeps every
+        # line written so far; the report gets what finished, marked incomplete.
+        if stream:
+            stream.close()
+        # The stream is the record (a Ctrl-C may fall between its write and `finished`'s append): the
+        # report holds what it holds, which is the whole run so far (every stream does).
+        partial = _kept(stream.path) if stream else [*done.values(), *finished]
+        info = {**run_info(request, started, len(cases), len(done)), "not_started": left, **extra,
+                "incomplete": True}
+        if isinstance(exc, OutputError):
+            with contextlib.suppress(OutputError):
+                _write_report(request, partial, info)
+            raise
+        _write_report(request, partial, info)
+        kept = tuple(str(path) for path in (stream.path if stream else None, request.report) if path)
+        raise Interrupted(len(partial), kept) from None
     finally:
         if stream:
             stream.close()
@@ -176,6 +238,14 @@ def _spread(request: RunRequest, backends: list[Loaded], cases: list[PlannedCase
 def _write_report(request: RunRequest, results: list[CaseResult], info: dict[str, Any]) -> None:
     if request.report:
         write_json(request.report, results, info)
+
+
+def _kept(path: Path) -> list[CaseResult]:
+    """The results a stream holds ([] when it cannot be read back)."""
+    try:
+        return load_results(path, "stream")
+    except (SpecError, OSError):
+        return []
 
 
 def _bundles_written(repro_dir: Path | None, results: list[CaseResult]) -> int:
@@ -226,7 +296,8 @@ def run_info(request: RunRequest, started: float, cases: int, resumed: int = 0) 
             "oracle": config.oracle_kind.value, "cases_kind": request.suite.cases.value, "budget": request.budget,
             "case_filter": list(request.suite.case_filter),
             "shard": str(request.suite.shard) if request.suite.shard else None,
-            "resumed_from": str(request.resume) if request.resume else None, "resumed": resumed}
+            "resumed_from": str(request.resume) if request.resume else None, "resumed": resumed,
+            "startup_timeout": config.startup_timeout}
 
 
 class ReproWriter:

@@ -1,8 +1,8 @@
-"""Whether two difftest JSON reports (from `difftest run --report` or `pytest --difftest-report`) hold
-the same results: (backend, case, verdict, rows, and the rows of each failure kind), whatever their
-order (a pytest-xdist run reports them as its workers finish), and the same per-backend summary counts; and on which GPUs each report's results were
-computed. Reads the JSON itself, so reports of different difftest versions compare. Exit status 1
-when they differ.
+"""Whether two difftest JSON reports (from `difftest run --report` or `pytest --difftest-report`)
+hold the same results: (backend, case, verdict, rows, and the rows of each failure kind), whatever
+their order (a pytest-xdist run reports them as its workers finish), and the same per-backend summary
+counts; and on which GPUs each report's results were computed. Reads the JSON itself, so reports of
+different difftest versions compare. Exit status 1 when they differ.
 
     python3 scripts/same_verdicts.py BASELINE.json OTHER.json
 """

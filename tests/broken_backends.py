@@ -11,6 +11,10 @@ except for one way real kernels break, and each break has exactly one verdict:
     strict_raises         ERROR; a factory whose backend only its own path rebuilds (isolate.recipe)
     segfaults_on_gpu_1    PASS, but CRASH (SIGSEGV) in a process whose CUDA_VISIBLE_DEVICES is 1
 
+and the faults the runner must survive, each ERROR: exits (SystemExit), interrupts (a KeyboardInterrupt of
+its own), complex_output / int_output / wide_output / meta_output (ERROR "contract: expected ..., got ..."),
+unavailable_raises (its unavailable_reason raises). slow is right, after SLOW_SECONDS: a run to interrupt.
+
 segfaults, aborts and hangs take the process down with them: run them only under isolation (or,
 segfaults_on_gpu_1, in a child of a spread run, to kill that child).
 """
@@ -134,3 +138,64 @@ def strict_raises() -> FunctionBackend:
     builds something else, so a worker can rebuild it only from this factory's path."""
     made = FunctionBackend.from_function(raises)
     return dataclasses.replace(made, name="broken-raises-strict", contract=dataclasses.replace(made.contract, rtol=0.0))
+
+
+# --------------------------------------------------------------------------- faults the runner must survive
+# Each is ERROR, in-process as in a worker: none may take the run down.
+
+SLOW_SECONDS = 0.25
+
+
+@backend(contract=CONTRACT, name="broken-exits")
+def exits(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Calls sys.exit, as a wrapper that 'handles' a bad launch by exiting does: ERROR, not the run's end."""
+    raise SystemExit(3)
+
+
+@backend(contract=CONTRACT, name="broken-interrupts")
+def interrupts(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Raises KeyboardInterrupt of its own (no Ctrl-C was pressed): ERROR, the run goes on."""
+    raise KeyboardInterrupt("raised by the backend")
+
+
+@backend(contract=CONTRACT, name="broken-complex-output")
+def complex_output(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """The right values, as complex64: ERROR(contract), though every real part is right."""
+    return logits_with_limits(q, kv_cache, weights, context_lens, block_table, max_model_len).to(torch.complex64)
+
+
+@backend(contract=CONTRACT, name="broken-int-output")
+def int_output(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """An int32 tensor of the right shape: ERROR(contract)."""
+    return torch.zeros(weights.shape[0], max_model_len, dtype=torch.int32, device=q.device)
+
+
+@backend(contract=CONTRACT, name="broken-wide-output")
+def wide_output(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """One column too many: ERROR(contract)."""
+    return torch.zeros(weights.shape[0], max_model_len + 1, dtype=torch.float32, device=q.device)
+
+
+@backend(contract=CONTRACT, name="broken-meta-output")
+def meta_output(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """An output on another device than its inputs (meta: the one other device every machine has)."""
+    return torch.empty(weights.shape[0], max_model_len, dtype=torch.float32, device="meta")
+
+
+@backend(contract=CONTRACT, name="slow")
+def slow(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Right, after SLOW_SECONDS: a run long enough to interrupt."""
+    time.sleep(SLOW_SECONDS)
+    return logits_with_limits(q, kv_cache, weights, context_lens, block_table, max_model_len)
+
+
+@dataclasses.dataclass
+class _UnavailableRaises(FunctionBackend):
+    def unavailable_reason(self, device: str) -> str | None:
+        raise RuntimeError("driver query failed")
+
+
+def unavailable_raises() -> FunctionBackend:
+    """A backend whose unavailable_reason raises: ERROR on every case, not a crashed run nor silence."""
+    made = FunctionBackend.from_function(raises)
+    return _UnavailableRaises(name="broken-availability", contract=made.contract, fn=made.fn)

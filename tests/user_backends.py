@@ -57,6 +57,21 @@ def sequence_length_for_every_row(q, kv_cache, weights, context_lens, block_tabl
     return logits_with_limits(q, kv_cache, weights, rows, block_table, max_model_len)
 
 
+@backend(contract=PER_SEQUENCE, name="mirrored-mtp-window")
+def mirrored_mtp_window(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Mutant: AITER 0.1.7's window (docs/findings/aiter-triton-mask.md): row j sees p <= L - j, so
+    row j behaves as row next_n - j, and row 0's extra position p = L holds the phantom 0.0."""
+    batch, next_n = q.shape[:2]
+    seq_lens = context_lens.long()[:batch]
+    mirrored = (seq_lens[:, None] - torch.arange(next_n) + 1).clamp(min=0, max=max_model_len)
+    logits = logits_with_limits(q, kv_cache, weights, torch.minimum(mirrored, seq_lens[:, None]), block_table,
+                                max_model_len)
+    phantom = mirrored.reshape(-1) > seq_lens.repeat_interleave(next_n)  # only row 0, only where p = L fits
+    rows = torch.nonzero(phantom).flatten()
+    logits[rows, seq_lens.repeat_interleave(next_n)[rows]] = 0.0
+    return logits
+
+
 @backend(contract=PER_ROW, name="window-one-short")
 def window_one_short(q, kv_cache, weights, context_lens, block_table, max_model_len):
     """Mutant: off by one at the window end (the last visible key dropped)."""

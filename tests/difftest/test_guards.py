@@ -94,8 +94,10 @@ def test_execute_turns_a_non_tensor_output_into_error():
     case = build_case(CASE_SPEC, 0)
     (result,) = run([_fn(returns_none)], [case], RunConfig())
     assert result.verdict == Verdict.ERROR, f"{result=}"
-    assert result.reason == f"TypeError: backend returned NoneType, expected a torch.Tensor of shape " \
-                            f"[rows, max_model_len] = {(case.rows, case.max_model_len)}", f"{result.reason=}"
+    assert result.reason == f"contract: expected a dense torch.Tensor of shape [rows, max_model_len] = " \
+                            f"{[case.rows, case.max_model_len]}, dtype torch.float32 or torch.float64, on cpu, " \
+                            "got NoneType", f"{result.reason=}"
+    assert result.error_type == "contract", f"{result=}"
 
 
 def test_mutated_inputs_verdict_and_the_case_is_left_intact_for_the_next_backend():

@@ -106,7 +106,7 @@ def test_raising_backend_is_error_and_others_still_run():
     raised = results[0]
     assert raised.reason == "RuntimeError: kernel exploded at launch" and raised.comparison is None, f"{raised=}"
     shaped = results[2]
-    want_shape = f"{(cases[0].rows, cases[0].max_model_len)}"
+    want_shape = f"{[cases[0].rows, cases[0].max_model_len]}"
     assert "shape" in shaped.reason and want_shape in shaped.reason, f"{shaped.reason=}"
 
 

@@ -45,7 +45,9 @@ def test_failure_is_the_row_table_with_a_run_line() -> None:
     assert lines[0].endswith(": FAIL(mask) (encoding per-row)")
     assert lines[1].startswith("    2/2 rows with the wrong -inf mask [0,1]; NaN rows none;")
     assert re.fullmatch(r"    first mismatch: row 0, position 0: expected \S+, got -inf \(FAIL\(mask\)\)", lines[2])
-    words = shlex.split(lines[3].removeprefix("    replay: "))
+    replay = next(line for line in lines if line.startswith("    replay: "))
+    assert lines[-1] == replay, "the replay line comes last"
+    words = shlex.split(replay.removeprefix("    replay: "))
     assert words[:4] == ["difftest", "run", "--backends", "tests.difftest_pytest.planted_backends:off_by_one"]
     assert words[4] == "--spec" and words[6:] == ["--seed", "5"]
     # The spec is what differs from CaseSpec's defaults: CaseSpec.from_json gives back the same spec.
@@ -57,7 +59,7 @@ def test_an_observer_hears_the_result_and_gets_a_bundle(tmp_path: Path) -> None:
     with observed(Observer(on_result=heard.append, repro_dir=tmp_path)), pytest.raises(AssertionError) as excinfo:
         difftest.check(off_by_one, build_case(LENGTH_ONE, 5))
     folder = tmp_path / "off-by-one--length-one-s5"
-    assert str(excinfo.value).splitlines()[-1] == f"    replay: difftest replay {folder}"
+    assert str(excinfo.value).splitlines()[-1] == f"    replay: difftest replay {folder} --trust-bundle"
     bundle = load_bundle(folder)
     assert (bundle.backend, bundle.origin.target, bundle.verdict) == (
         "off-by-one", "tests.difftest_pytest.planted_backends:off_by_one", Verdict.FAIL_MASK)

@@ -34,7 +34,7 @@ def test_the_shrunk_hypothesis_example_is_a_replayable_bundle(pytester: pytest.P
     result.assert_outcomes(failed=1)
     # Hypothesis re-runs the minimal example last: one sequence whose length is the block size.
     result.stdout.fnmatch_lines(["case = Case('hypothesis-s0', B=1 next_n=1 *L=[[]16[]])",
-                                 "*replay: difftest replay *planted-block-boundary--hypothesis-s0"])
+                                 "*replay: difftest replay *planted-block-boundary--hypothesis-s0 --trust-bundle"])
     bundles = sorted(repro.iterdir(), key=lambda p: p.stat().st_mtime)
     minimal = load_bundle(bundles[-1])
     assert minimal.case.seq_lens.tolist() == [16] and minimal.verdict == Verdict.FAIL_MASK, f"{minimal.info=}"

@@ -53,7 +53,8 @@ def test_repro_dir_bundles_and_json_report(planted: pytest.Pytester) -> None:
     result = planted.runpytest_inprocess(*SUITE, "--difftest-backends=torch,planted:off_by_one", "-k", "length-one",
                                          "--difftest-repro-dir=repro", "--difftest-report=out/report.json")
     folder = planted.path / "repro" / "off-by-one--length-one-s5000"
-    result.stdout.fnmatch_lines([f"    replay: difftest replay {folder}", f"report: {planted.path}/out/report.json"])
+    result.stdout.fnmatch_lines([f"    replay: difftest replay {folder} --trust-bundle",
+                                 f"report: {planted.path}/out/report.json"])
     bundle = load_bundle(folder)
     assert (bundle.backend, bundle.origin.target, bundle.verdict) == ("off-by-one", "planted:off_by_one",
                                                                        Verdict.FAIL_MASK)

@@ -145,6 +145,7 @@ def _environment() -> dict[str, str]:
     """This environment's bin first on PATH; nothing of the pytest run that runs these tests."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
     env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", "")])
+    env.setdefault("OMP_NUM_THREADS", "1")  # the pages run side by side: one torch thread each
     return env
 
 
@@ -194,19 +195,33 @@ def run_page(page: Path, folder: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def page_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    """The pages this session selected, each started in its own folder, WORKERS at a time."""
+    """page -> its future: every page this session selected, started at once, WORKERS at a time. On
+    a pytest-xdist worker (which runs only some of the items it collected) a page starts when its
+    test asks for it."""
     if not (BIN / "difftest").exists():
         pytest.fail(f"difftest is not installed beside {sys.executable} (pip install -e .)")
-    selected = [item.callspec.params["page"] for item in request.session.items
-                if getattr(item, "originalname", None) == "test_page" and hasattr(item, "callspec")]
     with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
-        yield {name: pool.submit(run_page, DOCS / name, tmp_path_factory.mktemp(Path(name).stem))
-               for name in dict.fromkeys(selected)}
+
+        def start(name: str) -> concurrent.futures.Future[list[str]]:
+            return pool.submit(run_page, DOCS / name, tmp_path_factory.mktemp(Path(name).stem))
+
+        runs: dict[str, concurrent.futures.Future[list[str]]] = {}
+        if not hasattr(request.config, "workerinput"):
+            selected = [item.callspec.params["page"] for item in request.session.items
+                        if getattr(item, "originalname", None) == "test_page" and hasattr(item, "callspec")]
+            # The pages with the most commands start first, so the last to finish is a short one.
+            for name in sorted(dict.fromkeys(selected), key=lambda name: -len(_commands_of(name))):
+                runs[name] = start(name)
+        yield lambda name: (runs[name] if name in runs else runs.setdefault(name, start(name))).result()
+
+
+def _commands_of(name: str) -> list[Step]:
+    return [s for s in steps(DOCS / name) if s.kind in ("shell", "python")]
 
 
 @pytest.mark.parametrize("page", [p.name for p in PAGES if steps(p)])
-def test_page(page: str, page_runs: dict[str, concurrent.futures.Future[list[str]]]) -> None:
-    failures = page_runs[page].result()
+def test_page(page: str, page_runs) -> None:
+    failures = page_runs(page)
     assert not failures, "\n".join(failures)
 
 
