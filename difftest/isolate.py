@@ -59,6 +59,7 @@ from difftest.errors import SpecError
 from difftest.guards import Execution, Fault, Launch, Outcome, PoisonFreshTensors, execute
 from difftest.kernel_inputs import KernelInputs
 from difftest.kinds import Isolation, Transport
+from difftest.serialize import pid_alive
 from difftest.verdict import Verdict
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -238,22 +239,8 @@ def _die_with(run_pid: int | None) -> None:
             pass  # no prctl here: the worker outlives a killed run until its call ends
     if run_pid is None:
         return
-    if not _alive(run_pid):  # the run died before prctl: no signal will come
+    if not pid_alive(run_pid):  # the run died before prctl: no signal will come
         os._exit(1)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X")
 
 
 def _redirect_output(log_path: str) -> None:
