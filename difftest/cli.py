@@ -31,7 +31,8 @@ FLAGS = {"backends": "--backends", "cases": "--cases", "count": "--count", "seed
          "timeout": "--timeout", "repeat": "--repeat", "sanitize": "--sanitize", "sanitize_all": "--sanitize-all",
          "resume": "--resume", "stream": "--stream", "report": "--report", "backend": "--backends",
          "trust": "--trust-bundle", "budget": "--budget", "oracle": "--oracle",
-         "until_failures": "--until-failures", "shrink_seconds": "--shrink-seconds", "overwrite": "--overwrite",
+         "spec": "--spec", "until_failures": "--until-failures", "shrink_seconds": "--shrink-seconds",
+         "overwrite": "--overwrite",
          "startup_timeout": "--startup-timeout", "repro_dir": "--repro-dir"}
 
 

@@ -30,7 +30,7 @@ from difftest.report import write_json
 from difftest.result import CaseResult
 from difftest.runner import run
 from difftest.serialize import OutputLock, ResultStream, check_writable, is_stream, load_results
-from generators.envelope import Target
+from generators.envelope import Target, estimate_bytes
 from generators.tensors import build_case
 
 
@@ -87,7 +87,7 @@ def execute(request: RunRequest, on_result: Listener | None = None,
             f"a device torch can see ({hardware.CUDA_UNAVAILABLE})")
     backends = get_backends(list(request.backends) if request.backends else None)
     planned = _envelope(request, backends)
-    cases = planned.narrowed(request.suite) if planned else plan(request.suite)
+    cases = planned.narrowed(request.suite) if planned else _fitting(plan(request.suite), request.config.device)
     if shard_envs is None and request.gpus is not None:
         shard_envs = spread.gpu_environments(request.gpus, request.config.device, torch.cuda.device_count(),
                                              os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -135,6 +135,19 @@ def _plan_info(planned: EnvelopePlan) -> dict[str, Any]:
     """What the report keeps of an envelope plan: what each backend left out, and which run nothing."""
     return {"omitted": {name: [{"family": f, "reason": r} for f, r in left] for name, left in planned.omitted.items()},
             "idle": planned.idle, "cases": len(planned.cases)}
+
+
+def _fitting(cases: list[PlannedCase], device: str) -> list[PlannedCase]:
+    """`cases`, once each distinct spec is known to fit this device's memory: SpecError with the numbers
+    before anything is allocated (an envelope plan fits its cases itself)."""
+    if not cases:
+        return cases
+    memory = Target.probe(Device(device)).memory_bytes
+    for spec in dict.fromkeys(c.spec for c in cases):
+        needed = estimate_bytes(spec).total(Device(device))
+        require(needed <= memory, "spec", spec.name, f"a case that fits the {memory / 2**30:.1f} GiB this {device} "
+                f"can spare; it needs {needed / 2**30:.1f} GiB ({estimate_bytes(spec).describe(Device(device))})")
+    return cases
 
 
 def _envelope(request: RunRequest, backends: list[Loaded]) -> EnvelopePlan | None:

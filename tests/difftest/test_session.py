@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from difftest.config import RunConfig
+from difftest.errors import SpecError
 from difftest.kinds import CaseKind
 from difftest.plan import SuiteRequest
 from difftest.report import render_reach
 from difftest.session import RunRequest, execute
+from generators.spec import CaseSpec, LengthDist
 
 FILTER = ("length-one-*", "block-boundaries-*", "all-padding-*")
 
@@ -40,3 +44,11 @@ def test_the_toy_suite_is_still_there():
                          config=RunConfig())
     outcome = execute(request)
     assert outcome.plan is None and [r.case for r in outcome.results] == ["length-one-s1000"]
+
+
+def test_a_spec_too_large_for_this_machine_is_refused_with_the_numbers_before_anything_is_allocated():
+    huge = CaseSpec(batch=1024, max_model_len=262144, length_dist=LengthDist.FULL, heads=64, head_dim=128,
+                    block_size=64)
+    with pytest.raises(SpecError) as info:
+        execute(RunRequest(suite=SuiteRequest(spec=huge), backends=("torch",)))
+    assert info.value.field == "spec" and "GiB this cpu can spare; it needs" in info.value.expected, info.value
