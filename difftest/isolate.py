@@ -184,6 +184,9 @@ def serve(conn: Connection, origin: Origin, device: str, log_path: str, transpor
         os.environ.clear()
         os.environ.update(environ)
     _redirect_output(log_path)
+    if device == "cpu":
+        # Workers run side by side: one thread each, so N workers on N cores do not oversubscribe them.
+        torch.set_num_threads(1)
     try:
         backend = rebuild(origin)
     except BaseException as exc:  # anything that stops the import is the answer
