@@ -171,7 +171,8 @@ def _add_fuzz(commands: argparse._SubParsersAction) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line."""
-    parser = _Parser(prog="difftest", description=__doc__)
+    parser = _Parser(prog="difftest", description="Prove or disprove, row by row, that a paged MQA logits kernel "
+                     "computes what it should. Documentation: docs/README.md in the repository.")
     parser.add_argument("--version", action="version", version=f"difftest {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     _add_run(commands)
