@@ -3,6 +3,8 @@ tiny specs that cover the edges, and a logits comparison that prints where it fa
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import pytest
 import torch
 
 from difftest.case import Case
+from difftest.cli import main
 from difftest.kinds import Fp8Flavour
 from generators import CaseSpec, LengthDist, Stale, Values
 
@@ -151,3 +154,11 @@ TINY_SPECS = [
     TINY.replace(name="block3-odd", next_n=3, block_size=3, max_model_len=13, length_dist=LengthDist.EDGES),
     TINY.replace(name="block-eq-mml", next_n=2, block_size=20, length_dist=LengthDist.EDGES),
 ]
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    """difftest.cli.main(argv) in-process: (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()

@@ -3,9 +3,7 @@ error naming the field and what it expects (SpecError; exit 2 with one line), ne
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
 
 import pytest
 import torch
@@ -15,7 +13,6 @@ from hypothesis import strategies as st
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend, backend
 from difftest.case import Case
-from difftest.cli import main
 from difftest.config import RunConfig
 from difftest.errors import SpecError
 from difftest.kinds import ExitStatus
@@ -24,7 +21,7 @@ from difftest.verdict import Verdict
 from generators import build_case
 from generators.strategies import specs
 from tests import broken_backends as bb
-from tests.support import TINY
+from tests.support import TINY, run_cli
 
 BASE = build_case(TINY.replace(next_n=2, lengths=(7, 20, 0)), 0)
 TENSORS = ("q", "k_pool", "scale_pool", "weights", "block_table", "seq_lens")
@@ -164,17 +161,6 @@ def test_backend_returning_something_odd_is_error_not_a_crash(label, make, reaso
 
 # --------------------------------------------------------------------------- the command line
 
-def _cli(argv: list[str]) -> tuple[int, str, str]:
-    """main(argv) in-process: (exit status, stdout, stderr); argparse's SystemExit becomes the status."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-    return code, out.getvalue(), err.getvalue()
-
-
 def _not(valid: set[str]) -> st.SearchStrategy[str]:
     """Option values outside `valid` that argparse hands over as values (no leading '-', printable)."""
     return st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=12).filter(
@@ -219,7 +205,7 @@ def test_every_bad_option_is_one_line_exit_2(data, option):
     value = data.draw(values, label="value")
     argv = ["run", "--no-progress", "--cases", "edges", "--case-filter", "length-one-*"]
     argv += [option, value] if option == "--backends" else ["--backends", "torch", option, value]
-    code, out, err = _cli(argv)
+    code, out, err = run_cli(argv)
     assert code == ExitStatus.USAGE, f"{argv=} {code=}\n{out}\n{err}"
     assert err.startswith("difftest: error: ") and err.count("\n") == 1 and name in err, f"{argv=}: {err!r}"
     assert "Traceback" not in out + err
@@ -229,12 +215,12 @@ def test_every_bad_option_is_one_line_exit_2(data, option):
 @given(name=st.text("abcdefghijklmnopqrstuvwxyz-", min_size=1, max_size=12).map(lambda s: f"--zz{s}"),
        command=st.sampled_from(["run", "replay", "shrink", "backends"]))
 def test_unknown_options_are_one_line_exit_2(name, command):
-    code, _, err = _cli([command, name])
+    code, _, err = run_cli([command, name])
     assert code == ExitStatus.USAGE and err.startswith("difftest: error: ") and err.count("\n") == 1, f"{err!r}"
     assert name in err or "required" in err, f"{err!r}"
 
 
 def test_timeout_without_isolation_and_sanitize_all_alone_name_the_option():
     for extra, name in ((["--timeout", "5", "--no-isolate"], "--timeout="), (["--sanitize-all"], "--sanitize-all=")):
-        code, _, err = _cli(["run", "--backends", "torch", "--cases", "edges", "--no-progress", *extra])
+        code, _, err = run_cli(["run", "--backends", "torch", "--cases", "edges", "--no-progress", *extra])
         assert code == ExitStatus.USAGE and err.startswith(f"difftest: error: {name}") and err.count("\n") == 1, err

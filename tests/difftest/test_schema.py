@@ -11,7 +11,6 @@ read and write small files.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import copy
 import dataclasses
 import enum
@@ -38,7 +37,6 @@ from hypothesis.control import currently_in_test_context
 from difftest import schema
 from difftest.backends import Origin, as_loaded
 from difftest.bundle import CASE_FILE, INFO_FILE, load_bundle, write_bundle
-from difftest.cli import main
 from difftest.comparison import MASK_LIMITS, Comparison
 from difftest.config import MAX_REPEAT, RunConfig
 from difftest.errors import SpecError
@@ -54,7 +52,7 @@ from difftest.verdict import Mismatch, Verdict
 from generators import CaseSpec, build_case
 from generators.spec import LengthDist, Stale, Values
 from tests import planted
-from tests.support import TINY
+from tests.support import TINY, run_cli
 
 ONE_LINE = re.compile(r"^[^\n]+=[^\n]*: expected [^\n]+$")
 FAST = dict(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], deadline=None)
@@ -207,19 +205,8 @@ def _event(what: str) -> None:
         event(what)
 
 
-def cli(argv: list[str]) -> tuple[int, str]:
-    """main(argv) in-process: (exit status, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-    return code, err.getvalue()
-
-
 def refused_by_cli(argv: list[str]) -> None:
-    code, err = cli(argv)
+    code, _, err = run_cli(argv)
     assert code == ExitStatus.USAGE, f"{argv=} {code=} {err[-2000:]}"
     assert err.startswith("difftest: error: ") and err.count("\n") == 1 and "Traceback" not in err, err[-2000:]
 
