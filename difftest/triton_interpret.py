@@ -10,13 +10,17 @@ interpreter_compat().
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+import numpy as np
 
 _LOADED: dict[tuple[str, bool], ModuleType] = {}
 _MISSING = object()
@@ -88,6 +92,12 @@ def interpreter_compat() -> Iterator[None]:
       triton.language's builtins with numpy ones and never restores them, which breaks every
       later GPU compile in the process ("'block_argument' object has no attribute 'dtype'").
     Everything the interpreter may patch is snapshotted before and put back on exit.
+
+    One more swap is for speed alone: a reduction with a kernel's own combine function (AITER's
+    fused kernels sum heads with one) makes the interpreter call that function once per element, in
+    Python. `_folded_reduce` performs the same left fold along the axis, in the same order and with
+    the same casts, once per position along it on whole slices, which for an elementwise combine
+    function is the same arithmetic (tests/difftest/test_triton_interpret.py checks bit-equality).
     """
     import triton.language as tl
     from triton.runtime import interpreter
@@ -98,6 +108,7 @@ def interpreter_compat() -> Iterator[None]:
     swapped = [(module, name, fn) for module in (tl, tl.standard)
                for name, fn in list(vars(module).items()) if isinstance(fn, JITFunction)]
     original_patch = interpreter._patch_lang_tensor
+    original_reduce = interpreter.ReduceOps.generic_reduce
 
     def patch_lang_tensor(tensor: type, scope: interpreter._LangPatchScope) -> None:
         original_patch(tensor, scope)
@@ -107,9 +118,58 @@ def interpreter_compat() -> Iterator[None]:
         for module, name, fn in swapped:
             setattr(module, name, interpreter.InterpretedFunction(fn.fn))
         interpreter._patch_lang_tensor = patch_lang_tensor
+        interpreter.ReduceOps.generic_reduce = functools.partialmethod(_folded_reduce, original_reduce)
         yield
     finally:
+        interpreter.ReduceOps.generic_reduce = original_reduce
         interpreter._patch_lang_tensor = original_patch
         for module, name, fn in swapped:
             setattr(module, name, fn)
         _restore(snapshot)
+
+
+def _folded_reduce(self: Any, stock: Callable[..., list[Any]], inputs: tuple[Any, ...]) -> list[Any]:
+    """The interpreter's generic reduction (ReduceOps.generic_reduce), one combine call per slice.
+
+    The stock loop visits every element in C order and folds it into its output position:
+    acc = x[0]; acc = combine(acc, x[k]) for k = 1.. along the axis, storing acc in the input's
+    dtype after each step. Here the same fold runs on the slices x[k] of every output position at
+    once. An empty axis gives the stock loop's zero-filled output. A whole-tensor reduction of
+    several inputs stays with the stock loop, which flattens only the first of them.
+    """
+    original_axis = self.axis
+    if original_axis is None and len(inputs) > 1:
+        return stock(self, inputs)
+    inputs, axis = self.unravel(inputs, self.axis)
+    arrays = [np.moveaxis(arg.handle.data, axis, 0) for arg in inputs]
+    rest = arrays[0].shape[1:]
+    dtypes = [arg.dtype for arg in inputs]
+    if arrays[0].shape[0] == 0:
+        return [self.to_tensor(_packed(self, np.zeros(rest, a.dtype), axis, original_axis, a.ndim), d)
+                for a, d in zip(arrays, dtypes, strict=True)]
+
+    def slices(k: int) -> list[Any]:  # x[k] of every input, as blocks (1-element ones for scalars)
+        return [self.to_tensor(a[k].reshape(rest or (1,)), dtype) for a, dtype in zip(arrays, dtypes, strict=True)]
+
+    accs = slices(0)
+    for k in range(1, arrays[0].shape[0]):
+        out = self.combine_fn.fn(*accs, *slices(k))
+        out = out if isinstance(out, tuple) else (out,)
+        accs = [self.to_tensor(_stored(o, a.dtype, rest), d) for o, a, d in zip(out, arrays, dtypes, strict=True)]
+    return [self.to_tensor(_packed(self, acc.handle.data.reshape(rest), axis, original_axis, arrays[0].ndim), d)
+            for acc, d in zip(accs, dtypes, strict=True)]
+
+
+def _stored(value: Any, dtype: Any, rest: tuple[int, ...]) -> Any:
+    """A combine result as the stock loop stores it: cast to the input's dtype, full slice shape."""
+    data = value.handle.data if hasattr(value, "handle") else value
+    return np.broadcast_to(np.asarray(data).astype(dtype), rest or (1,)).copy()
+
+
+def _packed(self: Any, data: Any, axis: int, original_axis: int | None, ndim: int) -> Any:
+    """The stock loop's output packing: keep_dims expands, a whole-tensor reduction is a scalar."""
+    if self.keep_dims:
+        if original_axis is not None:
+            return np.expand_dims(data, axis)
+        return data.reshape((1,) * ndim)
+    return data.item() if original_axis is None else data
