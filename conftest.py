@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from generators.strategies import register_profiles  # noqa: E402 - needs the root on sys.path
+from difftest.generators.profiles import register_profiles  # noqa: E402 - needs the root on sys.path
 
 register_profiles()
 

@@ -17,10 +17,10 @@ import torch
 
 from difftest.backends.deep_gemm import DeepGemmFlattened, DeepGemmNative
 from difftest.config import RunConfig
+from difftest.generators import CaseSpec, build_case
 from difftest.kernel_inputs import KernelInputs, encode
 from difftest.reference import make_reference
 from difftest.runner import run_backend
-from generators import CaseSpec, build_case
 
 
 def time_kernel(backend: DeepGemmNative, inputs: KernelInputs, warmup: int, repeats: int) -> list[float]:

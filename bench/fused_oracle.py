@@ -3,7 +3,7 @@
 For each shape (H 64, D 128, block 64, every sequence at the full context):
 * fused        fused_reference(case): logits and the per-row bound, one kernel launch plus a few
                tiny torch ops; timed as a whole call, and as the GPU work alone (CUDA-graph replay);
-* torch fp32 / torch fp64   oracles.paged_mqa_logits.reference(case, dtype) (logits only);
+* torch fp32 / torch fp64   difftest.oracles.paged_mqa_logits.reference(case, dtype) (logits only);
 * DeepGEMM     DeepGemmNative().launch(inputs, schedule), the schedule built once outside the
                timing, as vLLM builds it once per step (fp8 tensor cores: fast, not exact).
 The fused logits are checked against the float64 oracle (every difference inside the bound) before
@@ -34,9 +34,9 @@ import torch  # after the path: a plain checkout needs it
 import triton
 
 from difftest.case import Case
-from generators import CaseSpec, build_case
-from oracles.fused import KernelConfig, default_config, fused_reference
-from oracles.paged_mqa_logits import reference
+from difftest.generators import CaseSpec, build_case
+from difftest.oracles.fused import KernelConfig, default_config, fused_reference
+from difftest.oracles.paged_mqa_logits import reference
 
 SHAPES = ((40, 2, 120_000), (16, 4, 32_768), (64, 1, 8_192))  # (B, next_n, context)
 _FLUSH_BYTES = 256 << 20
@@ -110,10 +110,7 @@ def deepgemm_call(case: Case) -> tuple[Callable[[], object] | None, str]:
     """A zero-argument DeepGEMM launch on a prebuilt schedule, or None and why not."""
     try:
         from difftest.backends.deep_gemm import DeepGemmNative
-        try:
-            from difftest.kernel_inputs import encode
-        except ImportError:  # before the engine's rename
-            from difftest.encode import encode  # type: ignore[no-redef]
+        from difftest.kernel_inputs import encode
         backend = DeepGemmNative()
         reason = backend.unavailable_reason("cuda")
         if reason:
@@ -163,14 +160,15 @@ def bench_shape(batch: int, next_n: int, context: int, args: argparse.Namespace)
 
 
 def sweep_configs(case: Case) -> list[KernelConfig]:
-    """The default, then alternatives: pipelining depth, programs per sequence, warps, register caps,
-    gathers instead of whole-tile copies, and 128-key tiles."""
+    """The default, then a grid of pipelining depth x programs per sequence (the two knobs that
+    interact), then single changes: register caps, warps, gathers instead of whole-tile copies,
+    and 128-key tiles."""
     base = default_config(case, interpret=False)
     columns = triton.next_power_of_2(case.next_n) * triton.next_power_of_2(case.heads)
     caps = {64: (96,), 128: (None, 152)}.get(columns, ())
-    return [base, *(dataclasses.replace(base, num_stages=s) for s in (2, 3)),
-            *(dataclasses.replace(base, chunk_tiles=c) for c in (8, 16, 32, 64)),
-            *(dataclasses.replace(base, maxnreg=c) for c in caps),
+    grid = [dataclasses.replace(base, num_stages=s, chunk_tiles=c)
+            for s in (2, 3, 4) for c in (None, 8, 16, 32) if (s, c) != (base.num_stages, base.chunk_tiles)]
+    return [base, *grid, *(dataclasses.replace(base, maxnreg=c) for c in caps),
             dataclasses.replace(base, num_warps=8, maxnreg=None), dataclasses.replace(base, tma=False),
             dataclasses.replace(base, block_p=128, num_warps=8, maxnreg=None)]
 

@@ -1,7 +1,7 @@
 """What isolation costs: cases per second of `difftest run` with every backend in-process and with each
 backend in a worker process of its own (difftest.isolate).
 
-The cases are the default suite (generators.cases.suite("all"): 4 random specs x --count seeds plus
+The cases are the default suite (difftest.generators.cases.suite("all"): 4 random specs x --count seeds plus
 the 14 edges), drawn once before any timing on --device. Each mode runs the whole suite through
 difftest.runner.run, as `difftest run` does: one untimed warm-up run (it starts the fork server and
 warms torch), then --repeats timed runs, median. An isolated run starts its workers afresh, so its
@@ -33,10 +33,10 @@ import torch  # after the path: a plain checkout needs it
 from difftest.backends import get_backends
 from difftest.case import Case
 from difftest.config import RunConfig
+from difftest.generators import build_case
+from difftest.generators.cases import suite
 from difftest.result import CaseResult
 from difftest.runner import run
-from generators import build_case
-from generators.cases import suite
 
 
 def timed_runs(backends: list, cases: list[Case], config: RunConfig, repeats: int) -> tuple[float, list[CaseResult]]:

@@ -1,6 +1,6 @@
 """How fast difftest's oracle is, and how many cases per second `difftest run` gets through on the CPU.
 
-Table 1 times `oracles.paged_mqa_logits.reference(case)` (float64) against a baseline in the style of
+Table 1 times `difftest.oracles.paged_mqa_logits.reference(case)` (float64) against a baseline in the style of
 vLLM's `fp8_paged_mqa_logits_torch`: a Python loop over sequences and, inside, over each sequence's
 blocks. Table 2 times the engine the way `difftest run --backends torch` drives it.
 
@@ -28,12 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from difftest.backends import Backend, available_names, get_backends, load_backend
 from difftest.case import Case
 from difftest.config import RunConfig
+from difftest.generators import CaseSpec, build_case
+from difftest.generators.cases import suite
+from difftest.oracles.paged_mqa_logits import reference
 from difftest.reference import make_reference
 from difftest.result import CaseResult
 from difftest.runner import run
-from generators import CaseSpec, build_case
-from generators.cases import suite
-from oracles.paged_mqa_logits import reference
 
 RTOL = 1e-9
 

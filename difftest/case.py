@@ -21,7 +21,7 @@ from difftest.errors import SpecError, require
 from difftest.fp8 import decode
 from difftest.kinds import CacheLayout, Fp8Flavour
 from difftest.layout import pack_cache, unpack_cache
-from difftest.schema import check_case_archive, one_line, shown
+from difftest.schema import SPEC_DEFAULTS, check_case_archive, one_line, shown
 
 
 def row_limits(seq_lens: torch.Tensor, next_n: int) -> torch.Tensor:
@@ -101,6 +101,22 @@ class Case:
     def __repr__(self) -> str:
         # pytest prints fixture values of a failing test: a line, not megabytes of tensors.
         return f"Case({self.name!r}, {self.describe()})"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """How hypothesis (and IPython) print a case: the call that draws it again, else repr's line.
+        Their pretty-printer would otherwise lay the dataclass out field by field, every tensor in full."""
+        printer.text(self.recipe() or repr(self))
+
+    def recipe(self) -> str | None:
+        """`build_case(CaseSpec.from_json({...}), seed)` for a case drawn from a spec (meta 'spec' and
+        'seed'), with the spec's name and the fields that differ from CaseSpec's defaults; None for one
+        built some other way."""
+        spec, seed = self.meta.get("spec"), self.meta.get("seed")
+        if not isinstance(spec, dict) or not isinstance(seed, int):
+            return None
+        fields = {k: v for k, v in spec.items() if k == "name" or SPEC_DEFAULTS.get(k) != v}
+        device = "" if self.device.type == "cpu" else f", device={str(self.device)!r}"
+        return f"build_case(CaseSpec.from_json({fields!r}), {seed}{device})"
 
     def describe(self) -> str:
         """One line: the structure a kernel engineer reads first."""

@@ -9,8 +9,6 @@ failing cases leave a reproducer bundle.
 
 from __future__ import annotations
 
-import json
-import shlex
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,12 +17,13 @@ from difftest.bundle import replay_command as bundle_replay_command
 from difftest.bundle import write_bundle
 from difftest.case import Case
 from difftest.config import RunConfig
+from difftest.generators.spec import CaseSpec
 from difftest.observe import Observer, current_observer
 from difftest.report import render_failures
 from difftest.result import CaseResult
 from difftest.runner import run_one
+from difftest.shrink import spec_command
 from difftest.verdict import Verdict
-from generators.spec import CaseSpec
 
 
 def check(backend: Backend | str | Callable[..., object], case: Case,
@@ -75,18 +74,4 @@ def replay_command(backend: Loaded, case: Case, result: CaseResult, config: RunC
     spec, seed = case.meta.get("spec"), case.meta.get("seed")
     if spec is None or seed is None:
         return "none from the command line (the case was not drawn from a CaseSpec): set a repro dir for a bundle"
-    words = ["difftest", "run", "--backends", backend.origin.target or backend.name,
-             "--spec", json.dumps(_changed_fields(spec), separators=(",", ":")), "--seed", str(seed)]
-    if config.device != "cpu":
-        words += ["--device", config.device]
-    if config.encoding is not None:
-        words += ["--encoding", config.encoding.value]
-    if config.layout is not None:
-        words += ["--layout", config.layout.value]
-    return shlex.join(words)
-
-
-def _changed_fields(spec: dict[str, object]) -> dict[str, object]:
-    """The spec's name and the fields that differ from CaseSpec's defaults (CaseSpec.from_json fills the rest)."""
-    defaults = CaseSpec().to_json()
-    return {k: v for k, v in spec.items() if k == "name" or defaults.get(k) != v}
+    return spec_command(backend.origin.target or backend.name, CaseSpec.from_json(spec), int(seed), config)

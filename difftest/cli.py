@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import enum
+import io
 import json
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -17,9 +19,21 @@ from typing import TYPE_CHECKING, NoReturn
 
 from difftest import __version__
 from difftest.errors import Interrupted, OutputError, SpecError
-from difftest.kinds import CacheLayout, CaseKind, Device, ExitStatus, LengthEncoding, OracleKind, SanitizerTool
+from difftest.kinds import (
+    CacheLayout,
+    CaseKind,
+    CiSystem,
+    Device,
+    ExitStatus,
+    LengthEncoding,
+    OracleKind,
+    SanitizerTool,
+)
 
 if TYPE_CHECKING:
+    from tqdm import tqdm
+
+    from difftest.ledger import Ledger
     from difftest.result import CaseResult
     from difftest.session import RunOutcome, RunRequest
 
@@ -32,8 +46,12 @@ FLAGS = {"backends": "--backends", "cases": "--cases", "count": "--count", "seed
          "resume": "--resume", "stream": "--stream", "report": "--report", "backend": "--backends",
          "trust": "--trust-bundle", "budget": "--budget", "oracle": "--oracle",
          "spec": "--spec", "until_failures": "--until-failures", "shrink_seconds": "--shrink-seconds",
-         "overwrite": "--overwrite",
-         "startup_timeout": "--startup-timeout", "repro_dir": "--repro-dir"}
+         "overwrite": "--overwrite", "time": "--time", "fail_slow": "--fail-slow",
+         "startup_timeout": "--startup-timeout", "repro_dir": "--repro-dir",
+         "max_batch": "--max-batch", "max_context": "--max-context", "block_size": "--block-size",
+         "batching": "--batching", "junit": "--junit",
+         "matrix_file": "--file", "cell": "CELL", "out": "--out", "reports": "REPORTS", "baseline": "--baseline",
+         "ledger": "--ledger", "output": "--output"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,6 +72,15 @@ def _int_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers") from None
 
 
+def _integer(text: str) -> int:
+    """An argparse type: the integer of `text`, or one line saying an integer was expected (the
+    library checks the range)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer") from None
+
+
 def _names(text: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in text.split(",") if name.strip())
 
@@ -68,6 +95,7 @@ def _enum(kind: type[enum.Enum]) -> Callable[[str], enum.Enum]:
             raise argparse.ArgumentTypeError(f"{text!r}: expected one of {[m.value for m in kind]}") from None
 
     member.__name__ = kind.__name__
+    member.kind = kind  # type: ignore[attr-defined]  # what a [tool.difftest] value of the option may be
     return member
 
 
@@ -104,10 +132,16 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
                      help="what-if: hand every backend this cache layout instead")
     run.add_argument("--device", type=_enum(Device), default=Device.CPU, help="cpu or cuda (default: cpu)")
     run.add_argument("--report", type=Path, metavar="PATH", help="write the JSON report here")
+    run.add_argument("--junit", type=Path, metavar="PATH", help="write a JUnit XML file here: one testcase per "
+                     "backend and case, a failure's text its table row and failure block")
+    run.add_argument("--ledger", type=Path, metavar="PATH",
+                     help="known divergences (TOML, docs/ledger.md): a failure an entry expects is XFAIL and does "
+                          "not fail the run; a pass that a strict entry covers does")
     run.add_argument("--overwrite", action="store_true",
                      help="replace the report and stream an earlier run left at those paths (refused otherwise, "
                           "unless --resume)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    _add_loudness(run)
     run.add_argument("--repro-dir", type=Path, metavar="DIR", help="write a reproducer bundle here for every failure")
     run.add_argument("--case-filter", action="append", default=[], metavar="GLOB",
                      help="run only the cases whose name matches (fnmatch, e.g. 'length-one-*'); repeatable")
@@ -123,6 +157,14 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--repeat", type=int, default=1, metavar="K",
                      help="launch each backend K times per case: bitwise-stable, stable within tolerance, "
                           "or unstable = FAIL(nondeterministic) (default: 1)")
+    run.add_argument("--time", type=_integer, metavar="K",
+                     help="after the checked launches, time K more of each backend's per-layer kernel call per "
+                          "case (CUDA events, L2 flushed, after warm-up; perf_counter on the CPU) and report the "
+                          "median; siblings (DeepGEMM native/flattened/varlen, AITER stage1/fused) are compared "
+                          "in a performance section")
+    run.add_argument("--fail-slow", action="store_true",
+                     help="with --time: exit 1 when a backend is slower than its fastest sibling on a case by "
+                          "more than the factor its contract allows")
     run.add_argument("--stream", type=Path, metavar="PATH.jsonl",
                      help="append each result to this JSONL file the moment it is made, so a killed run "
                           "keeps its results (default: the --report path with suffix .jsonl)")
@@ -142,6 +184,14 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
                           "--stream (written when the children end); --device cuda only; not with --resume or --shard")
 
 
+def _add_loudness(command: argparse.ArgumentParser) -> None:
+    loudness = command.add_mutually_exclusive_group()
+    loudness.add_argument("--quiet", "-q", action="store_true",
+                          help="print only the verdict line and errors (no table, no progress bar)")
+    loudness.add_argument("--verbose", "-v", action="store_true",
+                          help="print every result, not only the failures, and every failure block")
+
+
 def _duration(text: str) -> float:
     """Seconds of '90', '90s', '10m' or '1h'."""
     units = {"s": 1, "m": 60, "h": 3600}
@@ -150,6 +200,35 @@ def _duration(text: str) -> float:
         return float(number) * unit
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a duration such as 90, 90s, 10m or 1h") from None
+
+
+def _add_matrix(commands: argparse._SubParsersAction) -> None:
+    matrix = commands.add_parser("matrix", help="the CI matrix: plan its cells, emit CI files, run a cell, merge "
+                                 "the cells' reports (docs/matrix.md)")
+    actions = matrix.add_subparsers(dest="matrix_command", required=True)
+    where = ("the matrix file: a difftest.toml ([matrix]) or a pyproject.toml ([tool.difftest.matrix]) "
+             "(default: the first of them in the working folder that has one)")
+    plan = actions.add_parser("plan", help="list the cells and, for every combination left out, why")
+    plan.add_argument("--file", type=Path, metavar="F", help=where)
+    emit = actions.add_parser("emit", help="write a GitHub Actions workflow or a Buildkite pipeline: a job per "
+                              "cell and a merge job")
+    emit.add_argument("system", type=_enum(CiSystem), metavar="github|buildkite")
+    emit.add_argument("--file", type=Path, metavar="F", help=where)
+    emit.add_argument("-o", "--output", type=Path, metavar="PATH", help="write it here (default: stdout)")
+    run = actions.add_parser("run", help="run one cell here; write its report.json and junit.xml")
+    run.add_argument("cell", metavar="CELL", help="a cell as `difftest matrix plan` names it, e.g. cpu/installed/quick")
+    run.add_argument("--file", type=Path, metavar="F", help=where)
+    run.add_argument("--out", type=Path, metavar="DIR",
+                     help="where its files go (default: difftest-matrix/<its CI id>)")
+    merge = actions.add_parser("merge", help="merge the cells' reports: summary.md, index.html, heatmap.png, "
+                               "junit.xml, merged.json; exit 1 on new failures only")
+    merge.add_argument("reports", type=Path, nargs="+", metavar="REPORTS", help="report.json files of "
+                       "`difftest matrix run`")
+    merge.add_argument("--out", type=Path, required=True, metavar="DIR")
+    merge.add_argument("--baseline", type=Path, metavar="MERGED.json", help="an earlier merged.json: list new, "
+                       "fixed and changed failures, and fail on the new ones only")
+    merge.add_argument("--ledger", type=Path, metavar="PATH", help="known divergences (TOML): failures it names "
+                       "are listed, never new")
 
 
 def _add_fuzz(commands: argparse._SubParsersAction) -> None:
@@ -167,6 +246,16 @@ def _add_fuzz(commands: argparse._SubParsersAction) -> None:
     fuzz.add_argument("--repro-dir", type=Path, metavar="DIR", help="a bundle per distinct failure, and its shrunk one")
     fuzz.add_argument("--stream", type=Path, metavar="PATH.jsonl", help="every result, as it is made")
     fuzz.add_argument("--shrink-seconds", type=float, default=30.0, help="shrink budget per failure (default: 30)")
+    regime = fuzz.add_argument_group("regime", "bounds on the drawn cases (default: the whole envelope)")
+    regime.add_argument("--max-batch", type=int, metavar="B", help="at most B requests per case")
+    regime.add_argument("--max-context", type=int, metavar="N", help="max_model_len at most N")
+    regime.add_argument("--heads", type=int, help="only cases with this many heads")
+    regime.add_argument("--head-dim", type=int, help="only cases of this head dim")
+    regime.add_argument("--block-size", type=int, help="only cases of this block size")
+    fuzz.add_argument("--batching", action=argparse.BooleanOptionalAction, default=True,
+                      help="small cases of one shape in one launch where every backend allows it; a failure "
+                      "is re-run alone (default: on)")
+    _add_loudness(fuzz)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -191,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fuzz(commands)
     backends = commands.add_parser("backends", help="list backends and whether each can run here")
     backends.add_argument("--device", type=_enum(Device), default=Device.CPU)
+    _add_matrix(commands)
     return parser
 
 
@@ -203,6 +293,84 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _project_file() -> Path | None:
+    """The current project's pyproject.toml: the first in the working folder or a folder above it."""
+    return next((folder / "pyproject.toml" for folder in (Path.cwd(), *Path.cwd().parents)
+                 if (folder / "pyproject.toml").is_file()), None)
+
+
+def _with_project_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` (of `run`) parsed again with the [tool.difftest] defaults of the current project's
+    pyproject.toml put before the command line's own options: an option given overrides its default,
+    and args.argv (the report's command, a --gpus run's children) shows the defaults as options.
+    A child of a spread run is handed them so: it reads none itself. SpecError naming the file and
+    the key for a table that does not fit difftest.schema.validate_defaults."""
+    from difftest import schema, spread  # deferred: loads pydantic, and torch
+
+    path = _project_file()
+    if path is None or spread.PARENT in os.environ:
+        return args
+    tool = schema.read_toml(path, "pyproject", "pyproject.toml").get("tool")
+    table = tool.get("difftest") if isinstance(tool, dict) else None
+    if table is None:
+        return args
+    run = _subparser(build_parser(), "run")
+    options = {_long_name(a): a for a in run._actions if a.option_strings and a.dest != "help"}
+    kinds = {key: _option_kind(action) for key, action in options.items()}
+    defaults = schema.validate_defaults(table, kinds, f"{path} [tool.difftest] ")
+    given = _given(run, args.argv[1:])
+    words = [w for key, value in defaults.items() if options[key].dest not in given
+             for w in _words(options[key], value)]
+    return parse_args([args.argv[0], *words, *args.argv[1:]])
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return commands.choices[command]
+
+
+def _long_name(action: argparse.Action) -> str:
+    """'case-filter' of --case-filter: the option's [tool.difftest] key."""
+    return next(s for s in action.option_strings if s.startswith("--"))[2:]
+
+
+def _option_kind(action: argparse.Action) -> object:
+    """What a [tool.difftest] value of `action`'s option may be: a difftest.schema annotation."""
+    from difftest import schema  # deferred: loads pydantic
+
+    if action.nargs == 0:  # --flag, --x/--no-x
+        return schema.OPTION_FLAG
+    if isinstance(action, argparse._AppendAction):
+        return schema.OPTION_TEXTS
+    if hasattr(action.type, "kind"):
+        return schema.OneOf(action.type.kind)
+    kinds = {int: schema.OPTION_INT, _integer: schema.OPTION_INT, float: schema.OPTION_NUMBER,
+             _duration: schema.OPTION_NUMBER, _names: schema.OPTION_NAMES, _int_list: schema.OPTION_INTS}
+    return kinds.get(action.type, schema.OPTION_TEXT)
+
+
+def _given(parser: argparse.ArgumentParser, words: Sequence[str]) -> set[str]:
+    """The dests of the options `words` give; one option of a mutually exclusive group stands for all."""
+    given = {parser._option_string_actions[w.partition("=")[0]].dest for w in words
+             if w.partition("=")[0] in parser._option_string_actions}
+    for group in parser._mutually_exclusive_groups:
+        if any(action.dest in given for action in group._group_actions):
+            given |= {action.dest for action in group._group_actions}
+    return given
+
+
+def _words(action: argparse.Action, value: object) -> list[str]:
+    """The command-line words that give `action`'s option `value` (a validated [tool.difftest] value)."""
+    option = f"--{_long_name(action)}"
+    if action.nargs == 0:
+        negated = isinstance(action, argparse.BooleanOptionalAction) and not value
+        return [f"--no-{option[2:]}"] if negated else [option] if value else []
+    if isinstance(action, argparse._AppendAction):
+        return [f"{option}={item}" for item in value]  # type: ignore[attr-defined]
+    text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+    return [f"{option}={text}"]  # with '=': a value that starts with '-' is not taken for an option
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The `difftest` command: its exit status (difftest.kinds.ExitStatus)."""
     try:
@@ -210,9 +378,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version, or a usage error argparse already printed
         return int(exc.code or 0)
     commands = {"run": cmd_run, "backends": cmd_backends, "replay": cmd_replay, "shrink": cmd_shrink,
-                "fuzz": cmd_fuzz}
+                "fuzz": cmd_fuzz, "matrix": cmd_matrix}
     try:
-        return commands[args.command](args)
+        status = commands[args.command](args)
+        sys.stdout.flush()  # a reader that left (`| head`) shows here, not as a traceback at exit
+        return status
+    except BrokenPipeError:
+        return _reader_left(ExitStatus.OK)
+    except SystemExit as exc:  # argparse, parsing a command line with [tool.difftest]'s defaults: it said why
+        return int(exc.code or 0)
     except SpecError as exc:
         print(f"difftest: error: {FLAGS.get(exc.field, exc.field)}={exc.value!r}: expected {exc.expected}",
               file=sys.stderr)
@@ -227,6 +401,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ndifftest: interrupted", file=sys.stderr)
         return ExitStatus.INTERRUPTED
+
+
+def _reader_left(status: int) -> int:
+    """`status`, once stdout's reader has gone (`difftest backends | head -1`): what is still buffered
+    goes to /dev/null, so neither this write nor the one at exit raises BrokenPipeError again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):  # stdout is no file (in-process tests)
+        pass
+    return status
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
@@ -252,16 +437,46 @@ def cmd_run(args: argparse.Namespace, shard_envs: list[dict[str, str]] | None = 
     tests spread a CPU run), the cases are spread over child processes, one shard each."""
     from difftest import session  # deferred: loads torch and the runner
 
+    args = _with_project_defaults(args)
     request = _run_request(args)
-    progress = _Progress(enabled=not args.no_progress and sys.stderr.isatty())
+    if args.junit:
+        from difftest.serialize import check_writable  # deferred: with session, above
+
+        check_writable(args.junit, "junit")
+    progress = _Progress(enabled=not (args.no_progress or args.quiet) and sys.stderr.isatty())
     try:
-        outcome = session.execute(request, on_result=progress.step, shard_envs=shard_envs)
+        outcome = session.execute(request, on_result=progress.step, shard_envs=shard_envs,
+                                  on_planned=progress.planned)
     finally:
         progress.close()
     for note in outcome.notes:
         print(f"difftest: note: {note}", file=sys.stderr)
-    _print_outcome(request, outcome)
+    for name, why in outcome.untested.items():
+        print(f"difftest: error: backend {name!r}, asked for by name, tested nothing: {why}", file=sys.stderr)
+    try:
+        if args.quiet:
+            print(_verdict_line(outcome))
+        else:
+            _print_outcome(request, outcome, verbose=args.verbose)
+            _print_ledger(outcome)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `difftest run | head`: the run's status stands
+        return _reader_left(outcome.status)
+    if args.junit:
+        from difftest import junit  # deferred: with session, above
+
+        known = outcome.ledger.known if outcome.ledger else None
+        print(f"junit: {junit.write(args.junit, [junit.suite('difftest run', outcome.results, known)])}")
     return outcome.status
+
+
+def _print_ledger(outcome: RunOutcome) -> None:
+    """The XFAIL and XPASS lines of --ledger."""
+    from difftest.ledger import render_ledger  # deferred: with session, above
+
+    text = render_ledger(outcome.ledger, outcome.results) if outcome.ledger else ""
+    if text:
+        print("\n" + text)
 
 
 def _run_request(args: argparse.Namespace) -> RunRequest:
@@ -276,16 +491,31 @@ def _run_request(args: argparse.Namespace) -> RunRequest:
                          case_filter=tuple(args.case_filter), shard=Shard.parse(args.shard) if args.shard else None)
     config = RunConfig(device=args.device.value, encoding=args.encoding, layout=args.layout, isolate=args.isolate,
                        timeout=args.timeout, repeat=args.repeat, sanitize=args.sanitize,
-                       sanitize_all=args.sanitize_all, oracle=args.oracle, startup_timeout=args.startup_timeout)
+                       sanitize_all=args.sanitize_all, oracle=args.oracle, startup_timeout=args.startup_timeout,
+                       time=args.time)
     names = (args.backends or ()) + tuple(args.backend_module)
     return RunRequest(suite=suite, backends=names or None, config=config, report=args.report, stream=args.stream,
                       resume=args.resume, repro_dir=args.repro_dir, gpus=args.gpus, budget=args.budget,
-                      argv=tuple(args.argv), overwrite=args.overwrite)
+                      argv=tuple(args.argv), overwrite=args.overwrite, fail_slow=args.fail_slow,
+                      ledger=_ledger(args.ledger))
+
+
+def _ledger(path: Path | None) -> Ledger | None:
+    """The ledger of --ledger, read before any case runs: a bad file is a usage error at once; a bad
+    entry is named under --ledger, as --spec names a spec's field."""
+    from difftest.ledger import load_ledger  # deferred: with session, above
+
+    try:
+        return load_ledger(path) if path else None
+    except SpecError as exc:
+        if exc.field == "ledger":  # the file itself: FLAGS names it
+            raise
+        raise SpecError(f"--ledger {exc.field}", exc.value, exc.expected) from None
 
 
 def _spec(text: str) -> object:
     """The CaseSpec of --spec; its errors name the spec's field under --spec."""
-    from generators.spec import CaseSpec  # deferred: with session, above
+    from difftest.generators.spec import CaseSpec  # deferred: with session, above
 
     try:
         data = json.loads(text)
@@ -299,9 +529,19 @@ def _spec(text: str) -> object:
         raise SpecError(f"--spec {exc.field}", exc.value, exc.expected) from None
 
 
-def _print_outcome(request: RunRequest, outcome: RunOutcome) -> None:
-    """The shards (of a spread run), the table, the results per GPU, the failures, and where files went."""
+def _verdict_line(outcome: RunOutcome) -> str:
+    """--quiet's one line: 'FAIL: 46 results, 2 backends: torch PASS, aiter-triton-stage1 FAIL(mask)'."""
     from difftest import report  # deferred: with session, above
+
+    verdicts = ", ".join(f"{s.backend} {s.verdict.value}" for s in report.summarize(outcome.results))
+    head = "PASS" if outcome.status == ExitStatus.OK else "FAIL"
+    return f"{head}: {len(outcome.results)} results: {verdicts or 'no backend ran'}"
+
+
+def _print_outcome(request: RunRequest, outcome: RunOutcome, verbose: bool = False) -> None:
+    """The shards (of a spread run), the table, the results per GPU, every result when `verbose`, the
+    failures, and where files went."""
+    from difftest import performance, report  # deferred: with session, above
 
     if outcome.shards:
         print("\n".join(shard.describe() for shard in outcome.shards) + "\n")
@@ -312,9 +552,14 @@ def _print_outcome(request: RunRequest, outcome: RunOutcome) -> None:
     devices = report.render_devices(outcome.results)
     if devices:
         print(devices)
+    siblings = performance.render_performance(performance.races(outcome.results))
+    if siblings:
+        print("\n" + siblings)
     if outcome.info.get("not_started"):
         print(f"\nbudget spent: {len(outcome.info['not_started'])} planned cases not started (listed in the report)")
-    failures = report.render_failures(outcome.results)
+    if verbose:
+        print("\n" + report.render_results(outcome.results))
+    failures = report.render_failures(outcome.results, limit=len(outcome.results) if verbose else 20)
     if failures:
         print("\n" + failures)
     if request.report:
@@ -361,41 +606,107 @@ def cmd_shrink(args: argparse.Namespace) -> int:
     found = shrink(bundle, backend, bundle.config, args.seconds)
     folder = write_bundle(args.out or bundle.path.parent, found.case, found.result, bundle.config, backend.origin,
                           backend.contract.library, field="--out" if args.out else "bundle")
-    print(f"{found.summary()}\nbundle: {folder}")
+    print(f"{found.summary(backend.origin.target or backend.name, bundle.config)}\nbundle: {folder}")
     return ExitStatus.OK
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    """`difftest matrix plan|emit|run|merge`."""
+    actions = {"plan": _matrix_plan, "emit": _matrix_emit, "run": _matrix_run, "merge": _matrix_merge}
+    return actions[args.matrix_command](args)
+
+
+def _matrix_plan(args: argparse.Namespace) -> int:
+    from difftest import matrix_cell  # deferred: loads torch (the backends' contracts)
+    from difftest.matrix import load_matrix
+
+    print(matrix_cell.plan_matrix(load_matrix(args.file)).render())
+    return ExitStatus.OK
+
+
+def _matrix_emit(args: argparse.Namespace) -> int:
+    from difftest import matrix_cell, matrix_emit  # deferred: loads torch (the backends' contracts)
+    from difftest.matrix import load_matrix
+    from difftest.serialize import atomic_write
+
+    text = matrix_emit.emit(matrix_cell.plan_matrix(load_matrix(args.file)), args.system)
+    if args.output is None:
+        print(text, end="")
+    else:
+        print(f"{args.system.value}: {atomic_write(args.output, text, 'output')}")
+    return ExitStatus.OK
+
+
+def _matrix_run(args: argparse.Namespace) -> int:
+    """Status 0 once the cell's report is written, whatever its verdicts: the merge gates on them."""
+    from difftest import matrix_cell, report  # deferred: loads torch and the runner
+
+    made = matrix_cell.run_cell(args.file, args.cell, args.out)
+    print(report.render_table(report.summarize(made.results)))
+    failures = report.render_failures(made.results)
+    if failures:
+        print("\n" + failures)
+    print(f"\nreport: {made.report}\njunit: {made.junit}")
+    return ExitStatus.OK
+
+
+def _matrix_merge(args: argparse.Namespace) -> int:
+    from difftest import matrix_merge  # deferred: loads torch (results) and matplotlib
+    from difftest.ledger import load_ledger
+
+    merged = matrix_merge.merge(args.reports, load_ledger(args.ledger) if args.ledger else None, args.baseline)
+    written = matrix_merge.write_outputs(merged, args.out)
+    print(matrix_merge.render_markdown(merged))
+    print("\n".join(f"wrote {path}" for path in written))
+    return merged.status
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
     """`difftest fuzz`: exit 1 when the campaign found a failure."""
     from difftest import fuzz, report  # deferred: loads torch and the runner
     from difftest.config import RunConfig
+    from difftest.regime import Regime
 
+    regime = Regime(max_batch=args.max_batch, max_context=args.max_context, heads=args.heads,
+                    head_dim=args.head_dim, block_size=args.block_size)
     campaign = fuzz.Campaign(budget=args.budget, backends=args.backends, until_failures=args.until_failures,
                              seed=args.seed, repro_dir=args.repro_dir, stream=args.stream,
-                             shrink_seconds=args.shrink_seconds,
+                             shrink_seconds=args.shrink_seconds, regime=regime, batching=args.batching,
                              config=RunConfig(device=args.device.value, isolate=args.isolate, oracle=args.oracle))
     outcome = fuzz.fuzz(campaign)
-    print(report.render_table(report.summarize(outcome.results)))
-    print("\n" + report.render_reach(outcome.results))
-    print("\n" + fuzz.render_campaign(outcome))
+    if not args.quiet:  # quiet: the campaign's lines alone, its verdict and a repro line per failure
+        print(report.render_table(report.summarize(outcome.results)))
+        print("\n" + report.render_reach(outcome.results))
+    if args.verbose:
+        print("\n" + report.render_results(outcome.results))
+    print(("" if args.quiet else "\n") + fuzz.render_campaign(outcome))
     return ExitStatus.FAILED if outcome.found else ExitStatus.OK
 
 
 class _Progress:
-    """A one-line count of results on stderr, drawn only on a terminal."""
+    """tqdm's bar on stderr: results made of those planned, the case last reported, and an ETA. Drawn
+    only when `enabled` (on a terminal); it goes when the run ends (leave=False), the table stays."""
 
     def __init__(self, enabled: bool) -> None:
-        self.done, self.enabled = 0, enabled
+        self.enabled = enabled
+        self.bar: tqdm | None = None
+
+    def planned(self, total: int) -> None:
+        if self.enabled:
+            from tqdm import tqdm  # deferred: only a terminal draws it
+
+            # Redrawn at every result (mininterval=0): a result takes far longer than a redraw.
+            self.bar = tqdm(total=total, unit="result", file=sys.stderr, dynamic_ncols=True, leave=False,
+                            mininterval=0)
 
     def step(self, result: CaseResult) -> None:
-        self.done += 1
-        if self.enabled:
-            sys.stderr.write(f"\r{self.done} results ({result.backend} on {result.case})\033[K")
-            sys.stderr.flush()
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{result.backend} on {result.case}", refresh=False)
+            self.bar.update()
 
     def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
+        if self.bar is not None:
+            self.bar.close()
 
 
 if __name__ == "__main__":

@@ -76,6 +76,58 @@ def compare(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, c
     return _combined(parts, rows, explained)
 
 
+def compare_spans(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, contract: Contract,
+                  bound: torch.Tensor | None, spans: list[tuple[int, int]]) -> list[Comparison | None]:
+    """The comparison of each span (first row, rows) of a batch's logits (difftest.batch), in one pass
+    over all rows: what compare() gives for a span without a wrong position (the positions past a
+    span's own max_model_len are outside every window of it, so they add no error), None for a span
+    with one (compare it alone: its failure details need its own slice). One caveat: top-k picks among
+    equal backend values may fall otherwise than alone (torch.topk over a batch's longer rows), which
+    can move topk_overlap of a backend that is not exact; no verdict depends on it."""
+    stats = [_row_stats(expected[first:first + step], got[first:first + step], row_lens[first:first + step],
+                        contract, None if bound is None else bound[first:first + step])
+             for first, step in _chunks(*expected.shape)]
+    bad, abs_err, rel_err, active = (torch.cat([s[i] for s in stats]) for i in range(4))
+    fractions = torch.cat([s[4] for s in stats])  # one per active row, in row order
+    before = torch.cumsum(active, 0).tolist()  # active rows up to and including each row
+    bad, abs_err, rel_err = bad.tolist(), abs_err.tolist(), rel_err.tolist()
+    out: list[Comparison | None] = []
+    for first, rows in spans:
+        if any(bad[first:first + rows]):
+            out.append(None)
+            continue
+        lo, hi = (before[first - 1] if first else 0), (before[first + rows - 1] if rows else 0)
+        # A fresh tensor of the span's fractions, summed as compare() sums its own: the same float.
+        overlap = (float(fractions[lo:hi].clone().sum()) if hi > lo else 0.0, hi - lo)
+        part = _Part({kind: [] for kind in _KINDS}, 0, max(abs_err[first:first + rows], default=0.0),
+                     max(rel_err[first:first + rows], default=0.0), overlap, None, [], None)
+        out.append(_combined([part], rows, functools.partial(explain, next_n=None, row_lens=row_lens)))
+    return out
+
+
+def _chunks(rows: int, width: int) -> list[tuple[int, int]]:
+    """(first row, rows) of the slices compared at once: a few float64 copies of each stay small."""
+    step = max(1, CHUNK_ELEMENTS // max(width, 1))
+    return [(first, min(step, rows - first)) for first in range(0, rows, step)]
+
+
+def _row_stats(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, contract: Contract,
+               bound: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """Per row of a slice: any wrong position, the largest absolute and relative error, whether its
+    window is non-empty; and the top-k overlap of each row with a window."""
+    width = expected.shape[1]
+    poison = is_poison(got).to(expected.device)
+    got = got.to(expected.device, torch.float64)
+    expected = expected.to(torch.float64)
+    inside = torch.arange(width, device=expected.device)[None, :] < row_lens.to(expected.device)[:, None]
+    kinds = _position_kinds(expected, got, inside, poison, contract, bound)
+    errors = torch.where(inside & torch.isfinite(got), (got - expected).abs(), 0.0).nan_to_num(0.0)
+    relative = errors / _row_scale(expected, inside)[:, None]
+    fractions, active = _topk_fractions(expected, got, row_lens)
+    bad = torch.stack(list(kinds.values())).any(dim=0).any(dim=1)
+    return bad, errors.amax(dim=1), relative.amax(dim=1), active, fractions
+
+
 @dataclasses.dataclass(frozen=True)
 class _Part:
     """The comparison of a slice of rows, row numbers already those of the whole output."""
@@ -261,10 +313,17 @@ def topk_overlap(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tens
 
 def _topk_hits(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor) -> tuple[float, int]:
     """(sum over rows with a window of their top-k overlap, the number of such rows)."""
+    fractions, active = _topk_fractions(expected, got, row_lens)
+    return (float(fractions.sum()), int(active.sum())) if fractions.numel() else (0.0, 0)
+
+
+def _topk_fractions(expected: torch.Tensor, got: torch.Tensor,
+                    row_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the top-k overlap of each row with a window, in row order; which rows have one)."""
     lens = row_lens.to(expected.device)
     active = lens > 0
     if not bool(active.any()):
-        return 0.0, 0
+        return torch.zeros(0, dtype=torch.float64, device=expected.device), active
     exp, out, lens = expected[active], got[active], lens[active]
     k_max = min(TOPK, int(lens.max()))
     inside = torch.arange(exp.shape[1], device=exp.device)[None, :] < lens[:, None]
@@ -277,4 +336,4 @@ def _topk_hits(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor
     # A pick the backend scored -inf or NaN is no hit, whichever -inf tie torch.topk happened to take.
     hits = (ranked_exp.gather(1, picked) >= kth) & counted & inside.gather(1, picked) \
         & (ranked_got.gather(1, picked) > -math.inf)
-    return float((hits.sum(dim=1).double() / ks.double()).sum()), int(active.sum())
+    return hits.sum(dim=1).double() / ks.double(), active

@@ -10,6 +10,7 @@ from difftest.kinds import CacheLayout, LengthEncoding, OracleKind, SanitizerToo
 
 DEVICES = ("cpu", "cuda")
 MAX_REPEAT = 1000  # launches per case; more is a typo, not a stability study
+MAX_TIME = 1000  # timed launches per case; more is a typo, not a measurement
 MAX_STARTUP_TIMEOUT = 86400.0  # seconds: a worker start-up wait is bounded, however slow its library
 
 
@@ -27,6 +28,7 @@ class RunConfig:
     sanitize_all: bool = False  # replay every result that ran, not only the failing ones
     oracle: OracleKind | None = None  # None: FAST on cuda, EXACT on cpu
     startup_timeout: float = 600.0  # seconds a worker may take to import and build its backend (a JIT library)
+    time: int | None = None  # launches timed per case after the checked ones (median; difftest.timing); None: none
 
     def __post_init__(self) -> None:
         require(self.device in DEVICES, "device", self.device, f"one of {list(DEVICES)}")
@@ -49,6 +51,8 @@ class RunConfig:
                 "a sanitize tool to go with it")
         require(self.oracle is None or isinstance(self.oracle, OracleKind), "oracle", self.oracle,
                 f"None or a difftest.OracleKind {[o.value for o in OracleKind]}")
+        require(self.time is None or (type(self.time) is int and 1 <= self.time <= MAX_TIME), "time", self.time,
+                f"an integer in [1, {MAX_TIME}]: launches timed per case (None: no timing)")
 
     @property
     def isolated(self) -> bool:

@@ -8,11 +8,13 @@ context and pool) and derives its edge cases from the declared tile sizes and wo
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING
 
 import torch
 
 from difftest import hardware
+from difftest.errors import require
 from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention, PartitionScope
 
 if TYPE_CHECKING:
@@ -34,6 +36,23 @@ class WorkPartition:
         """How many workers share the units at `next_n` on a GPU with `sms` SMs."""
         workers = self.workers if self.workers is not None else sms
         return max(1, workers // 2) if next_n in self.halved_at_next_n else workers
+
+
+@dataclasses.dataclass(frozen=True)
+class Siblings:
+    """Backends that compute the same logits by another path (DeepGEMM native, flattened and varlen;
+    AITER stage1 and fused): `difftest run --time` puts the members of one group side by side on
+    each case and flags a member slower than its fastest sibling by more than its `slowdown`.
+    A correctness run never sees a path that is 4x slower than it should be (vLLM's varlen path,
+    214 us before its fix, 52 us after); this does."""
+
+    group: str  # the name the members share
+    slowdown: float  # the most this member may take, as a multiple of its fastest sibling's time on a case
+
+    def __post_init__(self) -> None:
+        require(bool(self.group), "siblings.group", self.group, "a non-empty group name")
+        require(isinstance(self.slowdown, (int, float)) and 1.0 <= self.slowdown < math.inf, "siblings.slowdown",
+                self.slowdown, "a finite factor >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +79,11 @@ class Contract:
     partition: WorkPartition | None = None  # how it spreads work over workers, when known
     writes_into_output: bool = False  # the backend fills a buffer the engine allocates (poisoned)
     library: str = ""  # distribution name and version actually loaded, for the report
+    siblings: Siblings | None = None  # the paths computing the same logits it is timed against (--time)
+    # Whether `difftest fuzz` may concatenate small cases of one shape into one launch (pools stacked,
+    # rows split back per case). A failing case is re-run alone before it counts, so a kernel whose
+    # answer depends on the batch costs time, not a wrong verdict.
+    batchable: bool = False
 
     def block_size_for(self, block_size: int) -> int | None:
         """The block size a case of `block_size` is handed at (itself, or 1 when it can be re-paged

@@ -7,6 +7,15 @@ its request the first wrong row is); the first case of each signature is kept, w
 and shrunk (difftest.shrink) after the campaign, in this process, unless it crashed or hung (a case
 that kills a process is not probed in-process: its bundle is written as found). The campaign ends at
 its budget or at `until_failures` distinct signatures, whichever comes first.
+
+A Regime (difftest.regime) bounds the drawn cases (batch, context, shape). Small cases go in batches
+(difftest.batch) where every backend that runs them declares itself batchable: cases of one shape
+and one set of backends are collected across rounds and launched together, so the per-call costs
+(a round trip to each worker, an oracle launch) are paid once per batch; a case that fails in a
+batch is re-run alone and the alone result counts (difftest.runner); where it passes alone, the
+kernel is wrong on the merged case itself, and that case is the failure (signature, bundle, shrink).
+Results are streamed in
+buffered writes (at most STREAM_FLUSH_SECONDS of them lost if the campaign is killed).
 """
 
 from __future__ import annotations
@@ -20,22 +29,37 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from difftest.backends import Loaded, get_backends
+from difftest.batch import Batch, BatchKey, batch_key, merge
 from difftest.bundle import write_bundle
 from difftest.case import Case
 from difftest.config import RunConfig
 from difftest.errors import SpecError, require
+from difftest.generators.envelope import Target, estimate_bytes
+from difftest.generators.tensors import build_case
 from difftest.kinds import Device
-from difftest.plan import envelope_plan
+from difftest.plan import PlannedCase, envelope_plan
+from difftest.regime import Regime
 from difftest.result import CaseResult
 from difftest.runner import run
 from difftest.serialize import ResultStream
 from difftest.shrink import ShrinkResult, shrink
 from difftest.verdict import Verdict
-from generators.envelope import Target
-from generators.tensors import build_case
 
 ROUND_SEEDS = 1_000_000  # seeds a round's plan spans: rounds never repeat a (spec, seed)
 UNSHRINKABLE = (Verdict.CRASH, Verdict.TIMEOUT)  # probing these in-process could take the campaign down
+# A case is small enough to batch at this many logits (rows x max_model_len: B = 32 at next_n 4 and
+# 8K); a batch holds at most BATCH_CASES cases and BATCH_LOGITS logits (64 MiB of fp32 per output).
+SMALL_LOGITS = 1 << 20
+BATCH_CASES = 64
+BATCH_LOGITS = 1 << 24
+# Small logits do not make a small case: the envelope's pool families (2^31-byte caches, block ids past
+# 2^16) hold gigabytes of keys for a few rows. A case batches only with a pool of at most SMALL_POOL
+# bytes, and a batch closes before its pools pass BATCH_POOL (merged, copied per worker: on the H200 a
+# batch of such pools once asked for 36 GiB at a time).
+SMALL_POOL = 64 << 20
+BATCH_POOL = 1 << 30
+STREAM_FLUSH_SECONDS = 1.0
+DIVERGED_SHOWN = 5  # batch-only failures the campaign's end lists one by one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,12 +74,16 @@ class Campaign:
     repro_dir: Path | None = None  # the first case of each signature goes here as a bundle
     stream: Path | None = None
     shrink_seconds: float = 30.0  # per signature
+    regime: Regime = dataclasses.field(default_factory=Regime)  # bounds on the drawn cases
+    batching: bool = True  # small cases of one shape in one launch, where every backend allows it
 
     def __post_init__(self) -> None:
         require(0 < self.budget <= 7 * 86400, "budget", self.budget, "seconds in (0, one week]")
         require(self.until_failures is None or self.until_failures >= 1, "until_failures", self.until_failures,
                 "an integer >= 1")
         require(0 <= self.shrink_seconds <= 3600, "shrink_seconds", self.shrink_seconds, "seconds in [0, 3600]")
+        require(isinstance(self.regime, Regime), "regime", self.regime, "a difftest.regime.Regime")
+        require(self.batching in (True, False), "batching", self.batching, "True or False")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +121,17 @@ class CampaignOutcome:
     found: list[Found]
     cases: int
     seconds: float
+    batched: int = 0  # cases that ran inside a batch
+    launches: int = 0  # batches those cases made
+    diverged: tuple[CaseResult, ...] = ()  # failed in a batch, passed alone: the kernel's answer depends on the batch
+    # (seconds, cases drawn) when the first result came: worker start-up and first compilations are before it
+    warm: tuple[float, int] = (0.0, 0)
+
+    @property
+    def warm_cases_per_second(self) -> float:
+        """The rate after the first result: what a long campaign approaches."""
+        seconds, cases = self.warm
+        return (self.cases - cases) / (self.seconds - seconds) if self.seconds > seconds else 0.0
 
     @property
     def cases_per_second(self) -> float:
@@ -114,9 +153,9 @@ def fuzz(campaign: Campaign) -> CampaignOutcome:
     backends = get_backends(list(campaign.backends) if campaign.backends else None)
     state = _State(campaign, backends)
     start = time.monotonic()
-    stream = ResultStream(campaign.stream) if campaign.stream else None
+    stream = ResultStream(campaign.stream, flush_seconds=STREAM_FLUSH_SECONDS) if campaign.stream else None
     try:
-        results = run(backends, state.cases(start), campaign.config, on_result=state.heard(stream),
+        results = run(backends, state.items(start), campaign.config, on_result=state.heard(stream),
                       takes=state.takes)
     finally:
         if stream:
@@ -124,7 +163,9 @@ def fuzz(campaign: Campaign) -> CampaignOutcome:
     seconds = time.monotonic() - start
     for found in state.found.values():
         _keep(found, state.backends[found.signature.backend], campaign)
-    return CampaignOutcome(results, _merged(list(state.found.values())), state.drawn, seconds)
+    warm = (state.warm[0] - start, state.warm[1]) if state.warm else (seconds, state.drawn)
+    return CampaignOutcome(results, _merged(list(state.found.values())), state.drawn, seconds, state.batched,
+                           state.launches, tuple(state.diverged), warm)
 
 
 def _merged(found: list[Found]) -> list[Found]:
@@ -140,31 +181,72 @@ def _merged(found: list[Found]) -> list[Found]:
 
 
 class _State:
-    """What the campaign knows while it runs: the case being run, the signatures found so far."""
+    """What the campaign knows while it runs: the cases of the item being run, the signatures found so far."""
 
     def __init__(self, campaign: Campaign, backends: list[Loaded]) -> None:
         self.campaign, self.backends = campaign, {b.name: b for b in backends}
         self.target = Target.probe(Device(campaign.config.device))
-        self.case: Case | None = None
+        self.current: dict[str, Case] = {}  # the item being run: its cases (a batch's members) by name
         self.takers: dict[str, frozenset[str] | None] = {}
         self.found: dict[Signature, Found] = {}
-        self.drawn = 0
+        self.diverged: list[CaseResult] = []
+        self.drawn = self.batched = self.launches = 0
+        self.warm: tuple[float, int] | None = None  # (time.monotonic(), cases drawn) at the first result
 
-    def cases(self, start: float) -> Iterator[Case]:
-        """Rounds of envelope plans with fresh seeds, until the budget or the failure count says stop."""
-        for round_index in itertools.count():
-            plan = envelope_plan(list(self.backends.values()), self.target,
-                                 self.campaign.seed + ROUND_SEEDS * round_index)
-            if not plan.cases:
-                raise SpecError("backends", ",".join(self.backends), "a backend that can run a case here")
-            for planned in plan.cases:
-                if self._done(start):
-                    return
-                self.takers[planned.name] = planned.backends
-                self.case = build_case(planned.spec, planned.seed, self.campaign.config.device, name=planned.name)
-                self.case = dataclasses.replace(self.case, meta={**self.case.meta, "families": list(planned.families)})
-                self.drawn += 1
-                yield self.case
+    def items(self, start: float) -> Iterator[Case | Batch]:
+        """The planned cases, built: a small one waits in the bucket of its shape and backends until the
+        bucket makes a full batch, any other goes alone. Ends at the budget or the failure count (cases
+        still waiting in buckets are dropped)."""
+        buckets: dict[tuple[BatchKey, frozenset[str] | None], list[PlannedCase]] = {}
+        for planned in planned_cases(list(self.backends.values()), self.target, self.campaign.regime,
+                                     self.campaign.seed):
+            if self._done(start):
+                return
+            key = self._bucket(planned)
+            if key is None:
+                yield self._single(planned)
+                continue
+            bucket = buckets.setdefault(key, [])
+            bucket.append(planned)
+            if len(bucket) == BATCH_CASES or sum(map(_logits, bucket)) > BATCH_LOGITS - SMALL_LOGITS or \
+                    sum(map(_pool_bytes, bucket)) > BATCH_POOL - SMALL_POOL:
+                batch = self._batch(buckets.pop(key))
+                yield batch
+                # Filled in by the runner while it ran the batch: the merged case is a case too.
+                self.diverged += batch.diverged
+                for result in batch.whole.values():
+                    self._record(result, batch.case)
+
+    def _bucket(self, planned: PlannedCase) -> tuple[BatchKey, frozenset[str] | None] | None:
+        """Which batches `planned` may join; None when it runs alone (large, or a backend not batchable)."""
+        config = self.campaign.config
+        if not self.campaign.batching or config.time is not None or _logits(planned) > SMALL_LOGITS or \
+                _pool_bytes(planned) > SMALL_POOL:
+            return None  # timed launches must time one case each
+        takers = planned.backends if planned.backends is not None else self.backends
+        if not all(self.backends[name].contract.batchable for name in takers):
+            return None
+        return batch_key(planned.spec), planned.backends
+
+    def _built(self, planned: PlannedCase) -> Case:
+        # Not validated here: the runner validates what it runs (a batch's members through its merged case).
+        case = build_case(planned.spec, planned.seed, self.campaign.config.device, name=planned.name, validate=False)
+        return dataclasses.replace(case, meta={**case.meta, "families": list(planned.families)})
+
+    def _single(self, planned: PlannedCase) -> Case:
+        case = self._built(planned)
+        self.current, self.takers = {case.name: case}, {case.name: planned.backends}
+        self.drawn += 1
+        return case
+
+    def _batch(self, bucket: list[PlannedCase]) -> Batch:
+        batch = merge([self._built(planned) for planned in bucket])
+        self.current = {case.name: case for case in batch.members}
+        self.takers = {batch.case.name: bucket[0].backends}
+        self.drawn += len(bucket)
+        self.batched += len(bucket)
+        self.launches += 1
+        return batch
 
     def _done(self, start: float) -> bool:
         over = time.monotonic() - start > self.campaign.budget
@@ -177,16 +259,58 @@ class _State:
 
     def heard(self, stream: ResultStream | None) -> Callable[[CaseResult], None]:
         def on_result(result: CaseResult) -> None:
+            self.warm = self.warm or (time.monotonic(), self.drawn)
             if stream:
                 stream.write(result)
-            if result.verdict.failed and self.case is not None:
-                key = signature(result, self.case.next_n)
-                if key in self.found:
-                    self.found[key].seen += 1
-                else:
-                    origin = self.backends[result.backend].origin
-                    self.found[key] = Found(key, self.case, result, origin.target or result.backend)
+            case = self.current.get(result.case)
+            if result.verdict.failed and case is not None:
+                self._record(result, case)
         return on_result
+
+    def _record(self, result: CaseResult, case: Case) -> None:
+        """A failing result: a new signature's first case, or one more of a known one."""
+        key = signature(result, case.next_n)
+        if key in self.found:
+            self.found[key].seen += 1
+        else:
+            origin = self.backends[result.backend].origin
+            self.found[key] = Found(key, case, result, origin.target or result.backend)
+
+
+def planned_cases(backends: list[Loaded], target: Target, regime: Regime, seed: int) -> Iterator[PlannedCase]:
+    """Rounds of envelope plans with fresh seeds, without end, each case moved inside `regime` (or left
+    out); SpecError naming a bound when no planned case fits the regime.
+
+    Round i is envelope_plan(backends, target, seed + ROUND_SEEDS * i): the plan's specs do not depend on
+    the seed, and its seeds are the seed plus an offset, so the plan is made once and each round shifts
+    its seeds (planning took 2 ms per case at production scale, more than drawing the case on a GPU)."""
+    plan = envelope_plan(backends, target, seed)
+    cases = [dataclasses.replace(p, spec=spec) for p in plan.cases if (spec := regime.apply(p.spec))]
+    if not plan.cases:
+        raise SpecError("backends", ",".join(b.name for b in backends), "a backend that can run a case here")
+    if not cases:
+        field = next(f.name for f in dataclasses.fields(regime) if getattr(regime, f.name) is not None)
+        raise SpecError(field, getattr(regime, field), "bounds some planned case fits (the backends' "
+                        f"envelopes plan shapes such as {sorted({_shape(p) for p in plan.cases})[:4]})")
+    for round_index in itertools.count():
+        yield from (dataclasses.replace(p, seed=p.seed + ROUND_SEEDS * round_index) for p in cases)
+
+
+def _logits(planned: PlannedCase) -> int:
+    """The logits of each output of the planned case: rows x max_model_len."""
+    spec = planned.spec
+    return spec.total_batch * spec.next_n * spec.max_model_len
+
+
+def _pool_bytes(planned: PlannedCase) -> int:
+    """The planned case's paged cache: keys and scales, at most."""
+    return estimate_bytes(planned.spec).pool_bytes
+
+
+def _shape(planned: PlannedCase) -> str:
+    spec = planned.spec
+    return f"H={spec.heads} D={spec.head_dim} block={spec.block_size} B<={spec.total_batch} " \
+        f"max_model_len={spec.max_model_len}"
 
 
 def _keep(found: Found, backend: Loaded, campaign: Campaign) -> None:
@@ -209,6 +333,14 @@ def render_campaign(outcome: CampaignOutcome) -> str:
     """The campaign's end: its rate, then each distinct failure with its count and its repro line."""
     lines = [f"{outcome.cases} cases in {outcome.seconds:.1f} s: {outcome.cases_per_second:.1f} cases/s; "
              f"{len(outcome.found)} distinct failures"]
+    if outcome.launches:
+        lines.append(f"batched: {outcome.batched} of the cases in {outcome.launches} launches; a case that failed "
+                     f"in a batch was re-run alone, and that result counts")
+    if outcome.diverged:
+        lines.append(f"{len(outcome.diverged)} results failed in a batch and passed alone (the kernel's answer "
+                     f"depends on what else is in the launch: the batch's merged case is the failure), the first:")
+    for result in outcome.diverged[:DIVERGED_SHOWN]:
+        lines.append(f"  {result.backend} on {result.case}: {result.verdict.value} in a batch, passes alone")
     for found in outcome.found:
         lines.append(f"  {found.signature.describe()}: {found.seen} results, first {found.case.name} "
                      f"[{found.case.describe()}]")

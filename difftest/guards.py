@@ -17,7 +17,8 @@ Poisoning (what a backend that leaves output unwritten shows as FAIL(unwritten))
 Checksums: every input tensor (q, kv_cache, weights, context_lens, block_table, indices) is
 fingerprinted before the first launch and after the last; a change names the tensor.
 Repeats: the backend is launched `repeat` times on the same inputs; difftest.stability compares the
-outputs.
+outputs. Timing (`time` launches, difftest.timing) comes after the last checksum, unpoisoned, and
+touches no verdict.
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from difftest.backends import Backend
+from difftest.contract import Contract
 from difftest.kernel_inputs import KernelInputs
 from difftest.poison import INT_OF_SIZE, POISON_BITS, poisoned
+from difftest.timing import Timing, time_launches
 from difftest.verdict import Verdict
 
 INPUT_FIELDS = ("q", "kv_cache", "weights", "context_lens", "block_table", "indices")
@@ -53,6 +56,7 @@ class Launch:
     rows: int
     max_model_len: int
     repeat: int = 1
+    time: int = 0  # launches timed after the checked ones (difftest.timing); 0: none
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +66,7 @@ class Execution:
     outputs: tuple[torch.Tensor, ...]
     mutated: tuple[str, ...]
     seconds: float
+    timing: Timing | None = None  # the timed launches, when asked for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,9 +218,7 @@ def _launches(backend: Backend, inputs: KernelInputs, launch: Launch, watch: _Si
     before = input_fingerprints(inputs)
     outputs, seconds = [], []
     for _ in range(launch.repeat):
-        out = None
-        if contract.writes_into_output:
-            out = poisoned((launch.rows, launch.max_model_len), contract.output_dtype, device)
+        out = _fresh_out(contract, launch, device)
         nbytes = launch.rows * launch.max_model_len * contract.output_dtype.itemsize
         poison_cached_memory(nbytes, contract.output_dtype, device)
         start = time.perf_counter()
@@ -231,11 +234,20 @@ def _launches(backend: Backend, inputs: KernelInputs, launch: Launch, watch: _Si
         synchronize(device)
         seconds.append(time.perf_counter() - start)
         got = _checked_output(got, launch, contract.output_dtype, device)
-        # A backend may hand back the same buffer every launch: keep each launch's bits apart.
-        outputs.append(_bit_copy(got) if launch.repeat > 1 else got)
+        # A backend may hand back the same buffer every launch, timed ones included: keep each launch's bits apart.
+        outputs.append(_bit_copy(got) if launch.repeat > 1 or launch.time else got)
     after = input_fingerprints(inputs)
     mutated = tuple(name for name in before if before[name] != after[name])
-    return Execution(tuple(outputs), mutated, seconds[0])
+    # After the checksums: whatever the timed launches do, the verdict is made of what came before.
+    timing = time_launches(backend, inputs, _fresh_out(contract, launch, device), launch.time) if launch.time else None
+    return Execution(tuple(outputs), mutated, seconds[0], timing)
+
+
+def _fresh_out(contract: Contract, launch: Launch, device: torch.device) -> torch.Tensor | None:
+    """The poisoned buffer a backend that writes into one is handed; None for the others."""
+    if not contract.writes_into_output:
+        return None
+    return poisoned((launch.rows, launch.max_model_len), contract.output_dtype, device)
 
 
 def _checked_output(got: object, launch: Launch, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

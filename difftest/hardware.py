@@ -8,10 +8,31 @@ import this module without paying for torch.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import os
 from typing import Any
 
 CUDA_UNAVAILABLE = "torch.cuda.is_available() is False"
+
+
+class DeviceKind(str, enum.Enum):
+    """A kind of machine a CI job runs on: the CPU, or a GPU arch as `arch()` names it."""
+
+    CPU = "cpu"
+    SM90 = "sm90"  # Hopper: H100, H200
+    SM100 = "sm100"  # Blackwell: B200, GB200
+    GFX942 = "gfx942"  # CDNA3: MI300X, MI325X
+    GFX950 = "gfx950"  # CDNA4: MI350X, MI355X
+
+    @property
+    def device(self) -> str:
+        """The torch device a run computes on: ROCm GPUs are 'cuda' to torch too."""
+        return "cpu" if self is DeviceKind.CPU else "cuda"
+
+    @property
+    def arch(self) -> str | None:
+        """What `arch()` reports on this kind's GPU; None for the CPU."""
+        return None if self is DeviceKind.CPU else self.value
 
 
 def cuda_unavailable_reason() -> str | None:

@@ -29,7 +29,6 @@ in __main__, or configured after construction) runs in-process, and its results 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import faulthandler
 import io
@@ -59,10 +58,9 @@ from difftest.errors import SpecError
 from difftest.guards import Execution, Fault, Launch, Outcome, PoisonFreshTensors, execute
 from difftest.kernel_inputs import KernelInputs
 from difftest.kinds import Isolation, Transport
-from difftest.serialize import pid_alive
+from difftest.lifetime import die_with_parent, run_folder
 from difftest.verdict import Verdict
 
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 DEFAULT_TIMEOUT = 600.0  # seconds one case may take in a worker when the run sets no --timeout
 STARTUP_TIMEOUT = 600.0  # seconds a worker may take to import and build its backend (a JIT library)
 _STDERR_LINES = 4  # last lines of a dead worker's stderr quoted when faulthandler said nothing
@@ -234,16 +232,7 @@ def _die_with(run_pid: int | None) -> None:
         with contextlib.suppress(OSError):
             os.close(alive)
         server._forkserver_alive_fd = None
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass  # no prctl here: the worker outlives a killed run until its call ends
-    if run_pid is None:
-        return
-    if not pid_alive(run_pid):  # the run died before prctl: no signal will come
-        os._exit(1)
+    die_with_parent(run_pid)
 
 
 def _redirect_output(log_path: str) -> None:
@@ -416,15 +405,18 @@ def crash_summary(path: Path) -> str:
 class WorkerPool:
     """A Worker for every backend that can be rebuilt in a fresh process, InProcess for the rest.
 
-    The workers' logs live in one run folder (difftest-workers-*), removed when the pool closes; a
-    small reaper process removes it too should this process die without closing the pool (SIGKILL):
-    it waits for its stdin, which only this process holds open, to close."""
+    The workers' logs live in one folder (difftest-workers-*, in lifetime.run_folder), removed when the
+    pool closes; a small reaper process removes it, and the whole run folder, should this process die
+    without closing the pool (SIGKILL): it waits for its stdin, which only this process holds open, to
+    close. (A reaper killed along with the run, a whole process group SIGKILLed, leaves the run folder
+    to the next run's lifetime.sweep.)"""
 
     def __init__(self, backends: list[Loaded], device: str, timeout: float | None,
                  startup_timeout: float = STARTUP_TIMEOUT) -> None:
-        self.log_dir = Path(tempfile.mkdtemp(prefix="difftest-workers-"))
-        # multiprocessing's own temp folder (pymp-*), which it removes only at a clean exit
-        self.reaper = _reaper(self.log_dir, Path(multiprocessing.util.get_temp_dir()))
+        self.log_dir = Path(tempfile.mkdtemp(prefix="difftest-workers-", dir=run_folder()))
+        # multiprocessing's own temp folder (pymp-*), which it removes only at a clean exit, and the
+        # run folder, which an atexit hook removes
+        self.reaper = _reaper(self.log_dir, Path(multiprocessing.util.get_temp_dir()), run_folder())
         limit = timeout or DEFAULT_TIMEOUT
         self.executors: list[Executor] = [self._executor(b, index, device, limit, startup_timeout)
                                           for index, b in enumerate(backends)]

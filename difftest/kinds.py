@@ -98,11 +98,32 @@ class CaseKind(str, enum.Enum):
     ALL = "all"  # random and edges
 
 
+class CiSystem(str, enum.Enum):
+    """The CI systems `difftest matrix emit` writes configuration for (difftest.matrix_emit)."""
+
+    GITHUB = "github"  # a GitHub Actions workflow
+    BUILDKITE = "buildkite"  # a Buildkite pipeline
+
+
 class OracleKind(str, enum.Enum):
     """Which oracle a run compares against."""
 
     EXACT = "exact"  # the float64 torch oracle: the truth, to float64 rounding
     FAST = "fast"  # the fused Triton oracle: fp32 sums of exact products, with a rigorous per-row bound
+
+
+class TimingMethod(str, enum.Enum):
+    """How a backend's launches were timed (`difftest run --time K`, difftest.timing)."""
+
+    CUDA_EVENTS = "cuda-events"  # a torch.cuda.Event pair around each launch, L2 flushed before it
+    PERF_COUNTER = "perf-counter"  # time.perf_counter around each launch (the CPU)
+
+
+class TimedRegion(str, enum.Enum):
+    """What the timed launches covered."""
+
+    KERNEL = "kernel"  # the per-layer call alone: per-batch schedule/metadata built once, outside (Backend.prepare)
+    WHOLE_CALL = "whole-call"  # the backend declares no prepare(): the whole call, its per-batch set-up included
 
 
 class ExitStatus(enum.IntEnum):

@@ -14,15 +14,15 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from difftest.errors import SpecError, require
+from difftest.generators.cases import suite
+from difftest.generators.spec import CaseSpec, case_name
 from difftest.kinds import CaseKind
-from generators.cases import suite
-from generators.spec import CaseSpec, case_name
 
 if TYPE_CHECKING:
     from difftest.backends import Backend
     from difftest.contract import Contract
+    from difftest.generators.envelope import Target
     from difftest.result import CaseResult
-    from generators.envelope import Target
 
 T = TypeVar("T")
 MAX_SEED = 2**62  # seeds grow by 1000 per spec; torch takes any int64
@@ -171,10 +171,10 @@ class EnvelopePlan:
 
 
 def envelope_plan(backends: Sequence[Backend], target: Target, seed: int, count: int = 1) -> EnvelopePlan:
-    """Cases for every backend inside its own envelope at `target`'s scale (generators.envelope), one
+    """Cases for every backend inside its own envelope at `target`'s scale (difftest.generators.envelope), one
     case per distinct spec so backends whose envelopes agree share the oracle's answer; each case runs
     on every backend whose contract takes it. Specs of the RANDOM family get `count` seeds."""
-    from generators.envelope import EdgeFamily, envelope_specs  # deferred: envelopes import torch (contracts)
+    from difftest.generators.envelope import EdgeFamily, envelope_specs  # deferred: envelopes import torch (contracts)
 
     idle = {b.name: reason for b in backends if (reason := _idle_reason(b, target))}
     specs: dict[CaseSpec, set[str]] = {}
@@ -213,7 +213,7 @@ def _uniquely_named(specs: dict[CaseSpec, set[str]]) -> list[tuple[CaseSpec, set
 
 def _takes(contract: Contract, spec: CaseSpec, target: Target) -> bool:
     """Whether a backend with `contract` can be handed cases of `spec` on `target`."""
-    from generators.envelope import estimate_bytes  # deferred: envelopes import torch (contracts)
+    from difftest.generators.envelope import estimate_bytes  # deferred: envelopes import torch (contracts)
 
     if contract.shape_reason(spec.next_n, spec.heads, spec.head_dim, spec.block_size) is not None:
         return False

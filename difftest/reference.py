@@ -1,7 +1,7 @@
 """The oracle's answer for one case, computed once and shared by every backend that runs it.
 
-Two oracles (difftest.kinds.OracleKind): EXACT, the float64 torch oracle (oracles.paged_mqa_logits),
-which is the truth; FAST, the fused Triton oracle (oracles.fused), fp32 sums of exact products whose
+Two oracles (difftest.kinds.OracleKind): EXACT, the float64 torch oracle (difftest.oracles.paged_mqa_logits),
+which is the truth; FAST, the fused Triton oracle (difftest.oracles.fused), fp32 sums of exact products whose
 per-row bound covers its own rounding and a correct fp32 backend's together. Both give a Reference of
 the same form, so the comparison does not know which one ran.
 """
@@ -14,8 +14,8 @@ import torch
 
 from difftest.case import Case
 from difftest.kinds import OracleKind
-from oracles.fused import fused_reference
-from oracles.paged_mqa_logits import fp32_error_bound, reference
+from difftest.oracles.fused import fused_reference
+from difftest.oracles.paged_mqa_logits import fp32_error_bound, reference
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,11 +9,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import statistics
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from difftest.comparison import STRIP_LEGEND, Comparison
+from difftest.kinds import TimedRegion
+from difftest.performance import format_seconds, races
 from difftest.plan import EnvelopePlan
 from difftest.result import CaseResult
 from difftest.serialize import atomic_write, to_jsonable
@@ -36,6 +39,10 @@ class BackendSummary:
     counts: dict[str, int]  # verdict -> cases
     skip_reasons: list[str]
     stability: str | None = None  # the least stable kind over its repeated cases, with the launches
+    seconds: float = 0.0  # its calls' seconds over the cases it ran (CaseResult.seconds), summed
+    median_seconds: float = 0.0  # the median of those per case
+    kernel_seconds: float | None = None  # under --time: the median over its cases of their median timed launch
+    timed_region: TimedRegion | None = None  # what those launches covered
 
 
 def summarize(results: list[CaseResult]) -> list[BackendSummary]:
@@ -57,7 +64,17 @@ def _summary(name: str, results: list[CaseResult]) -> BackendSummary:
         topk_overlap=min((c.topk_overlap for c in compared), default=math.nan),
         verdict=overall, counts=counts,
         skip_reasons=sorted({r.reason or "" for r in results if r.verdict == Verdict.SKIP}),
-        stability=_least_stable([r.stability for r in results if r.stability is not None]))
+        stability=_least_stable([r.stability for r in results if r.stability is not None]), **_times(ran))
+
+
+def _times(ran: list[CaseResult]) -> dict[str, Any]:
+    """The time columns of a backend's summary: its calls' seconds (total, median per case) and,
+    under --time, the median of its cases' median timed launches and what those covered."""
+    seconds = [r.seconds for r in ran]
+    timed = [r.timing for r in ran if r.timing is not None and r.timing.error is None]
+    return dict(seconds=sum(seconds), median_seconds=statistics.median(seconds) if seconds else 0.0,
+                kernel_seconds=statistics.median(t.median for t in timed) if timed else None,
+                timed_region=timed[0].region if timed else None)
 
 
 def _least_stable(stabilities: list[Stability]) -> str | None:
@@ -73,9 +90,12 @@ def headline(summary: BackendSummary) -> str:
 
 
 def render_table(summaries: list[BackendSummary]) -> str:
-    """The fixed-width table `difftest run` ends with."""
+    """The fixed-width table `difftest run` ends with: the time columns are each backend's calls,
+    total and per case, and under --time the median kernel launch."""
+    timed = any(s.kernel_seconds is not None for s in summaries)
     header = (f"{'backend':<28} {'cases':>5} {'rows':>6}  {'-inf-mask mismatch':<18}  "
-              f"{'max rel err':>11}  {'top-k overlap':>13}  verdict")
+              f"{'max rel err':>11}  {'top-k overlap':>13}  {'time':>8} {'per case':>8}  "
+              + (f"{'kernel':>9}  " if timed else "") + "verdict")
     lines = [header]
     for s in summaries:
         overlap = "-" if math.isnan(s.topk_overlap) else f"{s.topk_overlap:.3f}"
@@ -87,8 +107,24 @@ def render_table(summaries: list[BackendSummary]) -> str:
         if s.stability:
             verdict += f" [{s.stability}]"
         lines.append(f"{s.backend:<28} {s.cases:>5} {s.rows:>6}  {mismatch:<18}  {err:>11}  "
-                     f"{overlap:>13}  {verdict}")
+                     f"{overlap:>13}  {_time_cells(s, timed)}{verdict}")
+    if any(s.timed_region == TimedRegion.WHOLE_CALL for s in summaries):
+        lines.append(WHOLE_CALL_NOTE)
     return "\n".join(lines)
+
+
+WHOLE_CALL_NOTE = ("* whole call timed: the backend declares no prepare(), so its per-batch set-up (a schedule, "
+                   "metadata) is timed with the kernel")
+
+
+def _time_cells(s: BackendSummary, timed: bool) -> str:
+    """'1.23 s  41.2 ms  ' (and the kernel cell under --time, '*' marking a whole call), '-' where it ran nothing."""
+    total, per_case = (format_seconds(s.seconds), format_seconds(s.median_seconds)) if s.cases else ("-", "-")
+    cells = f"{total:>8} {per_case:>8}  "
+    if not timed:
+        return cells
+    kernel = "-" if s.kernel_seconds is None else format_seconds(s.kernel_seconds)
+    return cells + f"{kernel + ('*' if s.timed_region == TimedRegion.WHOLE_CALL else ''):>9}  "
 
 
 def render_devices(results: list[CaseResult]) -> str:
@@ -112,6 +148,13 @@ def render_failures(results: list[CaseResult], limit: int = 20) -> str:
     if hidden > 0:
         lines.append(f"... and {hidden} more failing results in the JSON report")
     return "\n".join(lines)
+
+
+def render_results(results: list[CaseResult]) -> str:
+    """One line per result, passing and skipped ones too: backend, case, verdict, seconds, and the
+    reason of a SKIP or an ERROR."""
+    return "\n".join(f"{r.backend} on {r.case} [{r.description}]: {r.verdict.value} in {r.seconds:.3f} s"
+                     + (f": {r.reason}" if r.reason else "") for r in results)
 
 
 def _comparison_lines(r: CaseResult) -> list[str]:
@@ -163,9 +206,11 @@ def _few(rows: list[int], shown: int = 8) -> str:
 
 
 def write_json(path: str | Path, results: list[CaseResult], run_info: dict[str, Any]) -> Path:
-    """The whole run: how it was made, the summaries and every result. Written atomically (a crash
-    leaves the old report or the new one, never a part); OutputError (field 'report') when it cannot be."""
-    doc = {"run": run_info, "summaries": to_jsonable(summarize(results)), "results": to_jsonable(results)}
+    """The whole run: how it was made, the summaries, every result and the sibling races of a --time run
+    (difftest.performance). Written atomically (a crash leaves the old report or the new one, never a
+    part); OutputError (field 'report') when it cannot be."""
+    doc = {"run": run_info, "summaries": to_jsonable(summarize(results)), "results": to_jsonable(results),
+           "performance": to_jsonable(races(results))}
     return atomic_write(Path(path), json.dumps(doc, indent=1) + "\n", "report")
 
 

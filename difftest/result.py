@@ -8,6 +8,7 @@ from difftest.comparison import Comparison
 from difftest.kinds import CacheLayout, Isolation, LengthEncoding
 from difftest.sanitize import SanitizerReport
 from difftest.stability import Stability
+from difftest.timing import Timing
 from difftest.verdict import Verdict
 
 
@@ -46,3 +47,4 @@ class CaseResult:
     sanitizer: SanitizerReport | None = None  # the compute-sanitizer replay, when one was asked for
     gpu: str | None = None  # the physical GPU it was computed on (hardware.gpu_description); None on the CPU
     reach: Reach | None = None
+    timing: Timing | None = None  # the median of the timed launches, under `time` (difftest.timing)

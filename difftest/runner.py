@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,15 +23,17 @@ import torch
 
 from difftest import hardware
 from difftest.backends import Backend, Loaded, as_loaded
+from difftest.batch import Batch
 from difftest.bundle import write_bundle
 from difftest.case import Case
-from difftest.comparison import compare
+from difftest.comparison import Comparison, compare, compare_spans
 from difftest.config import RunConfig
 from difftest.contract import Contract
 from difftest.errors import SpecError, require
-from difftest.guards import Execution, Fault, Launch
+from difftest.guards import Execution, Fault, Launch, Outcome
 from difftest.isolate import Executor, InProcess, WorkerPool
 from difftest.kernel_inputs import KernelInputs, encode
+from difftest.lifetime import scratch
 from difftest.reference import Reference, make_reference
 from difftest.result import CaseResult, Reach
 from difftest.sanitize import SanitizerReport, replay_under
@@ -63,25 +64,35 @@ def start_backend(backend: Loaded, case: Case, ref: Reference, config: RunConfig
     """Encode `case` for `backend` and submit the call to `executor`; the function returned waits for
     the outcome and judges it. Calls to different worker processes overlap. Never raises for the
     backend's faults."""
-    contract = backend.contract
     base = _identity(backend, case, config)
+    pending = _submit(backend, case, config, executor, base)
+    return lambda: _finished(pending(), ref, backend.contract, config, executor, base)
+
+
+def _submit(backend: Loaded, case: Case, config: RunConfig, executor: Executor,
+            base: dict[str, Any]) -> Callable[[], Outcome | CaseResult]:
+    """The call of `backend` on `case` submitted to `executor`: what waits for its outcome, or the
+    SKIP (ERROR) result when the backend cannot take the case (asking it raised)."""
     inputs = _prepared(backend, case, config, base)
     if isinstance(inputs, CaseResult):
         return lambda: inputs
     # The case's own tensors must not be the ones handed over: a backend that writes into them
     # would change the case under every backend after it.
-    pending = executor.submit(backend, _private(inputs, case), Launch(case.rows, case.max_model_len, config.repeat))
+    launch = Launch(case.rows, case.max_model_len, config.repeat, config.time or 0)
+    return executor.submit(backend, _private(inputs, case), launch)
 
-    def finish() -> CaseResult:
-        outcome = pending()
-        done = {**base, "isolation": executor.isolation if config.isolated else None,
-                "isolation_note": executor.note}
-        if isinstance(outcome, Fault):
-            return CaseResult(verdict=outcome.verdict, seconds=outcome.seconds, reason=outcome.reason,
-                              error_type=outcome.error_type, **done)
-        return _judge(outcome, ref, contract, done)
 
-    return finish
+def _finished(outcome: Outcome | CaseResult, ref: Reference, contract: Contract, config: RunConfig,
+              executor: Executor, base: dict[str, Any], compared: Comparison | None = None) -> CaseResult:
+    """The result of a submitted call: as it was when it never ran, its fault, or its judged outputs
+    (`compared`: their comparison, when already made)."""
+    if isinstance(outcome, CaseResult):
+        return outcome
+    done = {**base, "isolation": executor.isolation if config.isolated else None, "isolation_note": executor.note}
+    if isinstance(outcome, Fault):
+        return CaseResult(verdict=outcome.verdict, seconds=outcome.seconds, reason=outcome.reason,
+                          error_type=outcome.error_type, **done)
+    return _judge(outcome, ref, contract, done, compared)
 
 
 def _identity(backend: Loaded, case: Case, config: RunConfig) -> dict[str, Any]:
@@ -120,12 +131,14 @@ def _private(inputs: KernelInputs, case: Case) -> KernelInputs:
         if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in shared})
 
 
-def _judge(execution: Execution, ref: Reference, contract: Contract, base: dict[str, Any]) -> CaseResult:
-    """The verdict of an execution: the first launch's comparison, the inputs, the launches' agreement."""
+def _judge(execution: Execution, ref: Reference, contract: Contract, base: dict[str, Any],
+           compared: Comparison | None = None) -> CaseResult:
+    """The verdict of an execution: the first launch's comparison (`compared`, when already made), the
+    inputs, the launches' agreement."""
     got = execution.outputs[0]
-    measured = {"mutated_inputs": execution.mutated, "seconds": execution.seconds}
+    measured = {"mutated_inputs": execution.mutated, "seconds": execution.seconds, "timing": execution.timing}
     try:
-        result = compare(ref.logits, got, ref.row_lens, contract, ref.bound, next_n=ref.next_n)
+        result = compared or compare(ref.logits, got, ref.row_lens, contract, ref.bound, next_n=ref.next_n)
     except ValueError as exc:
         return CaseResult(verdict=Verdict.ERROR, reason=str(exc), error_type=type(exc).__name__, **measured, **base)
     verdicts = [result.verdict] + ([Verdict.FAIL_MUTATED_INPUT] if execution.mutated else [])
@@ -137,7 +150,7 @@ def _judge(execution: Execution, ref: Reference, contract: Contract, base: dict[
     return CaseResult(verdict=worst(verdicts), comparison=result, stability=stability, **measured, **base)
 
 
-def run(backends: list[Backend], cases: Iterable[Case], config: RunConfig,
+def run(backends: list[Backend], cases: Iterable[Case | Batch], config: RunConfig,
         on_result: Callable[[CaseResult], None] | None = None, done: Done | None = None,
         takes: Takes | None = None) -> list[CaseResult]:
     """Every backend on every case (every pair `takes` allows: the others give no result); results
@@ -146,17 +159,73 @@ def run(backends: list[Backend], cases: Iterable[Case], config: RunConfig,
     `done` maps (backend name, case name) to results kept from an earlier run: those pairs are not
     run again and do not reach `on_result`; their results take their place in the list. A backend
     runs in a worker (under isolation) rebuilt from the origin it was loaded from
-    (difftest.backends.Loaded); one loaded otherwise has its origin found once, here.
+    (difftest.backends.Loaded); one loaded otherwise has its origin found once, here. A
+    difftest.batch.Batch among the cases runs as one launch per backend, its results per member.
     """
     loaded = _checked(backends, config)
     results: list[CaseResult] = []
     with _executors(loaded, config) as executors:
         for case in cases:
-            require(isinstance(case, Case), "cases", type(case).__name__, "difftest.Case objects")
-            chosen = [i for i, b in enumerate(loaded) if takes is None or takes(b.name, case)]
-            results += _run_case([loaded[i] for i in chosen], [executors[i] for i in chosen], case, config,
-                                 on_result, done or {})
+            require(isinstance(case, (Case, Batch)), "cases", type(case).__name__,
+                    "difftest.Case objects (or difftest.batch.Batch)")
+            whole = case.case if isinstance(case, Batch) else case
+            chosen = [i for i, b in enumerate(loaded) if takes is None or takes(b.name, whole)]
+            picked = [loaded[i] for i in chosen], [executors[i] for i in chosen]
+            results += _run_batch(*picked, case, config, on_result) if isinstance(case, Batch) else \
+                _run_case(*picked, case, config, on_result, done or {})
     return results
+
+
+def _run_batch(backends: list[Loaded], executors: list[Executor], batch: Batch, config: RunConfig,
+               on_result: Callable[[CaseResult], None] | None) -> list[CaseResult]:
+    """Every backend once on the batch's merged case, then each member judged on its own rows, in
+    (member, backend) order. A member that fails there (or could not be judged: a fault, a SKIP of
+    the merged case) is run again alone, and the alone result is the one that counts; one that fails
+    in the batch but passes alone is kept in batch.diverged, and its backend's result on the merged
+    case in batch.whole. A Batch is never a resumed pair (`done`)."""
+    merged = batch.case.validate().to(config.device)
+    bases = [_identity(b, merged, config) for b in backends]
+    pending = [_submit(b, merged, config, e, base) for b, e, base in zip(backends, executors, bases, strict=True)]
+    ref = make_reference(merged, config.oracle_kind)  # while the workers compute
+    outcomes = [wait() for wait in pending]
+    compared = [_span_comparisons(outcome, ref, backend.contract, batch) for backend, outcome in
+                zip(backends, outcomes, strict=True)]
+    results = []
+    for index, member in enumerate(batch.members):
+        member_ref = batch.reference_of(ref, index)
+        for b, (backend, executor, outcome) in enumerate(zip(backends, executors, outcomes, strict=True)):
+            result = _member_result(backend, executor, outcome, batch, index, member_ref, config, compared[b][index])
+            if result is None or result.verdict.failed:
+                alone = _run_case([backend], [executor], member, config, None, {})[0]
+                if result is not None and not alone.verdict.failed:
+                    batch.diverged.append(result)
+                    if backend.name not in batch.whole:
+                        batch.whole[backend.name] = _finished(outcome, ref, backend.contract, config, executor,
+                                                              bases[b])
+                result = alone
+            if on_result:
+                on_result(result)
+            results.append(result)
+    return results
+
+
+def _span_comparisons(outcome: Outcome | CaseResult, ref: Reference, contract: Contract,
+                      batch: Batch) -> list[Comparison | None]:
+    """Each member's comparison from one pass over the first launch's output (None: compare it alone)."""
+    got = outcome.outputs[0] if isinstance(outcome, Execution) else None
+    if got is None or tuple(got.shape) != tuple(ref.logits.shape):
+        return [None] * len(batch.members)
+    return compare_spans(ref.logits, got, ref.row_lens, contract, ref.bound, batch.spans)
+
+
+def _member_result(backend: Loaded, executor: Executor, outcome: Outcome | CaseResult, batch: Batch, index: int,
+                   ref: Reference, config: RunConfig, compared: Comparison | None) -> CaseResult | None:
+    """Member `index`'s result from its rows of the batch's outputs (`compared`: their comparison, when
+    already made); None when the call gave none."""
+    if not isinstance(outcome, Execution):
+        return None
+    base = _identity(backend, batch.members[index], config)
+    return _finished(batch.execution_of(outcome, index), ref, backend.contract, config, executor, base, compared)
 
 
 def _run_case(backends: list[Loaded], executors: list[Executor], case: Case, config: RunConfig,
@@ -229,6 +298,6 @@ def _sanitizer_report(result: CaseResult, backend: Loaded, case: Case, config: R
     if backend.origin.target is None:
         return SanitizerReport(config.sanitize, ran=False, reason="the backend cannot be rebuilt in a fresh "
                                f"process: {backend.origin.why_not}")
-    with tempfile.TemporaryDirectory(prefix="difftest-sanitize-") as folder:
+    with scratch("difftest-sanitize-") as folder:
         bundle = write_bundle(folder, case, result, config, backend.origin, backend.contract.library)
         return replay_under(config.sanitize, Path(bundle), config.device)

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationErr
 from pydantic_core import PydanticCustomError
 
 from difftest.errors import SpecError
+from difftest.hardware import DeviceKind
 from difftest.kinds import (
     CacheLayout,
     CaseKind,
@@ -43,6 +44,8 @@ from difftest.kinds import (
     LengthEncoding,
     OracleKind,
     SanitizerTool,
+    TimedRegion,
+    TimingMethod,
 )
 from difftest.verdict import Verdict
 
@@ -52,7 +55,7 @@ from difftest.verdict import Verdict
 # deployed model or kernel uses, and the products below keep what a case allocates in memory one
 # machine can hold.
 
-# Requests in a case. Loose on purpose: the LOGITS_2_31_ELEMENTS edge family (generators.envelope)
+# Requests in a case. Loose on purpose: the LOGITS_2_31_ELEMENTS edge family (difftest.generators.envelope)
 # draws 2^31 / (next_n * max_model_len) requests, 2^21 at next_n 1 and a 1K context. What the
 # requests cost is bounded by MAX_LOGITS, MAX_QUERY_BYTES and MAX_POOL_BYTES.
 MAX_BATCH = 1 << 24
@@ -71,6 +74,7 @@ MAX_LOGITS = 1 << 36  # rows * max_model_len: 256 GiB of float32 logits, 32x the
 MAX_QUERY_BYTES = 1 << 36  # fp8 bytes of q: rows * heads * head_dim
 MAX_ROWS = MAX_BATCH * 2 * MAX_NEXT_N  # (batch + padding) * next_n
 MAX_REPEAT = 1000  # launches per case: difftest.config.MAX_REPEAT (a sibling module, restated)
+MAX_TIME = 1000  # timed launches per case: difftest.config.MAX_TIME (likewise)
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.Generator.manual_seed takes
 MAX_NAME = 1024  # backend, case, family and spec names; 'package.module:object' targets
 MAX_TEXT = 1 << 24  # free text: reasons, notes, sanitizer output, descriptions
@@ -82,7 +86,7 @@ MAX_DEFLATE_RATIO = 1032  # deflate's largest expansion: a member cannot inflate
 META_FIXED_CHARS = 1 << 16  # the JSON meta of a case, less its per-request lists
 META_CHARS_PER_REQUEST = 24  # seq_lens and spec.lengths: up to 7 digits and ', ' each, with room
 
-# Enum values of modules this one may not import (generators.spec, difftest.stability); the schema
+# Enum values of modules this one may not import (difftest.generators.spec, difftest.stability); the schema
 # tests check that they agree.
 LENGTH_DISTS = ("uniform", "edges", "short", "full")
 VALUE_DISTS = ("normal", "heavy", "integer")
@@ -91,7 +95,7 @@ STABILITY_KINDS = ("bitwise-stable", "stable-within-tolerance", "unstable")
 MASK_PATTERNS = ("no-window", "mtp-mirrored", "per-sequence-length", "constant-offset", "shifted-by-one-request",
                  "tail-not-cleaned", "unknown")  # difftest.explain.Pattern
 MASK_LIMITS = 256  # difftest.comparison.MASK_LIMITS: wrong-mask rows whose limits a comparison records
-# CaseSpec's defaults (generators.spec.CaseSpec), likewise restated and checked.
+# CaseSpec's defaults (difftest.generators.spec.CaseSpec), likewise restated and checked.
 SPEC_DEFAULTS: dict[str, Any] = {
     "name": "random", "batch": 4, "next_n": 1, "heads": 32, "head_dim": 64, "block_size": 16,
     "max_model_len": 256, "length_dist": "uniform", "lengths": None, "values": "normal", "padding": 0,
@@ -261,7 +265,7 @@ class Model(BaseModel):
 
 
 class SpecModel(Model):
-    """generators.spec.CaseSpec as JSON (CaseSpec.to_json); a field left out keeps its default."""
+    """difftest.generators.spec.CaseSpec as JSON (CaseSpec.to_json); a field left out keeps its default."""
 
     what: ClassVar[str] = "a JSON object of CaseSpec fields"
     name: Text(256, 1) = SPEC_DEFAULTS["name"]
@@ -427,6 +431,29 @@ class ReachModel(Model):
     batch: Int(0, 2 * MAX_BATCH)
 
 
+class SiblingsModel(Model):
+    """difftest.contract.Siblings."""
+
+    what: ClassVar[str] = "a JSON object {group, slowdown}"
+    group: Filled("a non-empty group name")
+    slowdown: Number(1, math.inf)
+
+
+class TimingModel(Model):
+    """difftest.timing.Timing."""
+
+    what: ClassVar[str] = "a JSON object of Timing fields"
+    method: OneOf(TimingMethod)
+    region: OneOf(TimedRegion)
+    launches: Int(1, MAX_TIME)
+    median: NonNegative  # 'nan' when `error`
+    minimum: NonNegative
+    maximum: NonNegative
+    l2_flush: Bool
+    siblings: SiblingsModel | None = None
+    error: Text() | None = None
+
+
 class ResultModel(Model):
     """difftest.result.CaseResult as serialize.to_jsonable writes it."""
 
@@ -452,6 +479,7 @@ class ResultModel(Model):
     sanitizer: SanitizerModel | None = None
     gpu: Text(MAX_NAME) | None = None
     reach: ReachModel | None = None
+    timing: TimingModel | None = None
 
 
 class OmittedModel(Model):
@@ -481,6 +509,18 @@ class ShardInfoModel(Model):
     results: Count
     expected: Count
     log: Text()
+
+
+class MatrixRunModel(Model):
+    """The `matrix` of a report `difftest matrix run` wrote: which cell of the matrix it is
+    (difftest.matrix_cell)."""
+
+    what: ClassVar[str] = "a JSON object {cell, device, version, library, suite}"
+    cell: Name
+    device: OneOf(DeviceKind)
+    version: Name
+    library: Text(MAX_NAME)
+    suite: Name
 
 
 class RunInfoModel(Model):
@@ -519,6 +559,9 @@ class RunInfoModel(Model):
     shards: ListOf(ShardInfoModel, 4096, "a list of shard records") | None = None
     incomplete: Bool | None = None  # the run was interrupted: the report holds what finished
     startup_timeout: Number(0.0, math.inf) | None = None
+    time: Int(1, MAX_TIME) | None = None  # timed launches per case
+    fail_slow: Bool | None = None  # a sibling slower than allowed fails the run
+    matrix: MatrixRunModel | None = None  # the matrix cell the run was (difftest matrix run)
 
 
 class SummaryModel(Model):
@@ -536,6 +579,32 @@ class SummaryModel(Model):
     counts: TableOf(Verdicts, Count, "a table of verdict -> cases")
     skip_reasons: ListOf(Text(), MAX_ITEMS, "a list of skip reasons")
     stability: Text(MAX_NAME) | None = None
+    # Reports written before the time column have none of these.
+    seconds: Number(0.0, math.inf) = 0.0
+    median_seconds: Number(0.0, math.inf) = 0.0
+    kernel_seconds: Number(0.0, math.inf) | None = None
+    timed_region: OneOf(TimedRegion) | None = None
+
+
+class SiblingTimeModel(Model):
+    """difftest.performance.SiblingTime."""
+
+    what: ClassVar[str] = "a JSON object of SiblingTime fields"
+    backend: Name
+    seconds: Number(0.0, math.inf)
+    ratio: Number(1, math.inf)
+    allowed: Number(1, math.inf)
+    region: OneOf(TimedRegion)
+    slow: Bool
+
+
+class SiblingRaceModel(Model):
+    """difftest.performance.SiblingRace: one case, one sibling group."""
+
+    what: ClassVar[str] = "a JSON object {case, group, times}"
+    case: Name
+    group: Filled("a non-empty group name")
+    times: ListOf(SiblingTimeModel, MAX_ITEMS, "a list of sibling times, fastest first", low=2)
 
 
 class ReportModel(Model):
@@ -545,6 +614,7 @@ class ReportModel(Model):
     run: RunInfoModel = RunInfoModel()
     summaries: ListOf(SummaryModel, MAX_ITEMS, "a list of backend summaries") = []
     results: ListOf(ResultModel, 1 << 30, "a list of results")
+    performance: ListOf(SiblingRaceModel, 1 << 30, "a list of sibling races (--time)") = []
 
 
 class StreamLineModel(Model):
@@ -644,19 +714,42 @@ class CaseMetaModel(Model):
 
 # --------------------------------------------------------------------------- the ledger
 
+RANGE_TEXT = "a range { min = A, max = B } (either may be left out)"
+FAILING_VERDICTS = [v.value for v in Verdict if v.failed]
+
+
+def _is_range(value: Any, bound: Callable[[Any], bool]) -> bool:
+    """A range table { min = A, max = B }: one or both bounds, integers that pass `bound`, A <= B."""
+    if type(value) is not dict or not value or not set(value) <= {"min", "max"}:
+        return False
+    ordered = "min" not in value or "max" not in value or value["min"] <= value["max"]
+    return ordered and all(_is_int(v) and bound(v) for v in value.values())
+
+
 def _pattern_or(field: Any) -> Any:
-    """A ledger spec value: an fnmatch pattern (a string), or a value the CaseSpec field may take."""
+    """A ledger spec value: an fnmatch pattern (a string), a value the CaseSpec field may take, or, for
+    an integer field and for lengths, a range of them."""
     annotation, _ = _strip(field.annotation)
     inner = next((m for m in (*field.metadata, *getattr(annotation, "__metadata__", ())) if isinstance(m, Rule)), None)
-    if inner is None:  # lengths: a list of lengths
-        def check(value: Any) -> bool:
-            return (type(value) is str and len(value) <= MAX_NAME) or (
-                type(value) is list and len(value) <= MAX_BATCH
-                and all(_is_int(n) and 0 <= n <= MAX_MODEL_LEN for n in value))
+    if inner is None:  # lengths: a list of lengths, or a range one of the case's lengths must fall in
+        def length(n: Any) -> bool:
+            return _is_int(n) and 0 <= n <= MAX_MODEL_LEN
 
-        return Rule(check, "an fnmatch pattern (a string), or a list of lengths").type()
+        def check(value: Any) -> bool:
+            return (type(value) is str and len(value) <= MAX_NAME) or _is_range(value, length) or (
+                type(value) is list and len(value) <= MAX_BATCH and all(length(n) for n in value))
+
+        return Rule(check, f"an fnmatch pattern (a string), a list of lengths, or {RANGE_TEXT}").type()
+    if _base(annotation) is int:
+        return Rule(lambda v: (type(v) is str and len(v) <= MAX_NAME) or inner.check(v) or _is_range(v, inner.check),
+                    f"an fnmatch pattern (a string), {inner.expected}, or {RANGE_TEXT} of those").type()
     return Rule(lambda v: (type(v) is str and len(v) <= MAX_NAME) or inner.check(v),
                 f"an fnmatch pattern (a string), or {inner.expected}").type()
+
+
+def _verdicts(value: Any) -> bool:
+    values = value if type(value) is list else [value]
+    return 0 < len(values) <= len(FAILING_VERDICTS) and all(type(v) is str and v in FAILING_VERDICTS for v in values)
 
 
 class _LedgerSpecBase(Model):
@@ -675,13 +768,16 @@ class DivergenceModel(Model):
 
     what: ClassVar[str] = "a [[divergence]] table"
     unknown_name: ClassVar[str | None] = "keys"
-    unknown_expected: ClassVar[str | None] = "keys among ['backend', 'case', 'reason', 'issue', 'spec']"
+    unknown_expected: ClassVar[str | None] = ("keys among ['backend', 'case', 'verdict', 'spec', 'strict', 'reason', "
+                                              "'issue']")
     backend: Filled("a backend name or fnmatch pattern")
-    case: Filled("a case name or fnmatch pattern")
+    case: Filled("a case name or fnmatch pattern") = "*"
+    verdict: Rule(_verdicts, f"a failing verdict, or a list of them, among {FAILING_VERDICTS}").type() = None
+    spec: LedgerSpecModel = Field(default_factory=LedgerSpecModel)  # type: ignore[valid-type]
+    strict: Bool = False
     reason: Filled("a non-empty string", MAX_TEXT)
     issue: Rule(lambda v: type(v) is str and len(v) <= MAX_NAME and ISSUE.fullmatch(v.strip()) is not None,
                 ISSUE_TEXT).type(str)
-    spec: LedgerSpecModel = Field(default_factory=LedgerSpecModel)  # type: ignore[valid-type]
 
 
 
@@ -693,6 +789,166 @@ class LedgerModel(Model):
     unknown_name: ClassVar[str | None] = "tables"
     unknown_expected: ClassVar[str | None] = "only [[divergence]] tables"
     divergence: ListOf(DivergenceModel, 1 << 16, "an array of tables ([[divergence]])") = []
+
+
+# --------------------------------------------------------------------------- the CI matrix file
+
+MAX_MATRIX_ITEMS = 256  # entries of one axis or rule list: a matrix past this is not one CI can run
+MAX_SUITE_SECONDS = 7 * 86400  # a suite's budget; a week is far past any CI job's limit
+MATRIX_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+MATRIX_NAME_TEXT = "a name of 1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit"
+# A pinned wheel: 'distribution==version' (PEP 508 name, PEP 440 version characters), extras allowed.
+PINNED = re.compile(r"([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)(\[[A-Za-z0-9._,-]*\])?==([A-Za-z0-9.+!_-]+)")
+
+MatrixName = Rule(lambda v: type(v) is str and MATRIX_NAME.fullmatch(v) is not None, MATRIX_NAME_TEXT).type(str)
+Pattern = Filled("an fnmatch pattern (a non-empty string)")
+Patterns = ListOf(Pattern, MAX_MATRIX_ITEMS, f"a list of 1 to {MAX_MATRIX_ITEMS} fnmatch patterns", low=1)
+Labels = Rule(lambda v: (type(v) is str and v.strip() != "" and len(v) <= MAX_NAME) or (
+    type(v) is list and 1 <= len(v) <= 16 and all(type(x) is str and x.strip() != "" for x in v)),
+    "a runner label, or a list of 1 to 16 labels").type()
+
+
+class MatrixDeviceModel(Model):
+    """One [matrix.devices.KIND] table: where the CI jobs of that device kind run."""
+
+    what: ClassVar[str] = "a table {runner, queue}"
+    runner: Labels  # GitHub Actions `runs-on`
+    queue: Filled("a Buildkite agent queue (a non-empty string)") | None = None  # default: the runner label
+
+
+class MatrixVersionModel(Model):
+    """One [matrix.versions.NAME] table: a library version the backends it provides run under."""
+
+    what: ClassVar[str] = "a table {wheel or path, backends, pip_args}"
+    wheel: Rule(lambda v: type(v) is str and PINNED.fullmatch(v) is not None,
+                "a pinned requirement 'distribution==version'").type(str) | None = None
+    path: Filled("a folder (a source checkout or an unpacked tree)") | None = None
+    backends: Patterns = ["*"]  # pydantic copies a mutable default
+    pip_args: ListOf(Text(256), 16, "a list of at most 16 pip options, e.g. ['--no-deps']") = []
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "MatrixVersionModel":
+        if self.wheel is not None and self.path is not None:
+            raise SpecError("path", self.path, "no path beside a wheel: a version is one wheel or one folder")
+        if self.pip_args and self.wheel is None:
+            raise SpecError("pip_args", self.pip_args, "no pip options without a wheel to install")
+        return self
+
+
+class MatrixSuiteModel(Model):
+    """One [matrix.suites.NAME] table: which cases a cell runs (as `difftest run` or `fuzz` options)."""
+
+    what: ClassVar[str] = "a table of suite fields"
+    cases: OneOf(CaseKind) = CaseKind.ENVELOPE.value
+    count: Int(1, 1000) | None = None
+    seed: Seed = 0
+    budget: Number(1.0, MAX_SUITE_SECONDS) | None = None  # seconds
+    spec: SpecModel | None = None
+    case_filter: ListOf(Pattern, MAX_MATRIX_ITEMS, "a list of fnmatch patterns") = []
+    fuzz: Bool = False  # a `difftest fuzz` campaign of `budget` seconds instead of a run
+    isolate: Bool | None = None
+
+    @model_validator(mode="after")
+    def _fuzz_budget(self) -> "MatrixSuiteModel":
+        if self.fuzz and self.budget is None:
+            raise SpecError("budget", None, "a number of seconds: a fuzz suite runs for its budget")
+        return self
+
+
+class MatrixIncludeModel(Model):
+    """One [[matrix.include]] table: combinations run even where an exclude rule matches them."""
+
+    what: ClassVar[str] = "a table of fnmatch patterns {device, backend, version, suite}"
+    device: Pattern = "*"
+    backend: Pattern = "*"
+    version: Pattern = "*"
+    suite: Pattern = "*"
+
+
+class MatrixExcludeModel(MatrixIncludeModel):
+    """One [[matrix.exclude]] table: combinations not run, and why."""
+
+    what: ClassVar[str] = "a table {device, backend, version, suite, reason}"
+    reason: Filled("a non-empty string: why these combinations are not run", MAX_TEXT)
+
+
+class MatrixModel(Model):
+    """The CI matrix: [matrix] of a difftest.toml, or [tool.difftest.matrix] of a pyproject.toml."""
+
+    what: ClassVar[str] = "a [matrix] table"
+    devices: Annotated[dict[OneOf(DeviceKind), MatrixDeviceModel], Field(min_length=1),
+                       Expect(f"a table of device kind -> {{runner}}, kinds among {[k.value for k in DeviceKind]}")]
+    backends: ListOf(Filled("a registered backend name or 'package.module:object'"), MAX_MATRIX_ITEMS,
+                     f"a list of 1 to {MAX_MATRIX_ITEMS} backend names", low=1)
+    versions: Annotated[dict[MatrixName, MatrixVersionModel], Field(min_length=1, max_length=MAX_MATRIX_ITEMS),
+                        Expect("a table of version name -> {wheel or path, backends}")] = Field(
+        default_factory=lambda: {"installed": MatrixVersionModel()})  # the job's own environment
+    suites: Annotated[dict[MatrixName, MatrixSuiteModel], Field(min_length=1, max_length=MAX_MATRIX_ITEMS),
+                      Expect("a table of suite name -> suite fields")]
+    include: ListOf(MatrixIncludeModel, MAX_MATRIX_ITEMS, "an array of tables ([[matrix.include]])") = []
+    exclude: ListOf(MatrixExcludeModel, MAX_MATRIX_ITEMS, "an array of tables ([[matrix.exclude]])") = []
+    ledger: Filled("a ledger file (TOML)") | None = None
+    baseline: Filled("a merged.json of an earlier merge") | None = None
+    setup: ListOf(Text(MAX_NAME, 1), 16, "a list of at most 16 shell commands") = ["python -m pip install '.[matrix]'"]
+    merge_runner: Labels = "ubuntu-latest"  # where the merge job runs
+
+
+class MergedEntryModel(Model):
+    """One result of a merged matrix report (difftest.matrix_merge.Entry)."""
+
+    what: ClassVar[str] = "a JSON object of merged result fields"
+    cell: Name
+    device: OneOf(DeviceKind)
+    version: Name
+    library: Text(MAX_NAME)
+    backend: Name
+    case: Name
+    families: Names
+    verdict: Verdicts
+    rows: Count
+    mask_rows: Count
+    nan_rows: Count
+    value_rows: Count
+    known: Text() | None = None  # the ledger's "reason (issue)" of a known divergence
+
+
+class MergedModel(Model):
+    """merged.json (`difftest matrix merge`): what a later merge diffs against as its baseline."""
+
+    what: ClassVar[str] = "a JSON object {difftest, cells, results}"
+    difftest: Text(MAX_NAME)
+    cells: Names
+    results: ListOf(MergedEntryModel, 1 << 30, "a list of merged results")
+
+
+# --------------------------------------------------------------------------- [tool.difftest] defaults
+
+# What a `difftest run` option's value may be in a pyproject.toml's [tool.difftest] table, by the
+# kind of option (difftest.cli maps each of its options to one of these).
+OPTION_FLAG = Bool
+OPTION_INT = Rule(_is_int, "an integer").type(int)
+OPTION_NUMBER = Rule(lambda v: type(v) in (int, float) and math.isfinite(v), "a number").type()
+OPTION_TEXT = Text(MAX_TEXT)
+OPTION_TEXTS = ListOf(Text(MAX_TEXT), MAX_ITEMS, "a list of strings")
+OPTION_NAMES = ListOf(Filled("a non-empty name"), MAX_ITEMS, "a list of names, e.g. [\"torch\", \"mymod:kernel\"]")
+OPTION_INTS = IntList(-(1 << 63), (1 << 63) - 1, MAX_ITEMS, "a list of integers, e.g. [1, 2, 4]")
+PROJECT_TABLES = ("matrix",)  # [tool.difftest.<name>] tables that other commands read
+
+
+def validate_defaults(data: Any, options: dict[str, Any], where: str) -> dict[str, Any]:
+    """The [tool.difftest] table `data` of a pyproject.toml: each key one of `options` (an option's
+    name without its dashes -> what its value may be), the tables of PROJECT_TABLES left to their
+    readers; the keys given, with their values. SpecError naming `where` and the key otherwise."""
+    if not isinstance(data, dict):
+        raise SpecError(where.rstrip(), shown(data), "a table of `difftest run` options")
+    base = type("ProjectDefaultsBase", (Model,), {
+        "__module__": __name__, "what": "a table of `difftest run` options", "unknown_name": f"{where}keys",
+        "unknown_expected": f"`difftest run` options among {sorted(options)} (or the tables {list(PROJECT_TABLES)})"})
+    # Not Optional: TOML has no null. The None default is never validated, and model_dump leaves it out.
+    fields = {key.replace("-", "_"): (kind, Field(None, alias=key)) for key, kind in options.items()}
+    model = create_model("ProjectDefaultsModel", __base__=base, **fields)  # type: ignore[call-overload]
+    given = {key: value for key, value in data.items() if key not in PROJECT_TABLES}
+    return validate(model, given, where).model_dump(by_alias=True, exclude_unset=True)
 
 
 # --------------------------------------------------------------------------- validation -> SpecError
@@ -840,6 +1096,24 @@ def read_text(path: str | Path, field: str, what: str, limit: int = MAX_DOCUMENT
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecError(field, str(path), f"a {what} in UTF-8 (byte {exc.start} is not)") from None
+
+
+def read_toml(path: str | Path, field: str, what: str) -> dict[str, Any]:
+    """The TOML document at `path`; SpecError(field, path, ...) when it cannot be read or parsed.
+    Python 3.10 reads TOML through the `tomli` package (3.11+ has tomllib)."""
+    text = read_text(path, field, what)
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        try:
+            import tomli as tomllib
+        except ModuleNotFoundError:
+            raise SpecError(field, str(path), f"a {what}, which Python 3.10 reads with tomli (pip install tomli)") \
+                from None
+    try:
+        return tomllib.loads(text)
+    except (ValueError, RecursionError) as exc:  # TOMLDecodeError, or an integer past str()'s digits
+        raise SpecError(field, str(path), f"a {what} in valid TOML ({one_line(str(exc))})") from None
 
 
 def parse_json(text: str) -> Any:

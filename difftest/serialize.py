@@ -13,13 +13,15 @@ import enum
 import json
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from difftest.comparison import Comparison
+from difftest.contract import Siblings
 from difftest.errors import OutputError, SpecError
 from difftest.explain import Explanation, Pattern
-from difftest.kinds import CacheLayout, Isolation, LengthEncoding, SanitizerTool
+from difftest.kinds import CacheLayout, Isolation, LengthEncoding, SanitizerTool, TimedRegion, TimingMethod
 from difftest.result import CaseResult, Reach
 from difftest.sanitize import Finding, SanitizerReport
 from difftest.schema import (
@@ -33,6 +35,7 @@ from difftest.schema import (
     validate,
 )
 from difftest.stability import Stability, StabilityKind
+from difftest.timing import Timing
 from difftest.verdict import Mismatch, Verdict
 
 MAX_LINE_PEEK = 1 << 20  # is_stream reads this much of the first line at most
@@ -71,6 +74,7 @@ def _built(data: dict[str, Any]) -> CaseResult:
         "stability": _maybe(_stability, data.get("stability")),
         "sanitizer": _maybe(_sanitizer, data.get("sanitizer")),
         "reach": _maybe(lambda r: Reach(**{**r, "families": tuple(r["families"])}), data.get("reach")),
+        "timing": _maybe(_timing, data.get("timing")),
     }
     return CaseResult(**{**data, **nested})
 
@@ -91,6 +95,12 @@ def _comparison(data: dict[str, Any]) -> Comparison:
 
 def _stability(data: dict[str, Any]) -> Stability:
     return Stability(**{**data, "kind": StabilityKind(data["kind"]), "max_abs_diff": float(data["max_abs_diff"])})
+
+
+def _timing(data: dict[str, Any]) -> Timing:
+    floats = {k: float(data[k]) for k in ("median", "minimum", "maximum")}
+    return Timing(**{**data, **floats, "method": TimingMethod(data["method"]), "region": TimedRegion(data["region"]),
+                     "siblings": _maybe(lambda s: Siblings(s["group"], float(s["slowdown"])), data.get("siblings"))})
 
 
 def _sanitizer(data: dict[str, Any]) -> SanitizerReport:
@@ -117,6 +127,18 @@ def load_results(path: str | Path, field: str = "resume") -> list[CaseResult]:
         return _stream_results(text, path)
     except SpecError as exc:  # named after `field` (the option that gave the file), the place in it after
         raise SpecError(field, exc.value, f"{exc.expected}, at {exc.field}") from None
+
+
+def load_run_info(path: str | Path, field: str = "resume") -> list[dict[str, Any]]:
+    """How the results of a report or stream were made: a JSON report's `run`, or every {"run": ...}
+    line of a stream (one per session: a resumed run adds its own). Read after load_results has
+    checked the file; SpecError naming `field` when it cannot be read."""
+    text = read_text(path, field, "report or stream")
+    document = _json_or_none(text)
+    if isinstance(document, dict) and not (len(document) == 1 and {"run", "result"} & set(document)):
+        return [document.get("run") or {}]
+    records = (_json_or_none(line) for line in text.splitlines())
+    return [record["run"] for record in records if isinstance(record, dict) and isinstance(record.get("run"), dict)]
 
 
 def is_stream(path: str | Path) -> bool:
@@ -160,11 +182,15 @@ class ResultStream:
     append=True keeps what the file holds (a resumed run adds to its own stream) after cutting a
     torn last line; otherwise the file starts empty. A write that fails (a full disk) is OutputError
     naming `field`: every line before it stays whole, the failing one at most torn (load_results
-    ignores a torn last line).
+    ignores a torn last line). With `flush_seconds` > 0 lines are held in memory and written (and
+    fsync'd) together once that long has passed since the last write, and at close: a campaign of
+    hundreds of results a second would otherwise spend its time in fsync.
     """
 
-    def __init__(self, path: str | Path, append: bool = False, field: str = "stream") -> None:
+    def __init__(self, path: str | Path, append: bool = False, field: str = "stream",
+                 flush_seconds: float = 0.0) -> None:
         self.path, self.field = Path(path), field
+        self.flush_seconds, self.held, self.flushed = flush_seconds, bytearray(), time.monotonic()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if append and self.path.exists():
@@ -183,7 +209,14 @@ class ResultStream:
     def _line(self, record: dict[str, Any]) -> None:
         if self.fd is None:
             raise OutputError(self.field, self.path, "written after it was closed")
-        data = (json.dumps(record) + "\n").encode()
+        self.held += (json.dumps(record) + "\n").encode()
+        if time.monotonic() - self.flushed >= self.flush_seconds:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Write and fsync the lines held so far."""
+        assert self.fd is not None
+        data, self.held, self.flushed = bytes(self.held), bytearray(), time.monotonic()
         try:
             while data:
                 data = data[os.write(self.fd, data):]
@@ -193,8 +226,12 @@ class ResultStream:
 
     def close(self) -> None:
         if self.fd is not None:
-            fd, self.fd = self.fd, None
-            os.close(fd)
+            try:
+                if self.held:
+                    self._flush()
+            finally:
+                fd, self.fd = self.fd, None
+                os.close(fd)
 
 
 def _cut_torn_line(path: Path) -> None:

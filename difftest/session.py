@@ -18,20 +18,22 @@ from typing import Any
 
 import torch
 
-from difftest import __version__, hardware, spread
+from difftest import __version__, hardware, lifetime, performance, spread
 from difftest.backends import Loaded, get_backends
 from difftest.bundle import bundle_name, write_bundle
 from difftest.case import Case
 from difftest.config import RunConfig
 from difftest.errors import Interrupted, OutputError, SpecError, require
+from difftest.generators.envelope import Target, estimate_bytes
+from difftest.generators.tensors import build_case
 from difftest.kinds import CaseKind, Device, ExitStatus
+from difftest.ledger import Ledger
 from difftest.plan import EnvelopePlan, PlannedCase, Shard, SuiteRequest, envelope_plan, kept_results, plan
 from difftest.report import write_json
 from difftest.result import CaseResult
 from difftest.runner import run
-from difftest.serialize import OutputLock, ResultStream, check_writable, is_stream, load_results
-from generators.envelope import Target, estimate_bytes
-from generators.tensors import build_case
+from difftest.serialize import OutputLock, ResultStream, check_writable, is_stream, load_results, load_run_info
+from difftest.verdict import Verdict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +51,8 @@ class RunRequest:
     budget: float | None = None  # seconds: no case is started after this much of the run has passed
     argv: tuple[str, ...] = ()  # the `run` command line: recorded, and what the children of a spread run get
     overwrite: bool = False  # replace the report and stream an earlier run left at those paths
+    fail_slow: bool = False  # a timed backend slower than its sibling by more than it allows fails the run
+    ledger: Ledger | None = None  # known divergences: the failures it expects do not fail the run
 
     @property
     def stream_path(self) -> Path | None:
@@ -67,22 +71,37 @@ class RunOutcome:
     stream: Path | None = None
     shards: tuple[spread.ShardRun, ...] = ()
     notes: tuple[str, ...] = ()  # what the run did that its caller should hear (a stale lock taken over)
+    # a backend asked for by name that ran no case -> why
+    untested: dict[str, str] = dataclasses.field(default_factory=dict)
+    fail_slow: bool = False  # RunRequest.fail_slow: a slow sibling (difftest.performance) fails the run
+    ledger: Ledger | None = None  # RunRequest.ledger: which failures are expected, which passes are not
 
     @property
     def status(self) -> ExitStatus:
-        """FAILED when a backend failed or a shard died, else OK."""
-        died = any(shard.died for shard in self.shards)
-        return ExitStatus.FAILED if died or any(r.verdict.failed for r in self.results) else ExitStatus.OK
+        """FAILED when a backend failed (with a ledger: a failure it does not expect, or a pass a strict entry
+        covers), a shard died, a backend asked for by name tested nothing or (with fail_slow) a backend
+        was slower than its sibling by more than it allows, else OK."""
+        died = any(shard.died for shard in self.shards) or bool(self.untested)
+        slow = self.fail_slow and bool(performance.slow(performance.races(self.results)))
+        failed = self.ledger.unexpected(self.results) if self.ledger else [r for r in self.results if r.verdict.failed]
+        return ExitStatus.FAILED if died or slow or failed else ExitStatus.OK
 
 
 Listener = Callable[[CaseResult], None]
 
 
 def execute(request: RunRequest, on_result: Listener | None = None,
-            shard_envs: list[dict[str, str]] | None = None) -> RunOutcome:
+            shard_envs: list[dict[str, str]] | None = None,
+            on_planned: Callable[[int], None] | None = None) -> RunOutcome:
     """Run `request`. With `gpus` (or `shard_envs`: what each child's environment adds, how the tests
-    spread a CPU run) the plan is spread over child processes, one shard each."""
+    spread a CPU run) the plan is spread over child processes, one shard each. `on_planned` hears how
+    many results this process will make (those --resume keeps not counted) before the first one, and
+    `on_result` each one as it is made."""
+    spread.join_parent()  # a shard of a spread run dies with its parent
+    lifetime.sweep()  # the temporary folders of runs killed with SIGKILL
     require(request.budget is None or request.budget > 0, "budget", request.budget, "a number of seconds > 0")
+    require(not request.fail_slow or request.config.time is not None, "fail_slow", True,
+            "timed launches to compare (time=K, --time K)")
     require(request.config.device != "cuda" or hardware.cuda_unavailable_reason() is None, "device", "cuda",
             f"a device torch can see ({hardware.CUDA_UNAVAILABLE})")
     backends = get_backends(list(request.backends) if request.backends else None)
@@ -97,11 +116,25 @@ def execute(request: RunRequest, on_result: Listener | None = None,
         if shard_envs is not None:
             outcome = _spread(request, backends, cases, shard_envs, planned_info)
         else:
-            outcome = _here(request, backends, cases, on_result, planned_info)
+            outcome = _here(request, backends, cases, on_result, planned_info, on_planned)
     finally:
         for lock in locks:
             lock.release()
-    return dataclasses.replace(outcome, plan=planned, notes=tuple(lock.note for lock in locks if lock.note))
+    # A shard's share of the plan may leave a backend out: the whole run (a spread parent) judges it.
+    named = request.backends and request.suite.shard is None
+    untested = _untested(backends, outcome.results, planned) if named else {}
+    return dataclasses.replace(outcome, plan=planned, notes=tuple(lock.note for lock in locks if lock.note),
+                               untested=untested, fail_slow=request.fail_slow, ledger=request.ledger)
+
+
+def _untested(backends: list[Loaded], results: list[CaseResult], planned: EnvelopePlan | None) -> dict[str, str]:
+    """The backends that ran no case (every result a SKIP, or none at all), each with why: a backend the
+    caller asked for by name that tests nothing must not pass as green."""
+    ran = {r.backend for r in results if r.verdict != Verdict.SKIP}
+    skipped = {r.backend: r.reason for r in results if r.verdict == Verdict.SKIP and r.reason}
+    idle = planned.idle if planned else {}
+    return {b.name: idle.get(b.name) or skipped.get(b.name) or "no case of the plan was given to it"
+            for b in backends if b.name not in ran}
 
 
 def _claimed(request: RunRequest) -> list[OutputLock]:
@@ -182,9 +215,11 @@ def _taker(cases: list[PlannedCase]) -> Callable[[str, Case], bool] | None:
 
 
 def _here(request: RunRequest, backends: list[Loaded], cases: list[PlannedCase],
-          on_result: Listener | None, extra: dict[str, Any]) -> RunOutcome:
+          on_result: Listener | None, extra: dict[str, Any], on_planned: Callable[[int], None] | None) -> RunOutcome:
     config, started = request.config, time.time()
     done = _resumed(request, cases, backends) if request.resume else {}
+    if on_planned:
+        on_planned(_pairs(cases, backends) - len(done))
     stream = _open_stream(request, run_info(request, started, len(cases), len(done)), done)
     repro = ReproWriter(request.repro_dir, config, backends) if request.repro_dir else None
     left: list[str] = []
@@ -226,6 +261,11 @@ def _here(request: RunRequest, backends: list[Loaded], cases: list[PlannedCase],
     return RunOutcome(results, info, bundles=len(repro.written) if repro else 0, stream=stream.path if stream else None)
 
 
+def _pairs(cases: list[PlannedCase], backends: list[Loaded]) -> int:
+    """The (backend, case) pairs of the plan: each case's chosen backends, or every one."""
+    return sum(c.backends is None or b.name in c.backends for c in cases for b in backends)
+
+
 def _spread(request: RunRequest, backends: list[Loaded], cases: list[PlannedCase],
             envs: list[dict[str, str]], extra: dict[str, Any]) -> RunOutcome:
     """The plan's shards in child processes (difftest.spread), their results merged in plan order."""
@@ -235,7 +275,18 @@ def _spread(request: RunRequest, backends: list[Loaded], cases: list[PlannedCase
             "(a spread run shards itself)")
     started = time.time()
     expected = [len(Shard(i, len(envs)).of(cases)) * len(backends) for i in range(len(envs))]
-    shards = spread.run_shards(request.argv, envs, expected)
+    try:
+        shards = spread.run_shards(request.argv, envs, expected)
+    except spread.ShardsInterrupted as stop:  # Ctrl-C: what the children finished, marked incomplete
+        outcome = _merged(request, cases, stop.shards, {**extra, "incomplete": True}, started)
+        kept = tuple(str(path) for path in (request.report, outcome.stream) if path)
+        raise Interrupted(len(outcome.results), kept) from None
+    return _merged(request, cases, shards, extra, started)
+
+
+def _merged(request: RunRequest, cases: list[PlannedCase], shards: list[spread.ShardRun], extra: dict[str, Any],
+            started: float) -> RunOutcome:
+    """The shards' results in plan order, written to the stream and the report."""
     results = spread.merge([c.name for c in cases], shards)
     info = {**run_info(request, started, len(cases)), "shards": [shard.info() for shard in shards], **extra}
     stream = _open_stream(request, info, {})
@@ -268,11 +319,29 @@ def _bundles_written(repro_dir: Path | None, results: list[CaseResult]) -> int:
     return sum((repro_dir / bundle_name(r)).is_dir() for r in results if r.verdict.failed)
 
 
+# Run-info keys a resumed run must share with the run it resumes -> the parameter that sets each.
+RESUMED_ALIKE = {"encoding_override": "encoding", "layout_override": "layout", "repeat": "repeat",
+                 "oracle": "oracle", "cases_kind": "cases"}
+
+
 def _resumed(request: RunRequest, cases: list[PlannedCase],
              backends: list[Loaded]) -> dict[tuple[str, str], CaseResult]:
     assert request.resume is not None
-    return kept_results(load_results(request.resume, "resume"), cases, [b.name for b in backends],
-                        request.config.device, str(request.resume))
+    results = load_results(request.resume, "resume")
+    _same_options(request, load_run_info(request.resume, "resume"))
+    return kept_results(results, cases, [b.name for b in backends], request.config.device, str(request.resume))
+
+
+def _same_options(request: RunRequest, earlier: list[dict[str, Any]]) -> None:
+    """SpecError naming the first parameter (RESUMED_ALIKE) that `request` sets otherwise than the run
+    it resumes did: results made under two what-ifs, repeat counts or oracles must not be mixed.
+    A record that does not say (one the pytest plugin wrote) is taken at its word."""
+    now = run_info(request, time.time(), 0)
+    for header in earlier:
+        for key, field in RESUMED_ALIKE.items():
+            require(key not in header or header[key] == now[key], field, now[key],
+                    f"{header[key]!r}, what the run resumed from {request.resume} used (its results were made "
+                    "under it; start a new report to change it)")
 
 
 def _open_stream(request: RunRequest, info: dict[str, Any],
@@ -310,7 +379,7 @@ def run_info(request: RunRequest, started: float, cases: int, resumed: int = 0) 
             "case_filter": list(request.suite.case_filter),
             "shard": str(request.suite.shard) if request.suite.shard else None,
             "resumed_from": str(request.resume) if request.resume else None, "resumed": resumed,
-            "startup_timeout": config.startup_timeout}
+            "startup_timeout": config.startup_timeout, "time": config.time, "fail_slow": request.fail_slow}
 
 
 class ReproWriter:

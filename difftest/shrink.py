@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, Protocol
@@ -33,12 +34,12 @@ from difftest.bundle import Bundle
 from difftest.case import Case
 from difftest.config import RunConfig
 from difftest.errors import SpecError
+from difftest.generators.spec import CaseSpec, Stale, Values, case_name
+from difftest.generators.tensors import build_case
 from difftest.kinds import Fp8Flavour
 from difftest.result import CaseResult
 from difftest.runner import run_one
 from difftest.verdict import Verdict
-from generators.spec import CaseSpec, Stale, Values
-from generators.tensors import build_case
 
 # Lengths of the same residue modulo the block size tried before the binary search (per length).
 RESIDUE_CANDIDATES = 8
@@ -73,19 +74,44 @@ class ShrinkResult:
     seconds: float
     finished: bool  # False when the budget ran out before a round changed nothing
 
-    def summary(self) -> str:
-        """Before and after, the verdict kept, the cost; the paste-back line last."""
+    def summary(self, target: str, config: RunConfig) -> str:
+        """Before and after, the verdict kept, the cost; last the line that runs the shrunk case again
+        (ShrinkResult.command)."""
         spent = "" if self.finished else ", budget spent"
         return "\n".join([f"before: {self.original.describe()} rows={self.original.rows}",
-                          f"after:  {self.case.describe()} rows={self.case.rows}",
+                          f"after:  {self.case.name}: {self.case.describe()} rows={self.case.rows}",
                           f"verdict: {self.result.verdict.value} kept ({self.probes} probes, "
-                          f"{self.seconds:.1f} s{spent})", self.line()])
+                          f"{self.seconds:.1f} s{spent})", self.command(target, config)])
 
     def line(self) -> str:
-        """One line to paste back: {"seed": .., "spec": {..}} JSON, or the case's description."""
+        """The shrunk case in one line: {"seed": .., "spec": {..}} JSON, or the case's description."""
         if self.spec is None:
             return self.case.describe()
         return json.dumps({"seed": self.seed, "spec": self.spec.to_json()}, separators=(",", ":"))
+
+    def command(self, target: str, config: RunConfig) -> str:
+        """The `difftest run` command line that runs the shrunk case through backend `target` (a
+        registered name or 'package.module:object') as `config` fed it; the case's description when
+        it was shrunk on its tensors (no spec to draw it from)."""
+        if self.spec is None or self.seed is None:
+            return self.case.describe()
+        return spec_command(target, self.spec, self.seed, config)
+
+
+def spec_command(target: str, spec: CaseSpec, seed: int, config: RunConfig) -> str:
+    """`difftest run --backends TARGET --spec JSON --seed N`, with the device and what-if overrides of
+    `config`: the case (spec, seed) through that backend, as `config` fed it. The spec lists its
+    name and the fields that differ from CaseSpec's defaults (--spec fills in the rest)."""
+    defaults = CaseSpec().to_json()
+    fields = {k: v for k, v in spec.to_json().items() if k == "name" or defaults.get(k) != v}
+    words = ["difftest", "run", "--backends", target, "--spec", json.dumps(fields, separators=(",", ":")),
+             "--seed", str(seed)]
+    if config.device != "cpu":
+        words += ["--device", config.device]
+    for option, value in (("--encoding", config.encoding), ("--layout", config.layout)):
+        if value is not None:
+            words += [option, value.value]
+    return shlex.join(words)
 
 
 def case_from_line(line: str, device: str | torch.device = "cpu") -> Case:
@@ -111,8 +137,11 @@ def shrink(target: Bundle | Case, backend: Backend, config: RunConfig | None = N
     search = _Search(backend, config, failure, _moves_for(original, config.device), start + budget_seconds,
                      original, first)
     finished = search.run()
-    case = dataclasses.replace(search.case, name=f"{original.name}-min")
     spec, seed = (search.state.spec, search.state.seed) if isinstance(search.state, _SpecState) else (None, None)
+    if spec is not None:  # named as `run --spec` names it: the spec's name says it is the shrunk one
+        spec = spec.replace(name=f"{spec.name}-min")
+    name = case_name(spec, seed) if spec is not None and seed is not None else f"{original.name}-min"
+    case = dataclasses.replace(search.case, name=name)
     return ShrinkResult(original=original, case=case, result=dataclasses.replace(search.result, case=case.name),
                         spec=spec, seed=seed, probes=search.probes, seconds=time.perf_counter() - start,
                         finished=finished)

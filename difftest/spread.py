@@ -7,6 +7,9 @@ streams its results as JSONL into a part folder. The parent waits for every chil
 results in plan order (merge): the report reads as one process's run, and each result names the
 GPU it was computed on (CaseResult.gpu). A child that dies costs only the results it had not
 streamed yet: the parent says which shard died and how (ShardRun.describe) and keeps the rest.
+Ctrl-C stops every child and hands on what they streamed (ShardsInterrupted). Each child dies with
+the parent, should the parent be killed (join_parent), and the part folder lives in the parent's run
+folder (difftest.lifetime), which the next run sweeps away.
 """
 
 from __future__ import annotations
@@ -15,18 +18,19 @@ import dataclasses
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from difftest.errors import require
 from difftest.isolate import crash_summary, exit_description
 from difftest.kinds import ExitStatus
+from difftest.lifetime import die_with_parent, scratch
 from difftest.result import CaseResult
 from difftest.serialize import load_results
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
-PARENT_ONLY = ("--gpus", "--report", "--stream")  # `run` options only the parent acts on; each takes a value
+PARENT = "DIFFTEST_SPREAD_PARENT"  # in a child's environment: the pid of the run it is a shard of
+PARENT_ONLY = ("--gpus", "--report", "--stream", "--junit")  # `run` options only the parent acts on; each takes a value
 
 
 def visible_devices_for_shard(shard: int, gpus: int, parent_visible: str | None) -> str:
@@ -94,32 +98,59 @@ class ShardRun:
                 "died": self.died, "results": len(self.results), "expected": self.expected, "log": self.log}
 
 
+class ShardsInterrupted(KeyboardInterrupt):
+    """Ctrl-C while the children ran: `shards` holds what each had streamed by then."""
+
+    def __init__(self, shards: list[ShardRun]) -> None:
+        super().__init__()
+        self.shards = shards
+
+
+def join_parent() -> None:
+    """In a child of a spread run (PARENT in its environment): die with the run, however it dies
+    (lifetime.die_with_parent). The variable is dropped, so this process's own children do not see it."""
+    parent = os.environ.pop(PARENT, None)
+    if parent is not None and parent.isdigit():
+        die_with_parent(int(parent))
+
+
 def run_shards(argv: Sequence[str], envs: Sequence[dict[str, str]], expected: Sequence[int]) -> list[ShardRun]:
     """Shard i of the `run` command line `argv` in a child process whose environment adds envs[i],
     all children at once; waits for every one and returns what each streamed, a dead one's too.
-    `expected[i]` is the number of results shard i gives when it runs to the end."""
+    `expected[i]` is the number of results shard i gives when it runs to the end. Ctrl-C stops every
+    child and raises ShardsInterrupted with what they had streamed."""
     count = len(envs)
-    with tempfile.TemporaryDirectory(prefix="difftest-shards-") as parts:
-        folder = Path(parts)
+    with scratch("difftest-shards-") as folder:
         children = [_start(argv, i, count, env, folder) for i, env in enumerate(envs)]
         try:
             codes = [child.wait() for child in children]
+        except KeyboardInterrupt:
+            _stop(children)
+            raise ShardsInterrupted([_collected(ShardRun(i, count, envs[i], child.returncode, [], expected[i], ""),
+                                                folder) for i, child in enumerate(children)]) from None
         finally:
-            for child in children:  # an interrupt or an error here leaves no child running
-                if child.poll() is None:
-                    child.kill()
-                    child.wait()
+            _stop(children)  # an error here leaves no child running either
         return [_collected(ShardRun(i, count, envs[i], code, [], expected[i], ""), folder)
                 for i, code in enumerate(codes)]
 
 
+def _stop(children: Sequence[subprocess.Popen]) -> None:
+    """SIGKILL every child still running and reap it: each result it finished is already streamed."""
+    for child in children:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+
+
 def _start(argv: Sequence[str], index: int, count: int, env: dict[str, str], folder: Path) -> subprocess.Popen:
-    """Child `index`: `python -m difftest.cli` on its shard; its stderr (with faulthandler's stack
-    should it crash) goes to its log in `folder`, its table nowhere (the parent prints the merged one)."""
+    """Child `index`: `python -m difftest.cli` on its shard, told this process's pid so that it dies
+    with it (join_parent); its stderr (with faulthandler's stack should it crash) goes to its log in
+    `folder`, its table nowhere (the parent prints the merged one)."""
     command = [sys.executable, "-X", "faulthandler", "-m", "difftest.cli",
                *child_argv(argv, index, count, folder / f"shard-{index}.jsonl")]
     with (folder / f"shard-{index}.log").open("wb") as log:
-        return subprocess.Popen(command, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=log)
+        return subprocess.Popen(command, env={**os.environ, **env, PARENT: str(os.getpid())},
+                                stdout=subprocess.DEVNULL, stderr=log)
 
 
 def _collected(shard: ShardRun, folder: Path) -> ShardRun:

@@ -9,15 +9,18 @@ interpreter_compat().
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import dis
 import functools
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import ModuleType
+from types import CodeType, ModuleType
 from typing import Any
 
 import numpy as np
@@ -49,9 +52,7 @@ def load_kernel_module(path: Path, name: str, interpret: bool) -> ModuleType:
     key = (str(path), interpret)
     if key in _LOADED:
         return _LOADED[key]
-    importlib.import_module("triton.language")
-    with contextlib.suppress(ImportError):
-        importlib.import_module("triton.experimental.gluon")
+    _import_triton()
     full_name = f"{name}_{'interpreted' if interpret else 'compiled'}"
     spec = importlib.util.spec_from_file_location(full_name, path)
     assert spec is not None and spec.loader is not None
@@ -61,6 +62,58 @@ def load_kernel_module(path: Path, name: str, interpret: bool) -> ModuleType:
     sys.modules[full_name] = module
     _LOADED[key] = module
     return module
+
+
+def load_kernel_defs(path: Path, names: tuple[str, ...], name: str, interpret: bool,
+                     namespace: dict[str, Any]) -> ModuleType:
+    """The top-level functions `names` of the file at `path`, executed verbatim (decorators included)
+    in a module named `name`-interpreted or -compiled whose globals start as `namespace`; cached.
+
+    For a kernel file whose own imports cannot run here (a module of a large package that is not
+    installed): nothing else of the file runs, and `namespace` supplies the names those functions
+    use. The code keeps the file's name and line numbers, so triton.jit reads each kernel's source
+    from the file itself. LookupError when the file lacks one of `names`.
+    """
+    key = (f"{path}::{','.join(names)}", interpret)
+    if key in _LOADED:
+        return _LOADED[key]
+    _import_triton()
+    tree = ast.parse(path.read_text(), str(path))
+    found = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise LookupError(f"{path} defines no {', '.join(missing)}")
+    full_name = f"{name}_{'interpreted' if interpret else 'compiled'}"
+    module = ModuleType(full_name)
+    module.__file__ = str(path)
+    module.__dict__.update(namespace)
+    code = compile(ast.Module([found[n] for n in names], type_ignores=[]), str(path), "exec")
+    sys.modules[full_name] = module  # inspect (called by triton.jit) finds a function's module here
+    with environ("TRITON_INTERPRET", "1" if interpret else "0"):
+        exec(code, module.__dict__)
+    _LOADED[key] = module
+    return module
+
+
+def global_names(function: Callable[..., Any]) -> set[str]:
+    """The global names `function` reads, nested code included; through a @triton.jit kernel or a
+    functools decorator to the Python function inside."""
+    code = inspect.unwrap(getattr(function, "fn", function)).__code__
+    names: set[str] = set()
+    pending = [code]
+    while pending:
+        current = pending.pop()
+        names.update(i.argval for i in dis.get_instructions(current) if i.opname == "LOAD_GLOBAL")
+        pending.extend(c for c in current.co_consts if isinstance(c, CodeType))
+    return names
+
+
+def _import_triton() -> None:
+    """Triton (and gluon, imported lazily at the first launch) imported without TRITON_INTERPRET, so
+    its standard library stays compiled-mode for GPU launches in the same process."""
+    importlib.import_module("triton.language")
+    with contextlib.suppress(ImportError):
+        importlib.import_module("triton.experimental.gluon")
 
 
 def _snapshot(objects: tuple[object, ...]) -> list[tuple[object, dict[str, object]]]:

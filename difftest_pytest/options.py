@@ -28,6 +28,8 @@ DEVICES = ("cpu", "cuda")
 DEFAULT_CASES = "edges"
 DEFAULT_COUNT = 2  # seeds per random spec when --difftest-cases names no count
 SEED_RANGE = 1_000_000  # a random seed is drawn below this, so case names stay short
+OPTIONS = (BACKENDS, SEED, CASES, DEVICE, REPORT, REPRO_DIR, SUITE, LEDGER)
+DEFAULTS: dict[str, object] = {CASES: DEFAULT_CASES, DEVICE: "cpu", SUITE: False}  # the others default to None
 WORKER_SEED = "difftest_seed"  # the workerinput key that carries the controller's seed to xdist workers
 
 
@@ -66,11 +68,16 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(CASES, metavar="KIND[:COUNT]", default=DEFAULT_CASES,
                     help=f"cases: random, edges or all; COUNT seeds per random spec (default: {DEFAULT_CASES}, "
                          f"count {DEFAULT_COUNT})")
-    group.addoption(DEVICE, default="cpu", help="cpu or cuda (default: cpu)")
+    group.addoption(DEVICE, default=DEFAULTS[DEVICE], help="cpu or cuda (default: cpu)")
     group.addoption(REPORT, metavar="PATH", help="write the JSON report of every checked result here")
     group.addoption(REPRO_DIR, metavar="DIR", help="write a reproducer bundle of every failure here")
-    group.addoption(SUITE, action="store_true", help="collect the built-in differential suite")
+    group.addoption(SUITE, action="store_true", default=DEFAULTS[SUITE], help="collect the built-in differential suite")
     group.addoption(LEDGER, metavar="PATH", help="TOML ledger of known divergences (xfail, each citing its issue)")
+
+
+def options_given(config: pytest.Config) -> bool:
+    """Whether the command line sets any difftest option (then the run is a difftest run from the start)."""
+    return any(config.getoption(option) != DEFAULTS.get(option) for option in OPTIONS)
 
 
 def read_settings(config: pytest.Config) -> Settings:

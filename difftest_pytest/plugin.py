@@ -3,7 +3,8 @@
 pytest loads this module in every run of an environment where difftest is installed, so loading it
 imports neither torch nor difftest: what is heavy is imported inside the hooks and fixtures that
 need it. This module holds the hooks every run gets: the options (options.py), the markers
-(markers.py), the report header with the seed, and the fixtures; the stateful parts are plugin
+(markers.py), difftest's hypothesis profiles and deadlines (profiles.py), the report header with
+the seed (only in a run that uses difftest), and the fixtures; the stateful parts are plugin
 objects registered at configure time: results and summary (results.py) always, the suite
 (suite.py) with --difftest-suite, the ledger (ledger.py) with --difftest-ledger, and the seed hand-over
 (workers.py) when pytest-xdist is loaded.
@@ -14,15 +15,16 @@ objects registered at configure time: results and summary (results.py) always, t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import pytest
 
-from difftest_pytest import markers
+from difftest_pytest import markers, profiles
 from difftest_pytest.ledger import LedgerPlugin, load
-from difftest_pytest.options import add_options, read_settings
+from difftest_pytest.options import add_options, options_given, read_settings
 from difftest_pytest.results import Recorder
-from difftest_pytest.selection import Selection
+from difftest_pytest.selection import Selection, case_ids
 from difftest_pytest.suite import SuitePlugin
 from difftest_pytest.workers import SeedToWorkers, pin_gpu
 
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
     from difftest.case import Case
 
 SELECTION = pytest.StashKey[Selection]()
+FIXTURES = frozenset({"difftest_backend", "difftest_case", "difftest_seed"})
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -38,9 +41,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
 
 
+@pytest.hookimpl(tryfirst=True)  # before hypothesis' plugin loads the --hypothesis-profile it is given
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the markers, check the options, and register the plugin objects they ask for."""
+    """Register the markers and, when --hypothesis-profile names one, difftest's hypothesis profiles;
+    check the options, and register the plugin objects they ask for."""
     markers.register(config)
+    profiles.register_named(config)
     settings = read_settings(config)
     selection = Selection(settings)
     if settings.backends is not None:
@@ -59,7 +65,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    """The seed and the options that draw the same cases again."""
+    """The seed and the options that draw the same cases again, when the command line sets a difftest
+    option; otherwise pytest_report_collectionfinish prints them if a collected test uses difftest."""
+    return [config.stash[SELECTION].settings.header()] if options_given(config) else []
+
+
+def pytest_report_collectionfinish(config: pytest.Config, items: Sequence[pytest.Item]) -> list[str]:
+    """The header line, for a run that sets no difftest option (so no --difftest-suite) but collected
+    tests that use difftest's fixtures; nothing in a run that does not use difftest (pytest-xdist's
+    controller collects nothing: there the seed is in the `difftest` summary)."""
+    if options_given(config) or not any(FIXTURES.intersection(getattr(item, "fixturenames", ())) for item in items):
+        return []
     return [config.stash[SELECTION].settings.header()]
 
 
@@ -76,12 +92,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("difftest_backend", ids, ids=ids, indirect=True)
     if "difftest_case" in wanted:
         cases = selection.cases(next_n)
-        metafunc.parametrize("difftest_case", cases, ids=[c.name for c in cases], indirect=True)
+        metafunc.parametrize("difftest_case", cases, ids=case_ids(cases), indirect=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Skip, with the exact reason, every test whose hardware marker this machine does not meet."""
+    """Skip, with the exact reason, every test whose hardware marker this machine does not meet; lift
+    hypothesis' deadline from the hypothesis tests that use difftest, unless their settings were chosen."""
     markers.skip_missing_hardware(items)
+    profiles.lift_deadlines(items)
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -85,6 +86,19 @@ class Selection:
 
     def build(self, planned: PlannedCase) -> Case:
         """The planned case, drawn on the selected device."""
-        from generators.tensors import build_case  # deferred: loads torch
+        from difftest.generators.tensors import build_case  # deferred: loads torch
 
         return build_case(planned.spec, planned.seed, self.settings.device, name=planned.name)
+
+
+def case_ids(cases: Sequence[PlannedCase]) -> list[str]:
+    """The test id of each case: its spec's name, and where several seeds draw one spec, the seed's place
+    among them ('random-mtp1-uniform-0'). Never the seed itself: it changes from run to run, and `--lf`,
+    `-k` and CI retries must find the same test again (the seed is in the header and the summary)."""
+    total, seen = Counter(c.spec.name for c in cases), Counter[str]()
+    ids = []
+    for planned in cases:
+        name = planned.spec.name
+        ids.append(name if total[name] == 1 else f"{name}-{seen[name]}")
+        seen[name] += 1
+    return ids

@@ -1,7 +1,7 @@
 """`pytest --difftest-suite`: the built-in differential suite as test items, no test file needed.
 
 How: the suite is one Collector whose parent is the Session (node id `difftest`), holding one item
-per selected backend x case (`difftest::suite[torch::block-boundaries-s3000]`). SuitePlugin, registered
+per selected backend x case (`difftest::suite[torch::block-boundaries]`). SuitePlugin, registered
 only with --difftest-suite, collects it through Session.genitems at the start of
 pytest_collection_modifyitems (tryfirst), so the collect report, the "collected N items" count,
 -k, -m, --deselect, --lf and xdist (every worker draws the same cases from the shared seed) all
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from difftest_pytest.selection import Selection
+from difftest_pytest.selection import Selection, case_ids
 
 if TYPE_CHECKING:
     from _pytest._code.code import TerminalRepr
@@ -27,7 +27,7 @@ COLLECTOR = "difftest"
 
 
 class DifftestSuite(pytest.Collector):
-    """Every selected backend on every selected case (generators.cases.suite)."""
+    """Every selected backend on every selected case (difftest.generators.cases.suite)."""
 
     def __init__(self, *, selection: Selection, **kwargs: Any) -> None:
         """A pytest node (from_parent's keywords) over the run's selection."""
@@ -35,11 +35,13 @@ class DifftestSuite(pytest.Collector):
         self.selection = selection
 
     def collect(self) -> Iterator[SuiteItem]:
-        """One item per (backend, case), backend-major, named 'suite[backend::case]'."""
+        """One item per (backend, case), backend-major, named 'suite[backend::case id]' (selection.case_ids:
+        no seed in it)."""
         cases = self.selection.cases()
+        ids = case_ids(cases)
         for backend_id in self.selection.targets():
-            for planned in cases:
-                name = f"suite[{backend_id}::{planned.name}]"
+            for planned, case_id in zip(cases, ids, strict=True):
+                name = f"suite[{backend_id}::{case_id}]"
                 # The node id as a string: parsed, its [...] part becomes the id's params, as in the
                 # ids --lf reads back from the cache.
                 yield SuiteItem.from_parent(self, name=name, nodeid=f"{self.nodeid}::{name}",

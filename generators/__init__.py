@@ -1,7 +1,7 @@
 """Case generators: seeded bulk drawing (tensors), curated edges (cases), and, opt-in, hypothesis
-strategies (`generators.strategies`, which imports hypothesis).
+strategies (`difftest.generators.strategies`, which imports hypothesis).
 
-The names below are imported on first use (PEP 562), so `import generators` imports neither torch
+The names below are imported on first use (PEP 562), so `import difftest.generators` imports neither torch
 nor hypothesis.
 """
 
@@ -11,10 +11,10 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "CaseSpec": "generators.spec", "LengthDist": "generators.spec", "Stale": "generators.spec",
-    "Values": "generators.spec", "case_name": "generators.spec",
-    "default_specs": "generators.cases", "edge_cases": "generators.cases",
-    "build_case": "generators.tensors", "random_cases": "generators.tensors",
+    "CaseSpec": "difftest.generators.spec", "LengthDist": "difftest.generators.spec",
+    "Stale": "difftest.generators.spec", "Values": "difftest.generators.spec", "case_name": "difftest.generators.spec",
+    "default_specs": "difftest.generators.cases", "edge_cases": "difftest.generators.cases",
+    "build_case": "difftest.generators.tensors", "random_cases": "difftest.generators.tensors",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -23,7 +23,7 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str) -> Any:
     """Import the module that defines `name` on first use."""
     if name not in _EXPORTS:
-        raise AttributeError(f"module 'generators' has no attribute {name!r}")
+        raise AttributeError(f"module 'difftest.generators' has no attribute {name!r}")
     return getattr(importlib.import_module(_EXPORTS[name]), name)
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from difftest.errors import SpecError
+from difftest.generators.spec import CaseSpec, LengthDist, Stale, Values
 from difftest.kinds import Fp8Flavour
-from generators.spec import CaseSpec, LengthDist, Stale, Values
 
 _BASE = CaseSpec(heads=32, head_dim=64, block_size=16, max_model_len=128)
 

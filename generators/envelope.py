@@ -33,7 +33,7 @@ Families and how each is derived:
 * RANDOM: drawn lengths at the target's scale (up to B = 128 at production scale).
 
 At SMALL scale (CPU CI) the same recipes run at the toy shape (H 32, D 64, block 16,
-max_model_len 128: for a contract that takes anything they are exactly generators.cases' edges and
+max_model_len 128: for a contract that takes anything they are exactly difftest.generators.cases' edges and
 default specs); families whose essence is size become Omissions.
 """
 
@@ -49,8 +49,8 @@ from typing import NamedTuple
 
 from difftest.contract import Contract
 from difftest.errors import SpecError
+from difftest.generators.spec import CaseSpec, LengthDist, Stale, Values
 from difftest.kinds import Device, Fp8Flavour, PartitionScope
-from generators.spec import CaseSpec, LengthDist, Stale, Values
 
 
 class EdgeFamily(str, enum.Enum):
@@ -87,7 +87,7 @@ class Scale(str, enum.Enum):
 # --------------------------------------------------------------------------- constants
 
 TWO_31 = 2**31
-# The toy shape of generators.cases (SMALL) and the DeepSeek-V3.2 indexer's (PRODUCTION).
+# The toy shape of difftest.generators.cases (SMALL) and the DeepSeek-V3.2 indexer's (PRODUCTION).
 SMALL_SHAPE = dict(heads=32, head_dim=64, block_size=16, max_model_len=128)
 PRODUCTION_SHAPE = dict(heads=64, head_dim=128, block_size=64)
 PRODUCTION_CONTEXT = 131072  # the longest context when the contract names none: past 2^16, 128K as deployed
@@ -106,8 +106,8 @@ REPRESENTATIVE = {
     Scale.PRODUCTION: dict(next_n=(1, 2, 3, 4), heads=(16, 32, 64, 128), head_dim=(64, 128),
                            block_size=(1, 16, 64)),
 }
-# Memory model constants. generators may not import oracles (the layering contract), so the torch
-# oracle's chunk size is restated: oracles.paged_mqa_logits._CHUNK_ELEMENTS.
+# Memory model constants. generators may not import difftest.oracles (the layering contract), so the torch
+# oracle's chunk size is restated: difftest.oracles.paged_mqa_logits._CHUNK_ELEMENTS.
 ORACLE_CHUNK_ELEMENTS = 1 << 22
 # difftest.comparison: float64 copies of both logits, ~8 boolean masks and three float64 temporaries
 # (errors, row scales, top-k ranking) per logit, for COMPARE_CHUNK_ELEMENTS logits at a time
@@ -250,7 +250,7 @@ def _key_reads(spec: CaseSpec) -> int:
 
 
 def _torch_oracle_bytes(spec: CaseSpec, key_bytes: int) -> int:
-    """oracles.paged_mqa_logits in float64: its output, the pool and q decoded whole (reference's
+    """difftest.oracles.paged_mqa_logits in float64: its output, the pool and q decoded whole (reference's
     k_values/q_values), and one chunk of sequences' scores (twice: einsum's temporary) and keys."""
     batch, visible = spec.total_batch, max(_longest(spec), 1)
     per_sequence = spec.next_n * spec.heads * visible
@@ -646,7 +646,7 @@ def _short(plan: _Plan) -> Built:
 def _tables(plan: _Plan) -> Built:
     """PADDING, STALE_TABLES, SHARED_BLOCKS, MAX_CONTEXT: what a paged table holds around the lengths."""
     c = plan.context
-    shared = tuple(round(c * k / 128) for k in (70, 70, 45, 100))  # generators.cases' lengths at context 128
+    shared = tuple(round(c * k / 128) for k in (70, 70, 45, 100))  # difftest.generators.cases' lengths at context 128
     return [
         PlannedSpec(plan.spec("max-model-len", 3, length_dist=LengthDist.FULL, batch=2), (EdgeFamily.MAX_CONTEXT,)),
         PlannedSpec(plan.spec("padding-requests", 2, batch=plan.batch(3), padding=plan.batch(3), stale=Stale.OTHER),

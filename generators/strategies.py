@@ -6,7 +6,7 @@ ordered so that shrinking moves toward fewer sequences, shorter lengths, smaller
 listed block size / H / D, no padding, plain tables (no sharing, canary stale entries, no extra
 column), integer values, e4m3fn, and seed 0.
 
-    from generators.strategies import cases
+    from difftest.generators.strategies import cases
 
     @given(cases(max_batch=3, block_sizes=(16,)))
     def test_my_kernel(case): ...
@@ -16,36 +16,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from difftest.case import Case
+from difftest.generators.spec import CaseSpec, Stale, Values
+from difftest.generators.tensors import build_case
 from difftest.kinds import Fp8Flavour
-from generators.spec import CaseSpec, Stale, Values
-from generators.tensors import build_case
-
-CI_PROFILE, NIGHTLY_PROFILE, DEV_PROFILE = "difftest-ci", "difftest-nightly", "difftest-dev"
 
 # Simplest first: sampled_from shrinks toward the first element.
 VALUES_ORDER = (Values.INTEGER, Values.NORMAL, Values.HEAVY)
 STALE_ORDER = (Stale.CANARY, Stale.ZERO, Stale.OTHER)
 FP8_ORDER = (Fp8Flavour.E4M3FN, Fp8Flavour.E4M3FNUZ)
 MAX_SEED = 2**32 - 1
-
-
-def register_profiles() -> None:
-    """Register the profiles conftest.py loads; none has a deadline (a kernel's first call may JIT).
-
-    difftest-ci: 30 derandomized examples, no example database, so CI runs are repeatable;
-    difftest-nightly: 1000 random examples; difftest-dev: hypothesis' defaults without the deadline.
-    """
-    slow_ok = [HealthCheck.too_slow]
-    settings.register_profile(CI_PROFILE, max_examples=30, deadline=None, derandomize=True, database=None,
-                              print_blob=True, suppress_health_check=slow_ok)
-    settings.register_profile(NIGHTLY_PROFILE, max_examples=1000, deadline=None, print_blob=True,
-                              suppress_health_check=slow_ok)
-    settings.register_profile(DEV_PROFILE, deadline=None)
 
 
 def specs(*, max_batch: int = 4, max_next_n: int = 4, heads: Sequence[int] = (1, 4, 32, 64),
@@ -74,7 +57,7 @@ def specs(*, max_batch: int = 4, max_next_n: int = 4, heads: Sequence[int] = (1,
     _check_choices("head_dims", head_dims, lambda d: isinstance(d, int) and d >= 16 and d % 16 == 0,
                    "a positive multiple of 16")
     _check_choices("block_sizes", block_sizes, lambda b: isinstance(b, int) and b >= 1, "a positive int")
-    _check_choices("values", values, lambda v: isinstance(v, Values), "a generators.Values")
+    _check_choices("values", values, lambda v: isinstance(v, Values), "a difftest.generators.Values")
     _check_choices("fp8", fp8, lambda f: isinstance(f, Fp8Flavour), "a difftest.Fp8Flavour")
     bounds = dict(max_batch=max_batch, max_next_n=max_next_n, heads=tuple(heads), head_dims=tuple(head_dims),
                   block_sizes=tuple(block_sizes), max_model_len=max_model_len, max_padding=max_padding,

@@ -6,14 +6,17 @@ import torch
 
 from difftest.case import Case
 from difftest.fp8 import COMMON_MAX, convert
+from difftest.generators.spec import CaseSpec, LengthDist, Stale, Values, case_name
 from difftest.kinds import Fp8Flavour
-from generators.spec import CaseSpec, LengthDist, Stale, Values, case_name
 
 
-def build_case(spec: CaseSpec, seed: int, device: str | torch.device = "cpu", name: str | None = None) -> Case:
+def build_case(spec: CaseSpec, seed: int, device: str | torch.device = "cpu", name: str | None = None,
+               validate: bool = True) -> Case:
     """The case `spec` describes, drawn from torch.Generator(device).manual_seed(seed).
 
-    The same (spec, seed, device type) always gives bit-identical tensors.
+    The same (spec, seed, device type) always gives bit-identical tensors. validate=False leaves
+    Case.validate to the caller: the runner validates every case it runs (a batch, its merged case),
+    and on a GPU the check's host syncs cost as much as drawing a small case.
     """
     spec.validate()
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -29,7 +32,7 @@ def build_case(spec: CaseSpec, seed: int, device: str | torch.device = "cpu", na
                 k_pool=convert(k_pool, Fp8Flavour.E4M3FN, spec.fp8, "k_pool"), scale_pool=scale_pool,
                 weights=weights, block_table=table, seq_lens=seq_lens, max_model_len=spec.max_model_len,
                 fp8=spec.fp8, meta={"seed": seed, "spec": spec.to_json()})
-    return case.validate()
+    return case.validate() if validate else case
 
 
 def random_cases(spec: CaseSpec, seed: int, count: int, device: str | torch.device = "cpu") -> list[Case]:
@@ -45,17 +48,21 @@ def draw_lengths(spec: CaseSpec, gen: torch.Generator, device: str | torch.devic
         real = torch.full((spec.batch,), spec.max_model_len, dtype=torch.int64, device=device)
     else:
         choices = _length_choices(spec)
-        pick = torch.randint(0, len(choices), (spec.batch,), generator=gen, device=device)
-        real = torch.tensor(choices, dtype=torch.int64, device=device)[pick]
+        count = choices if isinstance(choices, int) else len(choices)
+        real = torch.randint(0, count, (spec.batch,), generator=gen, device=device)
+        if not isinstance(choices, int):
+            real = torch.tensor(choices, dtype=torch.int64, device=device)[real]
     return torch.cat([real, torch.zeros(spec.padding, dtype=torch.int64, device=device)])
 
 
-def _length_choices(spec: CaseSpec) -> list[int]:
+def _length_choices(spec: CaseSpec) -> int | list[int]:
+    """The lengths a spec draws from: n for 0, 1, ..., n - 1 (the draw is the length itself: no list
+    of 128K Python ints copied to the device per case), else the list."""
     top, n, bs = spec.max_model_len, spec.next_n, spec.block_size
     if spec.length_dist == LengthDist.UNIFORM:
-        return list(range(top + 1))
+        return top + 1
     if spec.length_dist == LengthDist.SHORT:
-        return list(range(min(top, 2 * n + 1) + 1))
+        return min(top, 2 * n + 1) + 1
     edges = {0, 1, n - 1, n, n + 1, bs - 1, bs, bs + 1, 2 * bs - 1, 2 * bs, 2 * bs + 1, top - 1, top}
     return sorted(x for x in edges if 0 <= x <= top)
 
@@ -80,14 +87,23 @@ def draw_block_table(spec: CaseSpec, seq_lens: torch.Tensor, gen: torch.Generato
     else:
         ids = torch.randperm(num_blocks, generator=gen, device=device)
         own, canaries = ids[:num_own], ids[num_own:]
-    table = torch.empty((batch, width), dtype=torch.int64, device=device)
     columns = torch.arange(width, device=device)[None, :]
-    inside = columns < used[:, None]
-    table[inside] = own
+    inside = columns < used[:, None]  # num_own of them: no sequence uses more than `width` blocks
+    table = _placed(torch.zeros((batch, width), dtype=torch.int64, device=device), inside, own)
     if spec.shared_blocks:
         _share_prefixes(table, seq_lens, bs)
-    table[~inside] = _stale_ids(spec, int((~inside).sum()), own, canaries, gen, device)
+    table = _placed(table, ~inside, _stale_ids(spec, batch * width - num_own, own, canaries, gen, device))
     return table.to(torch.int32), num_blocks
+
+
+def _placed(table: torch.Tensor, mask: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """`table` with `values` at the positions `mask` selects, in row-major order: what `table[mask] =
+    values` writes, without the host sync a boolean index costs on a GPU (drawing hundreds of cases a
+    second, those syncs were much of the time)."""
+    if values.numel() == 0:  # then no position is selected
+        return table
+    order = (mask.flatten().cumsum(0) - 1).clamp(min=0).reshape(mask.shape)
+    return torch.where(mask, values[order], table)
 
 
 def _share_prefixes(table: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> None:
@@ -133,19 +149,23 @@ def fill_canaries(spec: CaseSpec, k_pool: torch.Tensor, scale_pool: torch.Tensor
     """NaN keys and scales in every block no sequence uses and in the slots past each last token."""
     nan = Fp8Flavour.E4M3FN.nan_byte
     bs = spec.block_size
+    num_blocks = k_pool.shape[0]
     used = torch.arange(table.shape[1], device=table.device)[None, :] < ((seq_lens + bs - 1) // bs)[:, None]
-    unused = torch.ones(k_pool.shape[0], dtype=torch.bool, device=table.device)
-    unused[table[used].long()] = False
-    k_pool[unused] = nan
-    scale_pool[unused] = float("nan")
+    # Flags indexed by tensors, not boolean masks (no host sync); what is not marked goes to one
+    # scratch entry past the end, so every write of an index writes the same value.
+    unused = torch.ones(num_blocks + 1, dtype=torch.bool, device=table.device)
+    unused[torch.where(used, table.long(), num_blocks)] = False
+    k_pool.masked_fill_(unused[:-1, None, None], nan)
+    scale_pool.masked_fill_(unused[:-1, None], float("nan"))
     # Only each sequence's last block has slots past its end: (B, block_size) masks, not (B, W * block_size).
     last = ((seq_lens - 1) // bs).clamp(min=0)
     slot = torch.arange(bs, device=table.device)[None, :]
     past_end = (slot >= (seq_lens - last * bs)[:, None]) & (seq_lens[:, None] > 0)
-    blocks = table.long().gather(1, last[:, None]).expand(-1, bs)[past_end]
-    slots = slot.expand_as(past_end)[past_end]
-    k_pool[blocks, slots] = nan
-    scale_pool[blocks, slots] = float("nan")
+    blocks = table.long().gather(1, last[:, None])  # (B, 1)
+    dead = torch.zeros(num_blocks * bs + 1, dtype=torch.bool, device=table.device)
+    dead[torch.where(past_end, blocks * bs + slot, num_blocks * bs)] = True
+    k_pool.masked_fill_(dead[:-1].view(num_blocks, bs, 1), nan)
+    scale_pool.masked_fill_(dead[:-1].view(num_blocks, bs), float("nan"))
 
 
 def draw_queries(spec: CaseSpec, batch: int, gen: torch.Generator,

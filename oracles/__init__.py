@@ -1,5 +1,5 @@
 """Torch references for the kernels difftest checks."""
 
-from oracles.paged_mqa_logits import fp32_error_bound, paged_mqa_logits, reference
+from difftest.oracles.paged_mqa_logits import fp32_error_bound, paged_mqa_logits, reference
 
 __all__ = ["fp32_error_bound", "paged_mqa_logits", "reference"]

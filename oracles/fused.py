@@ -101,7 +101,7 @@ def gamma(n: int, unit: float) -> float:
 def bound_gamma(heads: int, head_dim: int) -> float:
     """gamma with |fused - exact| + |fp32 backend - exact| <= gamma * (folded . |k_p|) * s_p.
 
-    A correct fp32 backend, in any order (Higham 3.1, as oracles.paged_mqa_logits.fp32_error_bound):
+    A correct fp32 backend, in any order (Higham 3.1, as difftest.oracles.paged_mqa_logits.fp32_error_bound):
     gamma_{D+H+3}(2^-24). This oracle: the D-term dot on tensor cores, two roundings of 2^-23 per
     product (U_TENSOR_CORE), then x weight, the H-term head sum and x scale in fp32 (H + 1 roundings
     of 2^-24). With u = 2^-23 in gamma_{D+H+3} alone (twice the fp32 bound) the sum would not be
@@ -178,10 +178,12 @@ def default_config(case: Case, interpret: bool) -> KernelConfig:
     # One warpgroup (4 warps) per 64-key tile. Measured on the H200 (reports/h200/fused-oracle): 4 warps
     # beat 8 at every width, 256 score columns (next_n 4, H 64) included, where the accumulators spill
     # a little but two programs fit an SM instead of one; at 128 columns a 168-register cap fits three
-    # programs per SM instead of two (0.73 -> 0.57 ms at B 40, 120K).
+    # programs per SM instead of two (0.73 -> 0.57 ms at B 40, 120K). Two pipeline stages beat four at
+    # all three bench shapes (0.55 -> 0.47, 0.17 -> 0.15, 0.071 -> 0.060 ms): less shared memory, more
+    # programs per SM.
     shape = _Shape.of(case)
     columns = shape.next_n_pad * shape.h_pad
-    return KernelConfig(block_p=64, num_warps=4, num_stages=4, maxnreg=168 if columns == 128 else None)
+    return KernelConfig(block_p=64, num_warps=4, num_stages=2, maxnreg=168 if columns == 128 else None)
 
 
 def _chunk_tiles(case: Case, config: KernelConfig, interpret: bool) -> int:

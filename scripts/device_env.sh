@@ -4,6 +4,20 @@
 if mkdir /tmp/site 2>/dev/null; then
   tar xzf .device-deps/deep_gemm.tgz -C /tmp/site && cp -r .device-deps/aiter .device-deps/aiter-dist/* /tmp/site/
 fi
+# The version axis (scripts/prepare_versions.sh), once per machine like /tmp/site: each archive of
+# .device-deps/versions unpacked into /tmp/versions/<name>/, each directory copied there. A version
+# is chosen per command by putting its directory first on PYTHONPATH (docs/versions.md); python's
+# tarfile reads the xz archives, whether or not the image has xz.
+if [ -d .device-deps/versions ] && mkdir /tmp/versions 2>/dev/null; then
+  for entry in .device-deps/versions/*; do
+    name=$(basename "$entry")
+    if [[ $name == *.tar.xz ]]; then
+      python3 -m tarfile -e "$entry" "/tmp/versions/${name%.tar.xz}"
+    elif [ -d "$entry" ]; then
+      cp -r "$entry" /tmp/versions/
+    fi
+  done
+fi
 # Python dependencies the image lacks, as wheels (scripts/prepare_device.sh downloads them to .whl/).
 if [ -d .whl ] && mkdir /tmp/site/.wheels 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl

@@ -10,13 +10,15 @@ except for one way real kernels break, and each break has exactly one verdict:
     reorders_heads        PASS, stable within tolerance with --repeat
     strict_raises         ERROR; a factory whose backend only its own path rebuilds (isolate.recipe)
     segfaults_on_gpu_1    PASS, but CRASH (SIGSEGV) in a process whose CUDA_VISIBLE_DEVICES is 1
+    hangs_on_gpu_1        PASS, but never returns in a process whose CUDA_VISIBLE_DEVICES is 1
 
 and the faults the runner must survive, each ERROR: exits (SystemExit), interrupts (a KeyboardInterrupt of
 its own), complex_output / int_output / wide_output / meta_output (ERROR "contract: expected ..., got ..."),
 unavailable_raises (its unavailable_reason raises). slow is right, after SLOW_SECONDS: a run to interrupt.
 
 segfaults, aborts and hangs take the process down with them: run them only under isolation (or,
-segfaults_on_gpu_1, in a child of a spread run, to kill that child).
+segfaults_on_gpu_1, in a child of a spread run, to kill that child; hangs_on_gpu_1 keeps one shard of
+a spread run busy while its parent is interrupted or killed).
 """
 
 from __future__ import annotations
@@ -64,6 +66,15 @@ def segfaults_on_gpu_1(q, kv_cache, weights, context_lens, block_table, max_mode
     a run spread over GPUs (--gpus) must lose only that GPU's shard."""
     if os.environ.get("CUDA_VISIBLE_DEVICES") == "1":
         os.kill(os.getpid(), signal.SIGSEGV)
+    return logits_with_limits(q, kv_cache, weights, context_lens, block_table, max_model_len)
+
+
+@backend(contract=CONTRACT, name="hangs-on-gpu-1")
+def hangs_on_gpu_1(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Right, but never returns where CUDA_VISIBLE_DEVICES is '1': shard 1 of a spread run is still
+    running when the test interrupts or kills the run's parent."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "1":
+        time.sleep(HANG_SECONDS)
     return logits_with_limits(q, kv_cache, weights, context_lens, block_table, max_model_len)
 
 

@@ -7,10 +7,13 @@ per-row lengths, block-split cache), then breaks one thing that only some cases 
 
 from __future__ import annotations
 
+import dataclasses
+import time
+
 import torch
 
 from difftest.backends.user import backend
-from difftest.contract import Contract
+from difftest.contract import Contract, Siblings
 from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
 from tests.user_backends import logits_with_limits
 
@@ -37,3 +40,49 @@ def draft_rows_reuse_weights(q: torch.Tensor, kv_cache: torch.Tensor, weights: t
     batch, next_n = context_lens.shape
     first = weights.reshape(batch, next_n, -1)[:, :1].expand(-1, next_n, -1).reshape(weights.shape)
     return logits_with_limits(q, kv_cache, first, context_lens.to(torch.int64), block_table, max_model_len)
+
+
+# A planted performance bug: two siblings (one Siblings group) that compute the same right logits,
+# one of them sleeping on every call, far past its declared slowdown of 2; `--time` must flag it.
+TWINS = dataclasses.replace(CONTRACT, siblings=Siblings("planted-twins", slowdown=2.0))
+SLEEP = 0.05  # seconds per call: tens of times a toy case's own time
+
+
+@backend(contract=TWINS, name="planted-quick-twin")
+def quick_twin(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
+               block_table: torch.Tensor, max_model_len: int) -> torch.Tensor:
+    """Right, and as fast as the formula."""
+    return logits_with_limits(q, kv_cache, weights, context_lens.to(torch.int64), block_table, max_model_len)
+
+
+@backend(contract=TWINS, name="planted-sleepy-twin")
+def sleepy_twin(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
+                block_table: torch.Tensor, max_model_len: int) -> torch.Tensor:
+    """Right, but SLEEP seconds slower per call than its twin: a bug no correctness check sees."""
+    time.sleep(SLEEP)
+    return logits_with_limits(q, kv_cache, weights, context_lens.to(torch.int64), block_table, max_model_len)
+
+
+# A planted batch-dependent bug: right on any launch of at most BATCH_LIMIT requests, the last row
+# wrong on a larger one, as a kernel whose schedule changes with the batch would be. It declares
+# itself batchable, so `difftest fuzz` merges small cases for it and must re-run a failure alone.
+BATCHABLE = dataclasses.replace(CONTRACT, batchable=True)
+BATCH_LIMIT = 4
+
+
+@backend(contract=BATCHABLE, name="planted-batch-size")
+def wrong_past_batch_limit(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+                           context_lens: torch.Tensor, block_table: torch.Tensor, max_model_len: int) -> torch.Tensor:
+    """Right up to BATCH_LIMIT requests; past it, the last row's window loses its last key (FAIL(mask))."""
+    lens = context_lens.to(torch.int64).clone()
+    if q.shape[0] > BATCH_LIMIT:
+        lens.view(-1)[-1] = (lens.view(-1)[-1] - 1).clamp(min=0)
+    return logits_with_limits(q, kv_cache, weights, lens, block_table, max_model_len)
+
+
+@backend(contract=BATCHABLE, name="planted-batchable-block-boundary")
+def batchable_block_boundary(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+                             context_lens: torch.Tensor, block_table: torch.Tensor,
+                             max_model_len: int) -> torch.Tensor:
+    """block_boundary_off_by_one, declared batchable: wrong alone as in any batch."""
+    return block_boundary_off_by_one(q, kv_cache, weights, context_lens, block_table, max_model_len)

@@ -13,8 +13,8 @@ import torch
 
 from difftest.case import Case
 from difftest.cli import main
+from difftest.generators import CaseSpec, LengthDist, Stale, Values
 from difftest.kinds import Fp8Flavour
-from generators import CaseSpec, LengthDist, Stale, Values
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GOLDEN_DIR = REPO_ROOT / "tests" / "golden"

@@ -6,8 +6,10 @@ lengths (or fails to write) differs from the truth; the expected verdicts follow
 
 from __future__ import annotations
 
+import functools
 import os
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -17,7 +19,7 @@ from difftest.fp8 import decode
 from difftest.kernel_inputs import KernelInputs
 from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention
 from difftest.layout import unpack_cache
-from oracles.paged_mqa_logits import paged_mqa_logits
+from difftest.oracles.paged_mqa_logits import paged_mqa_logits
 
 PER_SEQUENCE = Contract(LengthEncoding.PER_SEQUENCE, CacheLayout.BLOCK_SPLIT, MaskConvention.TAIL_NEG_INF,
                         rtol=1e-9, library="tests")
@@ -119,6 +121,30 @@ class DeclaresCudaOnly:
 
     def __call__(self, inputs: KernelInputs, out: torch.Tensor | None) -> torch.Tensor:
         raise AssertionError("must never be called on the CPU")
+
+
+class PreparesOnce:
+    """Right; declares prepare() (difftest.backends.base.Preparable): a slow per-batch set-up, SETUP
+    seconds as a schedule build might take, then a fast per-layer call. `set_ups` counts the set-ups."""
+
+    name = "prepares-once"
+    contract = PER_ROW
+    SETUP = 0.2
+
+    def __init__(self) -> None:
+        self.set_ups = 0
+
+    def unavailable_reason(self, device: str) -> str | None:
+        return None
+
+    def __call__(self, inputs: KernelInputs, out: torch.Tensor | None) -> torch.Tensor:
+        return self.prepare(inputs, out)()
+
+    def prepare(self, inputs: KernelInputs, out: torch.Tensor | None) -> Callable[[], torch.Tensor]:
+        time.sleep(self.SETUP)
+        self.set_ups += 1
+        return functools.partial(logits_with_limits, inputs.q, inputs.kv_cache, inputs.weights, inputs.context_lens,
+                                 inputs.block_table, inputs.max_model_len)
 
 
 def make_per_sequence_reader():

@@ -111,5 +111,10 @@ class AiterRocm:
                                                inputs.context_lens, inputs.block_table, inputs.max_model_len)
         return buffer.sum(dim=0) if per_head else buffer
 
+    def prepare(self, inputs: KernelInputs, out: torch.Tensor | None) -> Callable[[], torch.Tensor]:
+        """The whole call: a ROCm caller builds nothing once per batch for these wrappers; it fills its
+        buffer, calls the wrapper and (stage1) sums over heads every layer (Preparable)."""
+        return functools.partial(self, inputs, out)
+
 
 BACKENDS: dict[str, Callable[[], Backend]] = {name: functools.partial(AiterRocm, name) for name in WRAPPERS}

@@ -15,6 +15,10 @@ aiter/ops/triton/_triton_kernels/pa_mqa_logits.py:
 
 All four read one length L per sequence and derive each draft row's window themselves; all take a
 block-size-1 cache ([num_tokens, 1, 1, D + 4]: D fp8 key bytes, then one fp32 scale per token).
+AITER's main branch changed the two non-ragged kernels (a paged cache, other tiles and split
+counts): aiter_triton_paged launches those as their production caller does, chosen by the kernel's
+parameters. Which aiter tree is used: the first on sys.path (docs/versions.md); the contract's
+`library` names its version and kernel file.
 
 The wrappers beside the kernels (aiter/ops/triton/pa_mqa_logits.py) import `aiter.dtypes`, which
 needs ROCm, so this module loads the kernel file by path and launches the raw @triton.jit functions
@@ -41,8 +45,9 @@ from types import ModuleType
 import torch
 
 from difftest import hardware
+from difftest.backends import aiter_triton_paged
 from difftest.backends.base import Backend
-from difftest.contract import Contract, WorkPartition
+from difftest.contract import Contract, Siblings, WorkPartition
 from difftest.kernel_inputs import KernelInputs
 from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention, PartitionScope
 from difftest.triton_interpret import interpreter_compat, load_kernel_module
@@ -57,6 +62,9 @@ KERNEL_FILES = ("ops/triton/_triton_kernels/pa_mqa_logits.py",
 CHUNK_K = 64  # key positions per loop step; also the width of every (unmasked) store
 SPLIT_KV = 5  # programs per query row, each taking a contiguous share of the chunks
 STAGE1_CHUNK_Q = 32  # heads per stage1 program; the fused kernels take all heads at once
+# Floats past the end of an output buffer that take a kernel's unbounded stores: one chunk, of
+# either generation (aiter_triton_paged.CHUNK_K for the paged one).
+GUARD = max(CHUNK_K, aiter_triton_paged.CHUNK_K)
 HEAD_DIMS = (32, 64, 128, 256)  # tl.arange needs a power of two; an fp8 tl.dot on NVIDIA needs K >= 32
 
 # Launch arguments of each kernel, in order, as amd-aiter 0.1.7.x declares them; a kernel file
@@ -77,6 +85,7 @@ class KernelVariant:
     kernel: str
     ragged: bool  # prefix sums + flat token ids instead of lengths + a [B, W] token table
     per_head: bool  # stage1: [H, rows, max_model_len] per-head scores, summed by the caller
+    slowdown: float  # the most it may take, as a multiple of its fastest sibling's time on a case (Siblings)
 
     @property
     def arg_names(self) -> tuple[str, ...]:
@@ -89,21 +98,24 @@ class KernelVariant:
 # --------------------------------------------------------------------------- locating and loading
 
 def aiter_version() -> str | None:
-    """The amd-aiter version: the distribution's metadata, else aiter/_version.py; None if neither.
+    """The version of the aiter package found: its aiter/_version.py, else the distribution's
+    metadata; None if neither.
 
-    A bare copy of the package tree (as shipped to the GPU machine) has no metadata, and its
-    __init__ cannot be imported without ROCm, so _version.py is read as text.
+    The package's own file first: a tree put first on sys.path (a source checkout, docs/versions.md)
+    shadows an installed amd-aiter whose metadata would otherwise name the wrong version. A bare copy
+    of the tree has no metadata, and its __init__ cannot be imported without ROCm, so _version.py is
+    read as text.
     """
+    package = _aiter_dir()
+    version_file = package / "_version.py" if package else None
+    if version_file is not None and version_file.is_file():
+        found = re.search(r"__version__\s*=\s*['\"]([^'\"]+)['\"]", version_file.read_text())
+        if found:
+            return found.group(1)
     try:
         return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
-        pass
-    package = _aiter_dir()
-    version_file = package / "_version.py" if package else None
-    if version_file is None or not version_file.is_file():
         return None
-    found = re.search(r"__version__\s*=\s*['\"]([^'\"]+)['\"]", version_file.read_text())
-    return found.group(1) if found else None
 
 
 def _aiter_dir() -> Path | None:
@@ -140,10 +152,16 @@ def _signature_reason(variant: KernelVariant) -> str | None:
     if fn is None:
         return f"{kernel_file()} defines no {variant.kernel}"
     found = tuple(getattr(fn, "arg_names", ()))
-    if found != variant.arg_names:
-        return (f"{variant.kernel} in {kernel_file()} takes {found}, not the amd-aiter 0.1.7 arguments "
-                f"{variant.arg_names} this adapter passes")
+    if found != variant.arg_names and found != aiter_triton_paged.ARG_NAMES.get(variant.kernel):
+        return (f"{variant.kernel} in {kernel_file()} takes {found}, neither the amd-aiter 0.1.7 arguments "
+                f"{variant.arg_names} nor the paged generation's this adapter passes")
     return None
+
+
+def is_paged(variant: KernelVariant) -> bool:
+    """Whether the kernel found is of AITER main's paged generation (aiter_triton_paged)."""
+    path = kernel_file()
+    return path is not None and aiter_triton_paged.is_paged(path, variant.kernel)
 
 
 def _rocm_fnuz_reason() -> str | None:
@@ -162,16 +180,20 @@ def _split_cache(kv_cache: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, t
     return keys, scales
 
 
-def _guarded_full(shape: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """A -inf buffer of `shape` as its caller allocates it, followed by CHUNK_K NaN guard floats.
+def _guarded_full(shape: tuple[int, ...], device: torch.device,
+                  fill: float | None = -math.inf) -> tuple[torch.Tensor, torch.Tensor]:
+    """A buffer of `shape` as its caller allocates it, followed by GUARD NaN guard floats; filled
+    with `fill`, or (None: an unfilled workspace) left to torch.empty, which the engine poisons.
 
-    The kernels store whole CHUNK_K-wide chunks without a bound, so the last row's last chunk can
+    The kernels store whole chunks without a bound, so the last row's last chunk can
     land past the buffer's end. The guard takes those stores (instead of foreign memory: on the CPU
     interpreter that is this process's heap) and makes them countable. Shape, strides and
     contents of the buffer the kernel addresses are exactly the caller's.
     """
     numel = math.prod(shape)
-    storage = torch.full((numel + CHUNK_K,), -math.inf, dtype=torch.float32, device=device)
+    storage = torch.empty((numel + GUARD,), dtype=torch.float32, device=device)
+    if fill is not None:
+        storage[:numel] = fill
     storage[numel:] = math.nan
     return storage[:numel].view(shape), storage[numel:]
 
@@ -182,6 +204,11 @@ def _launch(variant: KernelVariant, inputs: KernelInputs, out: torch.Tensor) -> 
     Lengths and token ids go in as encoded: (B,) lengths and the [B, W] token table, or (B + 1,)
     prefix sums and the flat token ids for the ragged kernels.
     """
+    interpret = inputs.q.device.type == "cpu"
+    fn = getattr(load_kernels(interpret), variant.kernel)
+    if is_paged(variant):
+        aiter_triton_paged.launch(fn, variant.per_head, inputs, out)
+        return
     q, weights = inputs.q, inputs.weights
     batch, next_n, heads, head_dim = q.shape
     keys, scales = _split_cache(inputs.kv_cache, head_dim)
@@ -189,8 +216,6 @@ def _launch(variant: KernelVariant, inputs: KernelInputs, out: torch.Tensor) -> 
     grid = (batch * next_n * (heads // chunk_q) * SPLIT_KV,)
     out_strides = (out.stride(0), out.stride(1)) if variant.per_head else (out.stride(0),)
     table_width = () if variant.ragged else (inputs.block_table.shape[1],)
-    interpret = q.device.type == "cpu"
-    fn = getattr(load_kernels(interpret), variant.kernel)
     with interpreter_compat() if interpret else contextlib.nullcontext():
         fn[grid](batch, next_n, heads, q, q.stride(0), q.stride(1), q.stride(2),
                  keys, keys.stride(0), scales, scales.stride(0), inputs.context_lens, inputs.block_table,
@@ -200,12 +225,24 @@ def _launch(variant: KernelVariant, inputs: KernelInputs, out: torch.Tensor) -> 
 
 # --------------------------------------------------------------------------- the backends
 
+# The four kernels compute the same logits: `--time` compares them case by case (Siblings), and
+# AITER's own wrappers (aiter_rocm) join the same group. Allowed slowdowns, not yet measured: the
+# fused kernels, 1.5 (ragged or not, the same work). Stage1 moves H times the logits three times
+# (the caller's -inf fill, the per-head stores, the head sum): at H = 64, B = 40, next_n = 2 and 120K
+# that is 7.4 GB against the fused kernels' 0.6 GB of keys, about 12x on bandwidth alone; 16 takes it.
+SIBLINGS = "aiter-paged-mqa-logits"
+FUSED_SLOWDOWN = 1.5
+STAGE1_SLOWDOWN = 16.0
+
 VARIANTS: dict[str, KernelVariant] = {
-    "aiter-triton-stage1": KernelVariant("_deepgemm_fp8_paged_mqa_logits_stage1", ragged=False, per_head=True),
-    "aiter-triton-fused": KernelVariant("_deepgemm_fp8_paged_mqa_logits", ragged=False, per_head=False),
+    "aiter-triton-stage1": KernelVariant("_deepgemm_fp8_paged_mqa_logits_stage1", ragged=False, per_head=True,
+                                         slowdown=STAGE1_SLOWDOWN),
+    "aiter-triton-fused": KernelVariant("_deepgemm_fp8_paged_mqa_logits", ragged=False, per_head=False,
+                                        slowdown=FUSED_SLOWDOWN),
     "aiter-triton-stage1-ragged": KernelVariant("_deepgemm_fp8_paged_mqa_logits_stage1_ragged_k",
-                                                ragged=True, per_head=True),
-    "aiter-triton-fused-ragged": KernelVariant("_deepgemm_fp8_paged_mqa_logits_ragged_k", ragged=True, per_head=False),
+                                                ragged=True, per_head=True, slowdown=STAGE1_SLOWDOWN),
+    "aiter-triton-fused-ragged": KernelVariant("_deepgemm_fp8_paged_mqa_logits_ragged_k", ragged=True, per_head=False,
+                                               slowdown=FUSED_SLOWDOWN),
 }
 
 # Each row's CHUNK_K-token chunks are cut among its own SPLIT_KV programs, cdiv(cdiv(L, ChunkK),
@@ -222,9 +259,10 @@ PARTITION = WorkPartition(CHUNK_K, PartitionScope.PER_ROW, workers=SPLIT_KV)
 
 def kernel_contract(variant: KernelVariant) -> Contract:
     """What one of the four kernels takes and promises, however it is launched (here or through
-    AITER's own wrappers, difftest.backends.aiter_rocm)."""
+    AITER's own wrappers, difftest.backends.aiter_rocm). The paged generation's differences
+    (aiter_triton_paged) replace the 0.1.7.x facts where the kernel found is of it."""
     version = aiter_version()
-    return Contract(
+    contract = Contract(
         length_encoding=LengthEncoding.PREFIX_SUM if variant.ragged else LengthEncoding.PER_SEQUENCE,
         # With block size 1 the two layouts coincide; the kernels slice each token's row into D
         # key bytes and its 4 scale bytes, i.e. token-interleaved.
@@ -249,7 +287,17 @@ def kernel_contract(variant: KernelVariant) -> Contract:
         tiles=(CHUNK_K,),
         partition=PARTITION,
         writes_into_output=False,
-        library=f"{DISTRIBUTION} {version}" if version else f"{DISTRIBUTION} (version unknown or not installed)")
+        library=_library(version),
+        siblings=Siblings(SIBLINGS, variant.slowdown))
+    return dataclasses.replace(contract, **aiter_triton_paged.contract_changes(variant.per_head)) \
+        if is_paged(variant) else contract
+
+
+def _library(version: str | None) -> str:
+    """The version, and the kernel file it was loaded from: several trees may be on sys.path."""
+    name = f"{DISTRIBUTION} {version}" if version else f"{DISTRIBUTION} (version unknown or not installed)"
+    path = kernel_file()
+    return f"{name} ({path})" if path else name
 
 
 class AiterTriton:
@@ -289,13 +337,26 @@ class AiterTriton:
 
     def __call__(self, inputs: KernelInputs, out: torch.Tensor | None) -> torch.Tensor:
         """Logits [rows, max_model_len] float32; `out` is unused (the backend allocates its caller's buffer)."""
+        logits, guard, shape = self._caller(inputs)
+        self._check_guard(guard, shape, inputs.max_model_len)
+        return logits
+
+    def prepare(self, inputs: KernelInputs, out: torch.Tensor | None) -> Callable[[], torch.Tensor]:
+        """Nothing is built once per batch: each call fills its caller's -inf buffer, launches and
+        (stage1) sums over heads, as vLLM's per-layer call does (Preparable). The guard check, which
+        reads a count back to the host, is difftest's own and stays out."""
+        return lambda: self._caller(inputs)[0]
+
+    def _caller(self, inputs: KernelInputs) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
+        """What the kernel's caller does: (the logits, the guard past its buffer, the buffer's shape)."""
         batch, next_n, heads, _ = inputs.q.shape
         rows = batch * next_n
         shape = (heads, rows, inputs.max_model_len) if self.variant.per_head else (rows, inputs.max_model_len)
-        buffer, guard = _guarded_full(shape, inputs.q.device)
+        # vLLM's fused call into AITER's paged generation hands it an unfilled workspace.
+        unfilled = not self.variant.per_head and is_paged(self.variant)
+        buffer, guard = _guarded_full(shape, inputs.q.device, None if unfilled else -math.inf)
         _launch(self.variant, inputs, buffer)
-        self._check_guard(guard, shape, inputs.max_model_len)
-        return buffer.sum(dim=0) if self.variant.per_head else buffer
+        return buffer.sum(dim=0) if self.variant.per_head else buffer, guard, shape
 
     def _check_guard(self, guard: torch.Tensor, shape: tuple[int, ...], max_model_len: int) -> None:
         self.last_out_of_bounds = int((~torch.isnan(guard)).sum())

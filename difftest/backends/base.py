@@ -1,5 +1,6 @@
 """What every backend is (the `Backend` protocol), where a loaded one came from (`Origin`), and the
-two together (`Loaded`), which the engine takes anywhere it takes a Backend.
+two together (`Loaded`), which the engine takes anywhere it takes a Backend. `Preparable` is the
+optional split of a call into per-batch set-up and the per-layer kernel call, which `launcher` finds.
 
 Nothing here imports torch: the CLI lists and parses without paying for it.
 """
@@ -7,7 +8,11 @@ Nothing here imports torch: the CLI lists and parses without paying for it.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from difftest.kinds import TimedRegion
 
 if TYPE_CHECKING:
     import torch
@@ -30,6 +35,33 @@ class Backend(Protocol):
     def __call__(self, inputs: KernelInputs, out: torch.Tensor | None) -> torch.Tensor:
         """Logits [rows, max_model_len]; `out` is a poisoned buffer when contract.writes_into_output."""
         ...
+
+
+@runtime_checkable
+class Preparable(Protocol):
+    """What a Backend may add (optional): its call split the way its production caller splits it, so
+    `difftest run --time` times the per-layer kernel call and not the per-batch set-up."""
+
+    def prepare(self, inputs: KernelInputs, out: torch.Tensor | None) -> Callable[[], torch.Tensor]:
+        """Build what the production caller builds once per batch (DeepGEMM's schedule metadata) and
+        return the per-layer call: each call of it launches the kernel on `inputs` again, as
+        `__call__(inputs, out)` would, and returns its logits."""
+        ...
+
+
+def timed_region(backend: Backend) -> TimedRegion:
+    """What timing `backend` covers: the per-layer call when it declares `prepare`, else (a user's
+    function, say) the whole call."""
+    own = backend.backend if isinstance(backend, Loaded) else backend
+    return TimedRegion.KERNEL if isinstance(own, Preparable) else TimedRegion.WHOLE_CALL
+
+
+def launcher(backend: Backend, inputs: KernelInputs, out: torch.Tensor | None) -> Callable[[], torch.Tensor]:
+    """The call to time: `prepare`'s per-layer call (its per-batch set-up done now), else the whole call."""
+    own = backend.backend if isinstance(backend, Loaded) else backend
+    if isinstance(own, Preparable):
+        return own.prepare(inputs, out)
+    return functools.partial(own, inputs, out)
 
 
 @dataclasses.dataclass(frozen=True)

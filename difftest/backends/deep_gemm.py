@@ -31,7 +31,7 @@ import torch
 
 from difftest import hardware
 from difftest.backends.base import Backend
-from difftest.contract import Contract, WorkPartition
+from difftest.contract import Contract, Siblings, WorkPartition
 from difftest.kernel_inputs import KernelInputs
 from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention, PartitionScope
 
@@ -70,6 +70,9 @@ MAX_CONTEXT = 262144
 SM90_PARTITION = WorkPartition(SM90_SPLIT_KV, PartitionScope.GLOBAL, workers=None, halved_at_next_n=(4,))
 SM90_FLAT_PARTITION = dataclasses.replace(SM90_PARTITION, halved_at_next_n=())  # the kernel sees next_n = 1
 
+# The three variants compute the same logits: `--time` compares them case by case (Siblings).
+SIBLINGS = "deepgemm-paged-mqa-logits"
+
 # --------------------------------------------------------------------------- sm100 facts
 # host assert "arch_major == 12 or is_varlen == (arch_major == 10)": sm100 takes only varlen calls
 # (indices given), sm90 only calls without them.
@@ -85,11 +88,13 @@ class Variant:
     archs: tuple[str, ...]
     flattened: bool  # (T, 1) lengths: every query row a request of next_n = 1
     indices: bool  # passes the request id of each row (`indices`): the varlen form
+    slowdown: float  # the most it may take, as a multiple of its fastest sibling's time on a case (Siblings)
 
     def contract(self, library: str) -> Contract:
         """The whole envelope of this variant on the archs it runs on."""
+        siblings = Siblings(SIBLINGS, self.slowdown)
         if self.indices:
-            return _sm100_varlen_contract(self.encoding, self.archs, library)
+            return _sm100_varlen_contract(self.encoding, self.archs, library, siblings)
         return Contract(
             length_encoding=self.encoding, cache_layout=CacheLayout.BLOCK_SPLIT,
             mask=MaskConvention.TAIL_UNSPECIFIED, devices=("cuda",), archs=self.archs,
@@ -98,10 +103,12 @@ class Variant:
             head_dims=HEAD_DIMS, block_sizes=SM90_BLOCK_SIZES, heads=SM90_HEADS, max_context=MAX_CONTEXT,
             tiles=(SM90_COMPUTE_BLOCK_KV, SM90_SPLIT_KV),
             partition=SM90_FLAT_PARTITION if self.flattened else SM90_PARTITION,
-            output_dtype=torch.float32, rtol=RTOL, library=library)
+            output_dtype=torch.float32, rtol=RTOL, library=library, siblings=siblings,
+            batchable=True)
 
 
-def _sm100_varlen_contract(encoding: LengthEncoding, archs: tuple[str, ...], library: str) -> Contract:
+def _sm100_varlen_contract(encoding: LengthEncoding, archs: tuple[str, ...], library: str,
+                           siblings: Siblings) -> Contract:
     """sm100's varlen path, never run here. Its split size (kMQALogitsSplitKV) is compiled into the
     binary, its scheduler weighs each request's splits by a cost (scheduler/sm100_paged_mqa_logits.cuh:120)
     rather than cutting even contiguous ranges, and which head counts it takes could not be pinned to
@@ -111,13 +118,19 @@ def _sm100_varlen_contract(encoding: LengthEncoding, archs: tuple[str, ...], lib
         devices=("cuda",), archs=archs, next_n=None, head_dims=HEAD_DIMS,
         block_sizes=SM100_BLOCK_SIZES, max_context=MAX_CONTEXT,  # as sm90's: measured there only
         output_dtype=torch.bfloat16,  # the source's `out_dtype = arch_major == 10 ? BFloat16 : Float`
-        rtol=RTOL, library=library)
+        rtol=RTOL, library=library, siblings=siblings,
+        batchable=True)
 
 
+# Allowed slowdowns. Native MTP is the path vLLM prefers, so it should be the fastest: 1.25 leaves
+# room for noise only. Flattened rows measured 1.75x native on the H200 at B = 40, next_n = 2, 120K
+# (the README's backends table): 2.0 takes that cost, not a 4x one (vLLM's varlen path before its
+# fix: 214 us against 52 us). Varlen runs on sm100 only, where it has no running sibling yet.
 VARIANTS: dict[str, Variant] = {
-    "deepgemm": Variant(LengthEncoding.PER_ROW, ("sm90",), flattened=False, indices=False),
-    "deepgemm-flattened": Variant(LengthEncoding.FLATTENED, ("sm90",), flattened=True, indices=False),
-    "deepgemm-varlen": Variant(LengthEncoding.FLATTENED_INDICES, ("sm100", "sm103"), flattened=True, indices=True),
+    "deepgemm": Variant(LengthEncoding.PER_ROW, ("sm90",), flattened=False, indices=False, slowdown=1.25),
+    "deepgemm-flattened": Variant(LengthEncoding.FLATTENED, ("sm90",), flattened=True, indices=False, slowdown=2.0),
+    "deepgemm-varlen": Variant(LengthEncoding.FLATTENED_INDICES, ("sm100", "sm103"), flattened=True, indices=True,
+                               slowdown=2.0),
 }
 
 
@@ -194,6 +207,11 @@ class DeepGemm:
     def __call__(self, inputs: KernelInputs, out: torch.Tensor | None) -> torch.Tensor:
         """Logits [rows, max_model_len]; the tail past each row's limit is not cleaned."""
         return self.launch(inputs, self.schedule(inputs))
+
+    def prepare(self, inputs: KernelInputs, out: torch.Tensor | None) -> Callable[[], torch.Tensor]:
+        """The schedule built now, once, as vLLM builds it once per step; what is returned launches
+        the logits kernel alone, as each layer's indexer does (Preparable)."""
+        return functools.partial(self.launch, inputs, self.schedule(inputs))
 
     def schedule(self, inputs: KernelInputs) -> torch.Tensor:
         """The schedule metadata vLLM builds once per step from the step's lengths."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -13,7 +14,7 @@ from difftest.fp8 import decode
 from difftest.kernel_inputs import KernelInputs, decode_row_lens
 from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
 from difftest.layout import unpack_cache
-from oracles.paged_mqa_logits import paged_mqa_logits
+from difftest.oracles.paged_mqa_logits import paged_mqa_logits
 
 
 class TorchBackend:
@@ -26,7 +27,7 @@ class TorchBackend:
     name = "torch"
     contract = Contract(length_encoding=LengthEncoding.PER_ROW, cache_layout=CacheLayout.BLOCK_SPLIT,
                         mask=MaskConvention.TAIL_NEG_INF, rtol=1e-9,
-                        library=f"torch {torch.__version__}")
+                        library=f"torch {torch.__version__}", batchable=True)
 
     def unavailable_reason(self, device: str) -> str | None:
         """None on the CPU; on "cuda", why torch sees no GPU."""
@@ -41,6 +42,10 @@ class TorchBackend:
         return paged_mqa_logits(decode(q, inputs.fp8, dtype), decode(k_pool, inputs.fp8, dtype), scales,
                                 inputs.weights, _row_block_table(inputs),
                                 decode_row_lens(inputs, batch, next_n), inputs.max_model_len)
+
+    def prepare(self, inputs: KernelInputs, out: torch.Tensor | None) -> Callable[[], torch.Tensor]:
+        """The whole call: nothing of it is per batch (Preparable)."""
+        return functools.partial(self, inputs, out)
 
 
 def _row_block_table(inputs: KernelInputs) -> torch.Tensor:

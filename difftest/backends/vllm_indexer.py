@@ -1,7 +1,7 @@
 """vLLM 0.33's own paged MQA logits paths, called the way its sparse-attention indexer calls them.
 
 Three backends (the PATHS table; one class), all optional: they load only when `vllm` imports (the
-`vllm` extra).
+`vllm` extra), or, for vllm-triton-decode, from a copy of its kernel file.
 
 * vllm-torch-ref      vllm/v1/attention/ops/rocm_aiter_mla_sparse.py:
                       fp8_paged_mqa_logits_torch(q, kv_cache, weights, context_lens, block_tables, max_model_len)
@@ -11,6 +11,8 @@ Three backends (the PATHS table; one class), all optional: they load only when `
                       block_tables, max_model_len): vLLM's Triton decode kernel for block-flat caches (block
                       size a multiple of 64; production reaches it on gfx942/gfx950 for C4A caches), writing
                       into a workspace buffer. GPU only: without a GPU driver vLLM swaps Triton for a placeholder.
+                      Without vllm, from a copy of the file first on sys.path (vllm_triton_decode): CPU
+                      (Triton interpreter) and GPU, any release 0.31.0-0.34.0 (docs/versions.md).
 * vllm-deepgemm       vllm/utils/deep_gemm.py: get_paged_mqa_logits_metadata(context_lens, block_size, num_sms),
                       then fp8_fp4_paged_mqa_logits((q, q_scale), kv_cache, weights, context_lens, block_tables,
                       schedule, max_model_len, indices=None): the CUDA decode path over DeepGEMM. The wrapper
@@ -37,7 +39,7 @@ from types import ModuleType
 import torch
 
 from difftest import hardware
-from difftest.backends import deep_gemm
+from difftest.backends import deep_gemm, vllm_triton_decode
 from difftest.backends.base import Backend
 from difftest.contract import Contract
 from difftest.kernel_inputs import KernelInputs
@@ -57,9 +59,11 @@ TRITON_BLOCK_KV = 64
 def load(module: str) -> tuple[ModuleType | None, str | None]:
     """(the module, None), or (None, why not): vllm itself first, so a missing vllm reads as such."""
     try:
-        importlib.import_module("vllm")
+        vllm = importlib.import_module("vllm")
     except Exception as exc:  # a broken install raises more than ImportError
         return None, f"vllm not importable: {type(exc).__name__}: {exc}"
+    if getattr(vllm, "__file__", None) is None:  # a carried kernel copy (vllm_triton_decode) is no vllm
+        return None, f"vllm not importable: only directories without vllm/__init__.py: {list(vllm.__path__)}"
     try:
         return importlib.import_module(module), None
     except Exception as exc:
@@ -123,15 +127,25 @@ def _torch_ref_call(inputs: KernelInputs, out: torch.Tensor | None) -> torch.Ten
                                                    inputs.block_table, inputs.max_model_len)
 
 
+def _torch_ref_prepare(inputs: KernelInputs, out: torch.Tensor | None) -> Callable[[], torch.Tensor]:
+    """The whole call: the torch loop builds nothing once per batch."""
+    return functools.partial(_torch_ref_call, inputs, out)
+
+
 # --------------------------------------------------------------------------- vllm-triton-decode
 
 def _triton_decode_contract() -> Contract:
+    # A carried copy of the kernel file (vllm_triton_decode) runs on the CPU too, under the Triton
+    # interpreter; vLLM itself swaps triton for a placeholder where there is no GPU driver.
+    tree = vllm_triton_decode.carried_tree()
+    fp8 = _fp8_flavour() if tree is None else (
+        Fp8Flavour.E4M3FNUZ if vllm_triton_decode.on_gfx94x() else Fp8Flavour.E4M3FN)
     return Contract(
         length_encoding=LengthEncoding.PER_ROW, cache_layout=CacheLayout.BLOCK_SPLIT,
         # It stores only positions p < len of each row into a workspace buffer nobody cleans.
-        mask=MaskConvention.TAIL_UNSPECIFIED, fp8=_fp8_flavour(), output_dtype=torch.float32,
+        mask=MaskConvention.TAIL_UNSPECIFIED, fp8=fp8, output_dtype=torch.float32,
         # Not measured (never run yet): DeepGEMM's margin for an fp8 MMA with fp32 accumulation.
-        rtol=1e-2, devices=("cuda",),
+        rtol=1e-2, devices=("cuda",) if tree is None else ("cpu", "cuda"),
         block_sizes=(TRITON_BLOCK_KV, 2 * TRITON_BLOCK_KV, 4 * TRITON_BLOCK_KV), head_dims=(32, 64, 128, 256),
         # tl.arange(0, NUM_HEADS) and tl.arange(0, HEAD_SIZE) need powers of two; tl.dot(kv, q^T) on
         # NVIDIA needs N = heads >= 16 and, for fp8, K = head_dim >= 32.
@@ -141,10 +155,19 @@ def _triton_decode_contract() -> Contract:
         # rocm_aiter_mla_sparse.py:592), not a contiguous range, and N_SPLITS = min(CUs, tiles,
         # 1024 // rows) (line 661) changes with the batch. max_context and max_pool_bytes: none known
         # (page ids are widened to int64 before addressing the cache, line 600).
-        writes_into_output=True, library=_library("rocm_fp8_paged_mqa_logits_triton"))
+        writes_into_output=True,
+        library=_library("rocm_fp8_paged_mqa_logits_triton") if tree is None else tree.describe())
 
 
 def _triton_decode_reason(device: str) -> str | None:
+    """The carried kernel's reasons when sys.path offers a copy of its file first, else vLLM's."""
+    tree = vllm_triton_decode.carried_tree()
+    if tree is not None:
+        return vllm_triton_decode.reason(tree, device)
+    for module in (OPS, WORKSPACE, TRITON_UTILS):
+        _, why = load(module)
+        if why:
+            return f"{why}; and no sys.path entry holds a copy of {vllm_triton_decode.FILE}"
     why = _gpu_reason(device, "vLLM's Triton decode kernel")
     if why:
         return why
@@ -160,9 +183,10 @@ def _triton_decode_call(inputs: KernelInputs, out: torch.Tensor | None) -> torch
     """The workspace view the kernel writes is first filled with the engine's poisoned `out`, so
     positions it never stores stay poison."""
     assert out is not None, "writes_into_output: the engine passes a poisoned buffer"
-    workspace = _module(WORKSPACE)
-    if not workspace.is_workspace_manager_initialized():
-        workspace.init_workspace_manager(inputs.q.device)  # what GPUModelRunner.__init__ does
+    tree = vllm_triton_decode.carried_tree()
+    if tree is not None:
+        return vllm_triton_decode.call(tree, inputs, out)
+    workspace = _workspace(inputs.q.device)
     rows = inputs.weights.shape[0]
     # The kernel's own get_simultaneous call of this shape returns this same view (offset 0).
     (buffer,) = workspace.current_workspace_manager().get_simultaneous(((rows, inputs.max_model_len), torch.float32))
@@ -171,6 +195,26 @@ def _triton_decode_call(inputs: KernelInputs, out: torch.Tensor | None) -> torch
                                                            inputs.context_lens, inputs.block_table,
                                                            inputs.max_model_len)
     return logits.clone()  # the workspace is reused by the next call
+
+
+def _workspace(device: torch.device) -> ModuleType:
+    """vLLM's workspace module, its manager initialised once per process as GPUModelRunner.__init__ does."""
+    workspace = _module(WORKSPACE)
+    if not workspace.is_workspace_manager_initialized():
+        workspace.init_workspace_manager(device)
+    return workspace
+
+
+def _triton_decode_prepare(inputs: KernelInputs, out: torch.Tensor | None) -> Callable[[], torch.Tensor]:
+    """The workspace set up now; each call launches the kernel into it as the indexer does, without
+    the poison copy and the clone, which are difftest's own (for the verdict)."""
+    tree = vllm_triton_decode.carried_tree()
+    if tree is not None:
+        assert out is not None, "writes_into_output: the engine passes a poisoned buffer"
+        return vllm_triton_decode.prepare(tree, inputs, out)
+    _workspace(inputs.q.device)
+    return functools.partial(_module(OPS).rocm_fp8_paged_mqa_logits_triton, inputs.q, inputs.kv_cache,
+                             inputs.weights, inputs.context_lens, inputs.block_table, inputs.max_model_len)
 
 
 # --------------------------------------------------------------------------- vllm-deepgemm
@@ -195,11 +239,26 @@ def _deep_gemm_reason(device: str) -> str | None:
 
 
 def _deep_gemm_call(inputs: KernelInputs, out: torch.Tensor | None) -> torch.Tensor:
-    """The wrapper halves the schedule slots itself for sm90 next_n = 4: it gets the full SM count."""
     lib = _module(DEEP_GEMM)
+    return _deep_gemm_logits(lib, inputs, _deep_gemm_schedule(lib, inputs))
+
+
+def _deep_gemm_prepare(inputs: KernelInputs, out: torch.Tensor | None) -> Callable[[], torch.Tensor]:
+    """The schedule built now, as vLLM's metadata builder builds it once per step; each call is one
+    layer's indexer call."""
+    lib = _module(DEEP_GEMM)
+    return functools.partial(_deep_gemm_logits, lib, inputs, _deep_gemm_schedule(lib, inputs))
+
+
+def _deep_gemm_schedule(lib: ModuleType, inputs: KernelInputs) -> torch.Tensor:
+    """The wrapper halves the schedule slots itself for sm90 next_n = 4: it gets the full SM count."""
     device = inputs.q.device.index if inputs.q.device.index is not None else torch.cuda.current_device()
     num_sms = _module(PLATFORM_UTILS).num_compute_units(device)  # what the metadata builder passes
-    schedule = lib.get_paged_mqa_logits_metadata(inputs.context_lens, inputs.block_size, num_sms)
+    return lib.get_paged_mqa_logits_metadata(inputs.context_lens, inputs.block_size, num_sms)
+
+
+def _deep_gemm_logits(lib: ModuleType, inputs: KernelInputs, schedule: torch.Tensor) -> torch.Tensor:
+    """One layer's call: its q and weights made into the kernel's inputs, then the logits kernel."""
     q_scale, weights = lib.mqa_logits_mx_inputs(inputs.q, None, inputs.weights)
     return lib.fp8_fp4_paged_mqa_logits((inputs.q, q_scale), inputs.kv_cache, weights, inputs.context_lens,
                                         inputs.block_table, schedule, max_model_len=inputs.max_model_len,
@@ -216,14 +275,18 @@ class IndexerPath:
     contract: Callable[[], Contract]
     reason: Callable[[str], str | None]  # why not on this device, once the modules import
     call: Callable[[KernelInputs, torch.Tensor | None], torch.Tensor]
+    # its per-batch set-up done once, then the per-layer call (Preparable)
+    prepare: Callable[[KernelInputs, torch.Tensor | None], Callable[[], torch.Tensor]]
 
 
 PATHS: dict[str, IndexerPath] = {
-    "vllm-torch-ref": IndexerPath((OPS,), _torch_ref_contract, _torch_ref_reason, _torch_ref_call),
-    "vllm-triton-decode": IndexerPath((OPS, WORKSPACE, TRITON_UTILS), _triton_decode_contract,
-                                      _triton_decode_reason, _triton_decode_call),
+    "vllm-torch-ref": IndexerPath((OPS,), _torch_ref_contract, _torch_ref_reason, _torch_ref_call,
+                                  _torch_ref_prepare),
+    # Its reason checks vLLM's modules itself: a carried copy of the kernel file needs none of them.
+    "vllm-triton-decode": IndexerPath((), _triton_decode_contract,
+                                      _triton_decode_reason, _triton_decode_call, _triton_decode_prepare),
     "vllm-deepgemm": IndexerPath((DEEP_GEMM, PLATFORM_UTILS), _deep_gemm_contract, _deep_gemm_reason,
-                                 _deep_gemm_call),
+                                 _deep_gemm_call, _deep_gemm_prepare),
 }
 
 
@@ -250,6 +313,10 @@ class VllmIndexer:
     def __call__(self, inputs: KernelInputs, out: torch.Tensor | None) -> torch.Tensor:
         """Logits [B * next_n, max_model_len] float32."""
         return self.path.call(inputs, out)
+
+    def prepare(self, inputs: KernelInputs, out: torch.Tensor | None) -> Callable[[], torch.Tensor]:
+        """The path's per-batch set-up done now; what is returned is its per-layer call (Preparable)."""
+        return self.path.prepare(inputs, out)
 
 
 BACKENDS: dict[str, Callable[[], Backend]] = {name: functools.partial(VllmIndexer, name) for name in PATHS}

@@ -11,14 +11,35 @@ import torch
 
 from difftest.case import Case, row_limits
 from difftest.errors import SpecError
+from difftest.generators import CaseSpec, build_case
 from difftest.kinds import Fp8Flavour
-from generators import build_case
 from tests.support import TINY, TINY_SPECS, bits, golden_params
 
 
 def _tensor_fields(case: Case) -> dict[str, torch.Tensor]:
     return {f.name: getattr(case, f.name) for f in dataclasses.fields(case)
             if isinstance(getattr(case, f.name), torch.Tensor)}
+
+
+# --------------------------------------------------------------------------- printing
+
+def test_hypothesis_prints_a_drawn_case_as_the_call_that_draws_it_again():
+    from hypothesis.vendor.pretty import pretty  # how hypothesis prints a falsifying example
+
+    case = build_case(CaseSpec(name="mine", next_n=2, lengths=(3, 17), max_model_len=64), 7)
+    text = pretty(case)
+    fields = "{'name': 'mine', 'next_n': 2, 'max_model_len': 64, 'lengths': [3, 17]}"  # and the defaults
+    assert text == f"build_case(CaseSpec.from_json({fields}), 7)", text
+    again = eval(text, {"build_case": build_case, "CaseSpec": CaseSpec})
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(_tensor_fields(again).values(),
+                                                             _tensor_fields(case).values(), strict=True))
+
+
+def test_a_case_built_by_hand_prints_its_one_line():
+    from hypothesis.vendor.pretty import pretty
+
+    case = dataclasses.replace(build_case(CaseSpec(lengths=(5,)), 0), meta={})
+    assert pretty(case) == repr(case) and repr(case).startswith("Case('random-s0', B=1 next_n=1 "), pretty(case)
 
 
 # --------------------------------------------------------------------------- limits

@@ -9,11 +9,11 @@ import torch
 
 from difftest.comparison import TOPK, compare, topk_overlap
 from difftest.contract import Contract
+from difftest.generators import build_case
 from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
+from difftest.oracles.paged_mqa_logits import reference
 from difftest.poison import is_poison, poisoned
 from difftest.verdict import Mismatch, Verdict
-from generators import build_case
-from oracles.paged_mqa_logits import reference
 from tests.support import TINY
 
 STRICT = Contract(LengthEncoding.PER_ROW, CacheLayout.BLOCK_SPLIT, MaskConvention.TAIL_NEG_INF, rtol=1e-3)

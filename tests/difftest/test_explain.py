@@ -20,13 +20,13 @@ from difftest.comparison import MASK_LIMITS, compare
 from difftest.config import RunConfig
 from difftest.contract import Contract
 from difftest.explain import Pattern, explain
+from difftest.generators import build_case
 from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
 from difftest.poison import poisoned
 from difftest.report import render_failures
 from difftest.runner import run
 from difftest.serialize import result_from_json, to_jsonable
 from difftest.verdict import Verdict
-from generators import build_case
 from tests import planted
 from tests import user_backends as ub
 from tests.support import TINY

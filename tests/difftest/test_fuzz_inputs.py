@@ -15,11 +15,11 @@ from difftest.backends.user import FunctionBackend, backend
 from difftest.case import Case
 from difftest.config import RunConfig
 from difftest.errors import SpecError
+from difftest.generators import build_case
+from difftest.generators.strategies import specs
 from difftest.kinds import ExitStatus
 from difftest.runner import run
 from difftest.verdict import Verdict
-from generators import build_case
-from generators.strategies import specs
 from tests import broken_backends as bb
 from tests.support import TINY, run_cli
 

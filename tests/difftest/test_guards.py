@@ -11,6 +11,7 @@ from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend, backend
 from difftest.config import RunConfig
 from difftest.errors import SpecError
+from difftest.generators import build_case
 from difftest.guards import Execution, Launch, PoisonFreshTensors, execute, fill_poison, fingerprint, input_fingerprints
 from difftest.kernel_inputs import encode
 from difftest.kinds import MaskConvention
@@ -19,7 +20,6 @@ from difftest.reference import make_reference
 from difftest.runner import run
 from difftest.stability import StabilityKind, classify_stability
 from difftest.verdict import Verdict
-from generators import build_case
 from tests import broken_backends as bb
 from tests.support import TINY
 

@@ -23,6 +23,7 @@ from difftest.backends.user import FunctionBackend
 from difftest.cli import main
 from difftest.config import RunConfig
 from difftest.errors import OutputError, SpecError
+from difftest.generators import build_case
 from difftest.guards import Launch
 from difftest.isolate import Worker
 from difftest.kernel_inputs import encode
@@ -32,7 +33,6 @@ from difftest.runner import run
 from difftest.serialize import OutputLock, atomic_write, load_results
 from difftest.session import RunRequest, execute
 from difftest.verdict import Verdict
-from generators import build_case
 from tests import broken_backends as bb
 from tests.support import REPO_ROOT, TINY
 
@@ -402,7 +402,7 @@ def test_a_sigkilled_isolated_run_leaves_no_process_and_no_temp_folder(tmp_path)
         _wait_for(lambda: _stream_results(stream) >= 1, parent)
         below = _descendants(parent.pid)
         assert len(below) >= 3, f"{below=}"
-        assert list(temp.glob("difftest-workers-*")), "the run folder exists while the run runs"
+        assert list(temp.glob("difftest-run-*/difftest-workers-*")), "the workers' folder exists while the run runs"
         parent.send_signal(signal.SIGKILL)
         parent.wait(30)
         deadline = time.monotonic() + 20
@@ -412,4 +412,4 @@ def test_a_sigkilled_isolated_run_leaves_no_process_and_no_temp_folder(tmp_path)
         parent.kill()
     left = {p: Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in below if _running(p)}
     assert not left, f"processes left behind: {left}"
-    assert not list(temp.glob("difftest-workers-*")) and not list(temp.glob("pymp-*")), list(temp.iterdir())
+    assert not list(temp.glob("difftest-run-*")) and not list(temp.glob("pymp-*")), list(temp.iterdir())

@@ -24,6 +24,7 @@ from difftest.backends.user import FunctionBackend, backend
 from difftest.cli import main
 from difftest.config import RunConfig
 from difftest.errors import SpecError
+from difftest.generators import build_case
 from difftest.guards import Execution, Launch, execute
 from difftest.isolate import InProcess, Worker, crash_summary, exit_description, transport_for
 from difftest.kernel_inputs import encode
@@ -33,7 +34,6 @@ from difftest.runner import run
 from difftest.sanitize import Finding, SanitizerReport
 from difftest.serialize import ResultStream, load_results, to_jsonable
 from difftest.verdict import Verdict
-from generators import build_case
 from tests import broken_backends as bb
 from tests import user_backends as ub
 from tests.support import REPO_ROOT, TINY
@@ -331,7 +331,7 @@ INTERPRETED = """
 from difftest.comparison import compare
 from difftest.kernel_inputs import encode
 from difftest.reference import make_reference
-from generators import CaseSpec, build_case
+from difftest.generators import CaseSpec, build_case
 from tests.gpu_broken_backends import TritonGood, TritonOobRead
 
 spec = CaseSpec(name="triton", batch=3, next_n=2, heads=16, head_dim=32, block_size=16, max_model_len=64,

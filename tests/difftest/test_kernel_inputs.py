@@ -13,6 +13,7 @@ from difftest.backends.torch_ref import TorchBackend
 from difftest.contract import Contract
 from difftest.errors import SpecError
 from difftest.fp8 import decode
+from difftest.generators import CaseSpec, LengthDist, Stale, Values, build_case
 from difftest.kernel_inputs import (
     decode_row_lens,
     encode,
@@ -23,8 +24,7 @@ from difftest.kernel_inputs import (
 )
 from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding
 from difftest.layout import pack_cache, unpack_cache
-from generators import CaseSpec, LengthDist, Stale, Values, build_case
-from oracles.paged_mqa_logits import reference
+from difftest.oracles.paged_mqa_logits import reference
 from tests.support import TINY_SPECS, assert_same_logits, bits
 
 CASES = [(spec, seed) for spec in TINY_SPECS for seed in (0, 1)]

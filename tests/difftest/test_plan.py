@@ -9,10 +9,10 @@ import pytest
 from difftest.backends.torch_ref import TorchBackend
 from difftest.contract import WorkPartition
 from difftest.errors import SpecError
+from difftest.generators.envelope import Target
+from difftest.generators.spec import CaseSpec
 from difftest.kinds import CaseKind, PartitionScope
 from difftest.plan import PlannedCase, Shard, SuiteRequest, envelope_plan, filtered, plan
-from generators.envelope import Target
-from generators.spec import CaseSpec
 
 
 @pytest.mark.parametrize(("text", "shard"), [("0/1", (0, 1)), ("1/2", (1, 2)), ("3/8", (3, 8))])

@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import shutil
 import sys
 
 import pytest
-import torch
 
 from difftest.backends import Origin, as_loaded
 from difftest.bundle import load_bundle, write_bundle
 from difftest.cli import main
 from difftest.config import RunConfig
+from difftest.generators import CaseSpec, build_case
 from difftest.kinds import ExitStatus
 from difftest.replay import bundle_backend
 from difftest.runner import run_one
-from difftest.shrink import case_from_line
 from difftest.verdict import Verdict
-from generators import CaseSpec, build_case
 from tests import planted
+from tests.support import run_cli
 
 MODULE = "tests.planted:block_boundary_off_by_one"
 BOUNDARY = as_loaded(planted.block_boundary_off_by_one)
@@ -62,18 +62,27 @@ def test_replay_by_registry_name_says_when_the_verdict_changed(tmp_path, capsys)
     assert "verdict: PASS (differs from the recorded one: FAIL(mask))" in capsys.readouterr().out
 
 
-def test_shrink_prints_the_spec_line_and_writes_a_replayable_bundle(run_bundles, tmp_path, capsys) -> None:
+def test_shrink_prints_a_run_line_that_pastes_and_writes_a_replayable_bundle(run_bundles, tmp_path) -> None:
     source = next(p for p in run_bundles if "block-boundaries" in p.name)
-    shrunk_code = main(["shrink", str(source), "--seconds", "20", "--out", str(tmp_path), "--backends", MODULE])
+    shrunk_code, out, _ = run_cli(["shrink", str(source), "--seconds", "20", "--out", str(tmp_path / "min"),
+                                   "--backends", MODULE])
     assert shrunk_code == ExitStatus.OK
-    lines = capsys.readouterr().out.splitlines()
-    spec_line = lines[-2]
-    assert json.loads(spec_line)["spec"]["lengths"] == [16], lines
-    shrunk = load_bundle(next(tmp_path.iterdir()))
+    lines = out.splitlines()
+    command = shlex.split(lines[-2])
+    assert command[:4] == ["difftest", "run", "--backends", MODULE], lines
+    spec = json.loads(command[command.index("--spec") + 1])
+    assert spec["name"] == "block-boundaries-min" and spec["lengths"] == [16], lines
+    shrunk = load_bundle(next((tmp_path / "min").iterdir()))
     assert (shrunk.case.batch, shrunk.case.seq_lens.tolist()) == (1, [16])
     assert shrunk.origin.target == MODULE and shrunk.verdict == Verdict.FAIL_MASK
-    assert torch.equal(case_from_line(spec_line).q, shrunk.case.q)
+    assert shrunk.case.name == f"block-boundaries-min-s{command[command.index('--seed') + 1]}", shrunk.case.name
     assert main(["replay", str(shrunk.path), "--backends", MODULE]) == ExitStatus.FAILED
+    # The printed line, pasted as it is: the same case, the same verdict.
+    report = tmp_path / "again.json"
+    code, again, _ = run_cli([*command[1:], "--no-progress", "--report", str(report)])
+    (result,) = json.loads(report.read_text())["results"]
+    assert code == ExitStatus.FAILED and result["verdict"] == "FAIL(mask)", again
+    assert result["case"] == shrunk.case.name, f"{result['case']=}"
 
 
 def test_a_bundle_naming_a_module_imports_nothing_unless_trusted(run_bundles, tmp_path, capsys) -> None:

@@ -9,11 +9,11 @@ import math
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend
 from difftest.config import RunConfig
+from difftest.generators import build_case
 from difftest.report import headline, render_devices, render_failures, render_table, summarize, write_json
 from difftest.runner import run
 from difftest.serialize import ResultStream, load_results, to_jsonable
 from difftest.verdict import Verdict
-from generators import build_case
 from tests import user_backends as ub
 from tests.support import TINY
 

@@ -12,13 +12,13 @@ import torch
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend, backend
 from difftest.config import RunConfig
+from difftest.generators import LengthDist, build_case
 from difftest.hardware import describe_gpu, gpu_description
 from difftest.kinds import LengthEncoding
+from difftest.oracles.paged_mqa_logits import reference
 from difftest.reference import make_reference
 from difftest.runner import run, unsupported_reason
 from difftest.verdict import Verdict
-from generators import LengthDist, build_case
-from oracles.paged_mqa_logits import reference
 from tests import user_backends as ub
 from tests.support import TINY, TINY_SPECS
 
@@ -84,7 +84,7 @@ def test_window_one_short_is_caught_on_every_row_with_a_window():
 
 
 def test_correct_backends_pass_the_edge_specs():
-    from generators import edge_cases
+    from difftest.generators import edge_cases
 
     backends = [TorchBackend(), _fn(ub.per_sequence_reader)]
     results = run(backends, [build_case(s, 0) for s in edge_cases()], RunConfig())

@@ -14,6 +14,7 @@ from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend
 from difftest.cli import main
 from difftest.config import RunConfig
+from difftest.generators import build_case
 from difftest.kinds import ExitStatus, SanitizerTool
 from difftest.report import render_failures
 from difftest.runner import run
@@ -27,7 +28,6 @@ from difftest.sanitize import (
     unavailable_reason,
 )
 from difftest.verdict import Verdict
-from generators import build_case
 from tests import broken_backends as bb
 from tests.support import REPO_ROOT, TINY
 

@@ -38,19 +38,22 @@ from difftest import schema
 from difftest.backends import Origin, as_loaded
 from difftest.bundle import CASE_FILE, INFO_FILE, load_bundle, write_bundle
 from difftest.comparison import MASK_LIMITS, Comparison
-from difftest.config import MAX_REPEAT, RunConfig
+from difftest.config import MAX_REPEAT, MAX_TIME, RunConfig
+from difftest.contract import Siblings
 from difftest.errors import SpecError
 from difftest.explain import Explanation, Pattern
+from difftest.generators import CaseSpec, build_case
+from difftest.generators.spec import LengthDist, Stale, Values
 from difftest.kinds import ExitStatus, Isolation, SanitizerTool
 from difftest.ledger import load_ledger
-from difftest.report import write_json
+from difftest.performance import SiblingRace, SiblingTime
+from difftest.report import BackendSummary, write_json
 from difftest.result import CaseResult, Reach
 from difftest.sanitize import Finding, SanitizerReport
 from difftest.serialize import ResultStream, load_results, result_from_json, to_jsonable
 from difftest.stability import Stability, StabilityKind
+from difftest.timing import Timing
 from difftest.verdict import Mismatch, Verdict
-from generators import CaseSpec, build_case
-from generators.spec import LengthDist, Stale, Values
 from tests import planted
 from tests.support import TINY, run_cli
 
@@ -224,7 +227,7 @@ def test_the_restated_enums_and_defaults_agree_with_their_modules():
     assert schema.STABILITY_KINDS == tuple(k.value for k in StabilityKind)
     assert schema.MASK_PATTERNS == tuple(p.value for p in Pattern)
     assert schema.MASK_LIMITS == MASK_LIMITS
-    assert schema.MAX_REPEAT == MAX_REPEAT
+    assert schema.MAX_REPEAT == MAX_REPEAT and schema.MAX_TIME == MAX_TIME
     defaults = {f.name: f.default for f in dataclasses.fields(CaseSpec)}
     assert schema.SPEC_DEFAULTS == {k: v.value if isinstance(v, enum.Enum) else v for k, v in defaults.items()}
     assert set(schema.SpecModel.model_fields) == set(defaults) == set(schema.LedgerSpecModel.model_fields)
@@ -234,7 +237,9 @@ def test_the_restated_enums_and_defaults_agree_with_their_modules():
     (schema.ResultModel, CaseResult), (schema.ComparisonModel, Comparison), (schema.MismatchModel, Mismatch),
     (schema.ExplanationModel, Explanation), (schema.StabilityModel, Stability),
     (schema.SanitizerModel, SanitizerReport), (schema.FindingModel, Finding), (schema.ReachModel, Reach),
-    (schema.OriginModel, Origin)], ids=lambda x: x.__name__)
+    (schema.OriginModel, Origin), (schema.TimingModel, Timing), (schema.SiblingsModel, Siblings),
+    (schema.SummaryModel, BackendSummary), (schema.SiblingRaceModel, SiblingRace),
+    (schema.SiblingTimeModel, SiblingTime)], ids=lambda x: x.__name__)
 def test_every_dataclass_field_has_its_schema_field(model, cls):
     """A field added to a result's dataclass needs its line in difftest.schema, or --resume refuses its streams."""
     assert set(model.model_fields) == {f.name for f in dataclasses.fields(cls)}, f"{cls.__name__} and {model.__name__}"

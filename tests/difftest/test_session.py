@@ -8,11 +8,12 @@ import pytest
 
 from difftest.config import RunConfig
 from difftest.errors import SpecError
-from difftest.kinds import CaseKind
+from difftest.generators.spec import CaseSpec, LengthDist
+from difftest.kinds import CaseKind, ExitStatus
 from difftest.plan import SuiteRequest
 from difftest.report import render_reach
 from difftest.session import RunRequest, execute
-from generators.spec import CaseSpec, LengthDist
+from tests.support import run_cli
 
 FILTER = ("length-one-*", "block-boundaries-*", "all-padding-*")
 
@@ -52,3 +53,34 @@ def test_a_spec_too_large_for_this_machine_is_refused_with_the_numbers_before_an
     with pytest.raises(SpecError) as info:
         execute(RunRequest(suite=SuiteRequest(spec=huge), backends=("torch",)))
     assert info.value.field == "spec" and "GiB this cpu can spare; it needs" in info.value.expected, info.value
+
+
+def test_a_backend_asked_for_by_name_that_skips_every_case_fails_the_run_with_the_reason():
+    suite = SuiteRequest(cases=CaseKind.EDGES, case_filter=("length-one-*",))
+    outcome = execute(RunRequest(suite=suite, backends=("torch", "tests.user_backends:DeclaresCudaOnly")))
+    assert [r.verdict.value for r in outcome.results] == ["PASS", "SKIP"], outcome.results
+    assert outcome.untested == {"cuda-only": "contract devices ['cuda'] exclude cpu"}, outcome.untested
+    assert outcome.status == ExitStatus.FAILED
+    # The envelope suite plans no case for it at all: the plan's reason is given.
+    outcome = execute(RunRequest(suite=SuiteRequest(case_filter=FILTER[:1]),
+                                 backends=("torch", "tests.user_backends:DeclaresCudaOnly")))
+    assert list(outcome.untested) == ["cuda-only"] and outcome.status == ExitStatus.FAILED, outcome.untested
+
+
+
+@pytest.mark.parametrize(("changed", "message"), [
+    (["--encoding", "per-sequence"], "--encoding='per-sequence': expected None, what the run resumed from"),
+    (["--layout", "token-interleaved"], "--layout='token-interleaved': expected None, what the run resumed from"),
+    (["--repeat", "2"], "--repeat=2: expected 1, what the run resumed from"),
+    (["--oracle", "fast"], "--oracle='fast': expected 'exact', what the run resumed from"),
+    (["--cases", "all"], "--cases='all': expected 'edges', what the run resumed from"),
+])
+def test_resume_under_other_options_is_refused_in_one_line(tmp_path, changed, message):
+    first = ["run", "--no-progress", "--cases", "edges", "--case-filter", "length-one-*", "--backends", "torch"]
+    assert run_cli([*first, "--report", str(tmp_path / "r.json")])[0] == ExitStatus.OK
+    for resumed in ("r.json", "r.jsonl"):
+        argv = [*first, *changed, "--resume", str(tmp_path / resumed), "--report", str(tmp_path / "again.json")]
+        code, _, err = run_cli(argv)
+        assert code == ExitStatus.USAGE and err.count("\n") == 1, err
+        assert err.startswith(f"difftest: error: {message} {tmp_path / resumed} used (its results"), err
+    assert run_cli([*first, "--resume", str(tmp_path / "r.json"), "--report", str(tmp_path / "same.json")])[0] == 0

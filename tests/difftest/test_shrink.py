@@ -13,12 +13,12 @@ from difftest.backends.user import FunctionBackend
 from difftest.bundle import load_bundle, write_bundle
 from difftest.config import RunConfig
 from difftest.errors import SpecError
+from difftest.generators import CaseSpec, Stale, Values, build_case
+from difftest.generators.strategies import cases
+from difftest.oracles.paged_mqa_logits import reference
 from difftest.runner import run_one
 from difftest.shrink import Failure, case_from_line, compact_pool, select_sequences, shrink
 from difftest.verdict import Verdict
-from generators import CaseSpec, Stale, Values, build_case
-from generators.strategies import cases
-from oracles.paged_mqa_logits import reference
 from tests import planted
 
 BOUNDARY = as_loaded(planted.block_boundary_off_by_one)

@@ -7,7 +7,13 @@ dies is killed by a real SIGSEGV (tests.broken_backends:segfaults_on_gpu_1 on CU
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,8 +21,10 @@ import pytest
 from difftest.cli import cmd_run, main, parse_args
 from difftest.errors import SpecError
 from difftest.kinds import ExitStatus
+from difftest.lifetime import sweep
 from difftest.serialize import load_results
 from difftest.spread import child_argv, gpu_environments, visible_devices_for_shard
+from tests.difftest.test_hardening import _descendants, _running, _wait_for
 from tests.support import REPO_ROOT
 
 ONE_GPU_EACH = [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]
@@ -147,4 +155,86 @@ def test_a_dead_child_is_reported_and_the_other_shard_kept(tmp_path: Path, capsy
     # The dead shard's cases run again in one process (no CUDA_VISIBLE_DEVICES=1 here), the rest kept.
     assert main([*argv, "--resume", str(tmp_path / "r.json"), "--report", str(tmp_path / "all.json")]) == 0
     assert len(load_results(tmp_path / "all.json")) == 8
+    assert json.loads((tmp_path / "all.json").read_text())["run"]["resumed"] == 5
+
+
+# --------------------------------------------------------------------------- a spread parent interrupted or killed
+
+# `difftest run` as a spread parent on the CPU: cmd_run with the environments --gpus would hand its children.
+SPREAD_PARENT = ("import functools, sys\n"
+                 "from difftest import cli\n"
+                 f"cli.cmd_run = functools.partial(cli.cmd_run, shard_envs={ONE_GPU_EACH!r})\n"
+                 "sys.exit(cli.main(sys.argv[1:]))\n")
+FIRST_FOUR = ("all-padding-*", "length-one-*", "shorter-than-next-n-*", "block-boundaries-*")
+# Shard 0 makes its 4 results; shard 1 streams torch on its first case, then hangs.
+HANGING = [*EDGES, "--backend-module", "tests.broken_backends:hangs_on_gpu_1",
+           *[word for glob in FIRST_FOUR for word in ("--case-filter", glob)]]
+
+
+def _spread_parent(argv: list[str], temp: Path, **popen) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", SPREAD_PARENT, *argv], cwd=REPO_ROOT,
+                            env={**os.environ, "TMPDIR": str(temp)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **popen)
+
+
+def _streamed(temp: Path) -> list[int]:
+    """Results each shard has streamed into the parent's part folder so far."""
+    counts = []
+    for index in range(2):
+        paths = list(temp.glob(f"difftest-run-*/difftest-shards-*/shard-{index}.jsonl"))
+        counts.append(paths[0].read_text().count('{"result"') if paths else 0)
+    return counts
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_sigkilled_spread_parent_takes_its_children_along_and_the_next_run_sweeps_its_folder(tmp_path):
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    parent = _spread_parent([*HANGING, "--report", str(tmp_path / "r.json")], temp)
+    try:
+        _wait_for(lambda: _streamed(temp) == [4, 1], parent)
+        below = _descendants(parent.pid)
+        assert len(below) >= 1, f"{below=}"  # shard 1, hanging (shard 0 may have ended)
+        parent.kill()
+        parent.wait(30)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(_running(p) for p in below):
+            time.sleep(0.05)
+    finally:
+        parent.kill()
+    left = {p: Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in below if _running(p)}
+    assert not left, f"children left running: {left}"
+    (folder,) = temp.glob("difftest-run-*")  # nothing in the killed run could remove it: the next run does
+    assert (folder / "owner").read_text().split()[0] == str(parent.pid)
+    assert sweep(temp) == [folder] and not folder.exists()
+
+
+def test_ctrl_c_in_a_spread_run_writes_what_finished_and_resume_completes_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(REPO_ROOT)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # the resumed run below hangs nowhere
+    temp, report = tmp_path / "tmp", tmp_path / "r.json"
+    temp.mkdir()
+    parent = _spread_parent([*HANGING, "--report", str(report)], temp, start_new_session=True)
+    try:
+        _wait_for(lambda: _streamed(temp) == [4, 1], parent)
+        os.killpg(parent.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the parent and its children
+        _, err = parent.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(parent.pid, signal.SIGKILL)
+    assert parent.returncode == ExitStatus.INTERRUPTED and "Traceback" not in err, err
+    assert err.strip() == (f"difftest: interrupted after 5 results; kept in {report}, {tmp_path / 'r.jsonl'} "
+                           f"(--resume {report} continues it)"), err
+    doc = json.loads(report.read_text())
+    assert doc["run"]["incomplete"] is True and len(doc["run"]["shards"]) == 2, doc["run"]
+    before = load_results(report)
+    assert len(before) == 5 and load_results(tmp_path / "r.jsonl") == before
+    assert not list(temp.glob("difftest-run-*")), "an interrupted run removes its folders itself"
+
+    assert main([*HANGING, "--resume", str(report), "--report", str(tmp_path / "all.json")]) == ExitStatus.OK
+    capsys.readouterr()
+    after = load_results(tmp_path / "all.json")
+    pairs = [(r.backend, r.case) for r in after]
+    assert len(pairs) == len(set(pairs)) == 8, f"nothing lost or repeated: {pairs=}"
+    assert all(result in after for result in before), "the interrupted run's results are kept as they were"
     assert json.loads((tmp_path / "all.json").read_text())["run"]["resumed"] == 5

@@ -46,3 +46,44 @@ def test_the_interpreters_own_reduction_is_back_after_the_block() -> None:
     with interpreter_compat():
         assert interpreter.ReduceOps.generic_reduce is not before
     assert interpreter.ReduceOps.generic_reduce is before
+
+
+# A file whose top level cannot run here (an import of a package that does not exist), holding a kernel
+# and a wrapper that reads a name the file imports: what load_kernel_defs is for.
+PARTIAL_FILE = '''
+import no_such_package_anywhere
+from no_such_package_anywhere import SCALE
+
+raise RuntimeError("the top level ran")
+
+
+@triton.jit
+def scale_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=offsets < n) * 2.0, mask=offsets < n)
+
+
+def scale(x):
+    out = torch.empty_like(x)
+    scale_kernel[(1,)](x, out, x.numel(), BLOCK=16)
+    return out * SCALE
+'''
+
+
+def test_load_kernel_defs_runs_only_the_named_functions_with_the_names_given(tmp_path: Path) -> None:
+    import triton
+    import triton.language as tl
+
+    from difftest.triton_interpret import global_names, load_kernel_defs
+
+    path = tmp_path / "partial.py"
+    path.write_text(PARTIAL_FILE)
+    namespace = {"triton": triton, "tl": tl, "torch": torch, "SCALE": 3.0}
+    module = load_kernel_defs(path, ("scale_kernel", "scale"), "partial", interpret=True, namespace=namespace)
+    assert global_names(module.scale) == {"torch", "scale_kernel", "SCALE"}
+    assert global_names(module.scale_kernel) == {"tl"}
+    with interpreter_compat():
+        got = module.scale(torch.arange(5, dtype=torch.float32))
+    assert got.tolist() == [0.0, 6.0, 12.0, 18.0, 24.0]
+    with pytest.raises(LookupError, match="defines no missing"):
+        load_kernel_defs(path, ("scale", "missing"), "partial", interpret=True, namespace=namespace)

@@ -14,11 +14,11 @@ import difftest
 from difftest.bundle import load_bundle
 from difftest.case import Case
 from difftest.errors import SpecError
+from difftest.generators import CaseSpec, build_case
+from difftest.generators.cases import edge_cases
 from difftest.observe import Observer, observed
 from difftest.result import CaseResult
 from difftest.verdict import Verdict
-from generators import CaseSpec, build_case
-from generators.cases import edge_cases
 from tests.difftest_pytest.planted_backends import CONTRACT, off_by_one
 
 LENGTH_ONE = next(spec for spec in edge_cases() if spec.name == "length-one")  # L = [1, 1], next_n = 1

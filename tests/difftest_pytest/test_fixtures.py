@@ -17,8 +17,8 @@ def test_fixtures_parametrize_backends_by_cases(planted: pytest.Pytester) -> Non
     planted.makepyfile(CHECK_TEST)
     result = planted.runpytest_inprocess("--co", "-q", "--difftest-seed=0",
                                          "--difftest-backends=torch,planted:off_by_one")
-    result.stdout.fnmatch_lines(["*::test_k[[]torch-all-padding-s0]", "*::test_k[[]torch-length-one-s1000]",
-                                 "*::test_k[[]off-by-one-deepseek-heads-s13000]", "28 tests collected*"])
+    result.stdout.fnmatch_lines(["*::test_k[[]torch-all-padding]", "*::test_k[[]torch-length-one]",
+                                 "*::test_k[[]off-by-one-deepseek-heads]", "28 tests collected*"])
 
 
 def test_check_passes_and_returns_the_result(pytester: pytest.Pytester) -> None:
@@ -32,7 +32,7 @@ def test_random_cases_take_a_count(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(CHECK_TEST)
     result = pytester.runpytest_inprocess("--co", "-q", "--difftest-backends=torch", "--difftest-cases=random:1",
                                           "--difftest-seed=0")
-    result.stdout.fnmatch_lines(["*[[]torch-random-mtp1-uniform-s0]", "*[[]torch-random-mtp4-edges-s3000]",
+    result.stdout.fnmatch_lines(["*[[]torch-random-mtp1-uniform]", "*[[]torch-random-mtp4-edges]",
                                  "4 tests collected*"])
 
 
@@ -54,8 +54,8 @@ def test_the_marker_restricts_backends_and_copies_cases_per_next_n(planted: pyte
     result = planted.runpytest_inprocess("-v", "--difftest-seed=0", "--difftest-backends=torch,planted:off_by_one",
                                          "-k", "block-boundaries")
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["*::test_k[[]torch-block-boundaries-mtp1-s*] PASSED*",
-                                 "*::test_k[[]torch-block-boundaries-mtp3-s*] PASSED*"])
+    result.stdout.fnmatch_lines(["*::test_k[[]torch-block-boundaries-mtp1] PASSED*",
+                                 "*::test_k[[]torch-block-boundaries-mtp3] PASSED*"])
 
 
 @pytest.mark.parametrize(("marker", "message"), [
@@ -83,3 +83,21 @@ def test_the_seed_fixture_is_the_header_seed(pytester: pytest.Pytester) -> None:
             assert difftest_seed == 31
     """)
     pytester.runpytest_inprocess("--difftest-seed=31").assert_outcomes(passed=1)
+
+
+def test_ids_carry_no_seed_so_last_failed_reruns_exactly_the_failed_items(planted: pytest.Pytester) -> None:
+    planted.makepyfile(CHECK_TEST)
+    args = ["--difftest-backends=torch,planted:off_by_one", "-k", "length-one or all-padding"]
+    planted.runpytest_inprocess(*args, "--difftest-seed=1").assert_outcomes(passed=3, failed=1)
+    result = planted.runpytest_inprocess(*args, "--difftest-seed=2", "--lf", "-v")
+    result.assert_outcomes(failed=1)  # and no other test ran
+    result.stdout.fnmatch_lines(["run-last-failure: rerun previous 1 failure*",
+                                 "*::test_k[[]off-by-one-length-one] FAILED*"])
+
+
+def test_several_seeds_of_one_spec_are_numbered(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(CHECK_TEST)
+    result = pytester.runpytest_inprocess("--co", "-q", "--difftest-backends=torch", "--difftest-cases=random:2",
+                                          "-k", "mtp1")
+    result.stdout.fnmatch_lines(["*[[]torch-random-mtp1-uniform-0]", "*[[]torch-random-mtp1-uniform-1]",
+                                 "2/8 tests collected*"])

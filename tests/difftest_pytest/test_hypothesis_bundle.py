@@ -13,7 +13,7 @@ TEST_FILE = '''
 from hypothesis import given, settings
 
 import difftest
-from generators.strategies import cases
+from difftest.generators.strategies import cases
 
 BOUNDS = dict(max_batch=3, max_next_n=2, heads=(4,), head_dims=(16,), block_sizes=(16,), max_model_len=48,
               max_padding=1, max_extra_columns=0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from difftest.errors import SpecError
-from generators import build_case
-from generators.cases import SUITES, default_specs, edge_cases, suite
+from difftest.generators import build_case
+from difftest.generators.cases import SUITES, default_specs, edge_cases, suite
 
 
 @pytest.mark.parametrize("spec", edge_cases(), ids=lambda s: s.name)

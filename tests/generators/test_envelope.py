@@ -1,4 +1,4 @@
-"""generators.envelope: edge cases derived from a contract's declared envelope, sized for a target.
+"""difftest.generators.envelope: edge cases derived from a contract's declared envelope, sized for a target.
 
 CPU only and fast: the production-scale plans are checked as specs and footprints; only SMALL specs
 (and one small pool with high block ids) are built.
@@ -16,9 +16,8 @@ import torch
 
 from difftest.contract import Contract, WorkPartition
 from difftest.errors import SpecError
-from difftest.kinds import CacheLayout, Device, Fp8Flavour, LengthEncoding, MaskConvention, PartitionScope
-from generators.cases import default_specs, edge_cases, suite
-from generators.envelope import (
+from difftest.generators.cases import default_specs, edge_cases, suite
+from difftest.generators.envelope import (
     TWO_31,
     EdgeFamily,
     Omission,
@@ -30,8 +29,9 @@ from generators.envelope import (
     estimate_bytes,
     fit,
 )
-from generators.spec import CaseSpec, LengthDist
-from generators.tensors import build_case
+from difftest.generators.spec import CaseSpec, LengthDist
+from difftest.generators.tensors import build_case
+from difftest.kinds import CacheLayout, Device, Fp8Flavour, LengthEncoding, MaskConvention, PartitionScope
 
 GB = 10**9
 H200 = Target.production_gpu(sms=132, memory_bytes=139 * GB)

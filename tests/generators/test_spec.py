@@ -7,9 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from difftest.errors import SpecError
+from difftest.generators import CaseSpec, LengthDist, Stale, Values
+from difftest.generators.cases import default_specs, edge_cases
 from difftest.kinds import Fp8Flavour
-from generators import CaseSpec, LengthDist, Stale, Values
-from generators.cases import default_specs, edge_cases
 
 
 @pytest.mark.parametrize("spec", [CaseSpec(), *edge_cases(), *default_specs(),

@@ -1,4 +1,4 @@
-"""generators.strategies: what specs() and cases() draw, which way they shrink, how they reject arguments."""
+"""difftest.generators.strategies: what specs() and cases() draw, which way they shrink, how they reject arguments."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import torch
 from hypothesis import find, given, settings
 from hypothesis.errors import InvalidArgument
 
+from difftest.generators import CaseSpec, Stale, Values, build_case
+from difftest.generators.profiles import CI_PROFILE, DEV_PROFILE, NIGHTLY_PROFILE, register_profiles
+from difftest.generators.strategies import cases, specs
 from difftest.kinds import Fp8Flavour
-from generators import CaseSpec, Stale, Values, build_case
-from generators.strategies import CI_PROFILE, DEV_PROFILE, NIGHTLY_PROFILE, cases, register_profiles, specs
 
 CI = settings(max_examples=30, deadline=None, derandomize=True, database=None)
 FIND = settings(max_examples=200, deadline=None, derandomize=True, database=None)

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from difftest.errors import SpecError
 from difftest.fp8 import COMMON_MAX
+from difftest.generators import CaseSpec, LengthDist, Stale, Values, build_case, random_cases
+from difftest.generators.cases import edge_cases
 from difftest.kinds import Fp8Flavour
-from generators import CaseSpec, LengthDist, Stale, Values, build_case, random_cases
-from generators.cases import edge_cases
 from tests.support import TINY, TINY_SPECS, bits
 
 SPECS = [*TINY_SPECS, *edge_cases()]

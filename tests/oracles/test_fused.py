@@ -18,11 +18,11 @@ import torch
 from hypothesis import given, settings
 
 from difftest.case import Case
+from difftest.generators import CaseSpec, LengthDist, Stale, Values, build_case, edge_cases
+from difftest.generators.strategies import cases
 from difftest.kinds import Fp8Flavour
-from generators import CaseSpec, LengthDist, Stale, Values, build_case, edge_cases
-from generators.strategies import cases
-from oracles.fused import FusedReference, KernelConfig, bound_gamma, fused_reference
-from oracles.paged_mqa_logits import fp32_error_bound, reference
+from difftest.oracles.fused import FusedReference, KernelConfig, bound_gamma, fused_reference
+from difftest.oracles.paged_mqa_logits import fp32_error_bound, reference
 from tests.support import TINY_SPECS, golden_params
 
 NO_GPU = "needs a CUDA GPU: torch.cuda.is_available() is False"

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from difftest.case import Case
-from generators import LengthDist, build_case
-from oracles.paged_mqa_logits import fp32_error_bound, paged_mqa_logits, reference
+from difftest.generators import LengthDist, build_case
+from difftest.oracles.paged_mqa_logits import fp32_error_bound, paged_mqa_logits, reference
 from tests.support import TINY_SPECS, assert_same_logits, golden_params, slow_reference
 
 SEEDS = range(18)  # 18 tiny specs x 18 seeds = 324 cases

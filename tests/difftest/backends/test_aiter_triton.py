@@ -13,6 +13,7 @@ If AITER fixes any of the three, the replay tests fail and point here.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -23,7 +24,7 @@ from difftest.backends import load_backend
 from difftest.case import Case
 from difftest.kernel_inputs import encode, token_table
 from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention
-from oracles.paged_mqa_logits import reference
+from difftest.oracles.paged_mqa_logits import reference
 from tests.support import golden_params
 
 pytest.importorskip("triton", reason="triton is not installed: the AITER kernels are Triton kernels")
@@ -173,7 +174,7 @@ def test_all_four_registered_with_honest_contracts():
             CacheLayout.TOKEN_INTERLEAVED, MaskConvention.TAIL_NEG_INF, Fp8Flavour.E4M3FN, torch.float32), name
         assert c.block_sizes == (1,) and not c.writes_into_output, name
         assert c.heads_multiple_of == (32 if per_head else 1), f"{name}: {c.heads_multiple_of=}"
-        assert c.library == f"amd-aiter {version}", f"{name}: {c.library=}"
+        assert c.library == f"amd-aiter {version} ({aiter_triton.kernel_file()})", f"{name}: {c.library=}"
 
 
 def test_version_without_distribution_metadata(monkeypatch):
@@ -185,6 +186,19 @@ def test_version_without_distribution_metadata(monkeypatch):
 
     monkeypatch.setattr(aiter_triton.importlib.metadata, "version", missing)
     assert aiter_triton.aiter_version() == installed
+
+
+def test_a_tree_first_on_the_path_names_its_own_version_not_the_installed_one(tmp_path, monkeypatch):
+    """A source checkout put first on sys.path (docs/versions.md) shadows the installed amd-aiter: the
+    version and the kernel file named are the checkout's, though the installed metadata says otherwise."""
+    kernel = tmp_path / "aiter" / aiter_triton.KERNEL_FILES[1]
+    kernel.parent.mkdir(parents=True)
+    kernel.touch()  # an empty file at the path: only where it is matters here
+    (tmp_path / "aiter/__init__.py").touch()
+    (tmp_path / "aiter/_version.py").write_text("__version__ = 'v0.1.20-46-ge4048607a5'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert aiter_triton.aiter_version() == "v0.1.20-46-ge4048607a5"
+    assert aiter_triton.kernel_file() == kernel
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -205,10 +219,11 @@ def test_unavailable_reasons_name_the_cause(monkeypatch):
 
 def test_a_kernel_with_other_arguments_is_refused(monkeypatch):
     kernel = backend("aiter-triton-fused")
-    variant = aiter_triton.KernelVariant("_deepgemm_fp8_paged_mqa_logits_ragged_k", ragged=False, per_head=False)
+    variant = aiter_triton.KernelVariant("_deepgemm_fp8_paged_mqa_logits_ragged_k", ragged=False, per_head=False,
+                                         slowdown=1.5)
     monkeypatch.setattr(kernel, "variant", variant)
-    assert "not the amd-aiter 0.1.7 arguments" in kernel.unavailable_reason("cpu")
-    monkeypatch.setattr(kernel, "variant", aiter_triton.KernelVariant("_no_such_kernel", ragged=False, per_head=False))
+    assert "neither the amd-aiter 0.1.7 arguments" in kernel.unavailable_reason("cpu")
+    monkeypatch.setattr(kernel, "variant", dataclasses.replace(variant, kernel="_no_such_kernel"))
     assert kernel.unavailable_reason("cpu").endswith("defines no _no_such_kernel")
 
 

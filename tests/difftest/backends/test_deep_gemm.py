@@ -15,13 +15,13 @@ from difftest.backends import load_backend
 from difftest.backends.deep_gemm import VARIANTS, DeepGemm, load_deep_gemm
 from difftest.config import RunConfig
 from difftest.contract import WorkPartition
+from difftest.generators import CaseSpec, build_case
+from difftest.generators.cases import suite
 from difftest.kernel_inputs import encode
 from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention, PartitionScope
 from difftest.reference import make_reference
 from difftest.runner import run
 from difftest.verdict import Verdict
-from generators import CaseSpec, build_case
-from generators.cases import suite
 
 ENCODINGS = {"deepgemm": LengthEncoding.PER_ROW, "deepgemm-flattened": LengthEncoding.FLATTENED,
              "deepgemm-varlen": LengthEncoding.FLATTENED_INDICES}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from difftest.backends.user import FunctionBackend, backend
+from difftest.generators import build_case
 from difftest.kernel_inputs import encode
-from generators import build_case
-from oracles.paged_mqa_logits import reference
+from difftest.oracles.paged_mqa_logits import reference
 from tests import user_backends as ub
 from tests.support import TINY
 

@@ -1,0 +1,102 @@
+"""What a run leaves behind when it is killed: child processes that die with it, temporary folders
+that the next run sweeps away.
+
+A child process (an isolated worker, a shard of a spread run) asks the kernel to SIGKILL it when its
+parent dies (die_with_parent: prctl(PR_SET_PDEATHSIG) on Linux), so a SIGKILLed run leaves no process
+running a kernel nobody waits for. PR_SET_PDEATHSIG is set by the child itself, after exec, rather
+than in a preexec_fn: the parent has torch's threads, and Python documents preexec_fn as unsafe in a
+threaded process.
+
+Temporary folders live in one folder per process, `difftest-run-<pid>-*` in the system's temp
+folder, whose `owner` file records the pid and that process's start time (so a reused pid is not
+taken for the run). A clean exit removes it (atexit); a SIGKILL cannot, so every run first sweeps the
+folders whose owner no longer runs (sweep). The isolated path's reaper removes its own at once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from difftest.serialize import pid_alive
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+PREFIX = "difftest-run-"
+OWNER = "owner"  # in a run folder: "<pid> <start time>"
+_folder: Path | None = None  # this process's run folder, once made
+
+
+def die_with_parent(run_pid: int | None) -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux; elsewhere nothing), and exit
+    at once if the run `run_pid` (the parent, or the parent's parent for a fork server's child) is
+    already gone: it died before the request, so no signal comes."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # no prctl here: the child outlives a killed parent until its work ends
+    if run_pid is not None and not pid_alive(run_pid):
+        os._exit(1)
+
+
+def _started(pid: int) -> str | None:
+    """When process `pid` started (clock ticks since boot, /proc/PID/stat field 22); None without /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2:].split()[19]
+
+
+def _owner_alive(folder: Path) -> bool:
+    """Whether the process that made run folder `folder` still runs (True when its owner file is not
+    written yet: it is being made right now)."""
+    try:
+        pid_text, _, started = (folder / OWNER).read_text().partition(" ")
+    except OSError:
+        return True
+    if not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    return pid_alive(pid) and (started.strip() in ("", "None") or started.strip() == _started(pid))
+
+
+def sweep(root: Path | None = None) -> list[Path]:
+    """Remove the run folders in `root` (default: the temp folder) whose owner no longer runs, a run
+    killed with SIGKILL; the folders removed."""
+    root = Path(root or tempfile.gettempdir())
+    try:
+        folders = [p for p in root.iterdir() if p.name.startswith(PREFIX) and p.is_dir()]
+    except OSError:
+        return []
+    dead = [folder for folder in folders if folder != _folder and not _owner_alive(folder)]
+    for folder in dead:
+        shutil.rmtree(folder, ignore_errors=True)
+    return dead
+
+
+def run_folder() -> Path:
+    """This process's run folder, made (after a sweep) the first time it is asked for."""
+    global _folder
+    if _folder is None or not _folder.is_dir():
+        sweep()
+        folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
+        (folder / OWNER).write_text(f"{os.getpid()} {_started(os.getpid())}\n")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        _folder = folder
+    return _folder
+
+
+@contextlib.contextmanager
+def scratch(prefix: str) -> Iterator[Path]:
+    """A temporary folder in this process's run folder, removed when the block ends."""
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=run_folder()) as folder:
+        yield Path(folder)

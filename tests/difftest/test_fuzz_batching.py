@@ -1,0 +1,77 @@
+"""Batching (difftest.batch, runner.run on a Batch): a merged launch gives every case the verdict and
+comparison it gets alone, and a failure found in a batch counts only once it fails alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from difftest.backends import get_backends
+from difftest.batch import merge
+from difftest.config import RunConfig
+from difftest.generators.spec import CaseSpec, LengthDist
+from difftest.generators.tensors import build_case
+from difftest.runner import run
+from difftest.verdict import Verdict
+
+SHAPE = dict(heads=4, head_dim=16, block_size=4)
+PLANTED_BATCH = "tests.planted:wrong_past_batch_limit"
+PLANTED_ALWAYS = "tests.planted:batchable_block_boundary"
+
+
+def _members(next_n: int) -> list:
+    """Cases of one shape with different batches and max_model_lens, zero-length requests among them;
+    the last one ends with a non-empty request (the batch-dependent planted bug shows there)."""
+    specs = [CaseSpec(name="zeros", batch=3, next_n=next_n, max_model_len=16, lengths=(0, 9, 0), **SHAPE),
+             CaseSpec(name="drawn", batch=2, next_n=next_n, max_model_len=24, length_dist=LengthDist.EDGES, **SHAPE),
+             CaseSpec(name="padded", batch=2, next_n=next_n, max_model_len=12, padding=1, **SHAPE),
+             CaseSpec(name="last", batch=2, next_n=next_n, max_model_len=20, lengths=(8, 17), **SHAPE)]
+    return [build_case(spec, seed) for seed, spec in enumerate(specs)]
+
+
+def _summary(results: list) -> list:
+    return [(r.backend, r.case, r.verdict, r.rows, r.comparison) for r in results]
+
+
+@pytest.mark.parametrize("next_n", [1, 3])
+def test_a_batched_run_gives_each_case_its_alone_verdict_and_comparison(next_n):
+    backends = get_backends(["torch", PLANTED_ALWAYS])
+    cases = _members(next_n)
+    alone = run(backends, cases, RunConfig())
+    batch = merge(cases)
+    batched = run(backends, [batch], RunConfig())
+    assert _summary(batched) == _summary(alone)
+    assert {r.verdict for r in alone if r.backend == "torch"} == {Verdict.PASS}
+    assert not batch.diverged
+
+
+def test_a_batch_splits_rows_and_columns_back_exactly():
+    cases = _members(2)
+    batch = merge(cases)
+    assert batch.case.batch == sum(c.batch for c in cases)
+    assert batch.case.max_model_len == max(c.max_model_len for c in cases)
+    for index, case in enumerate(cases):
+        first, rows = batch.spans[index]
+        assert rows == case.rows and (batch.case.q[first // 2:first // 2 + case.batch] == case.q).all()
+        offset = sum(c.k_pool.shape[0] for c in cases[:index])
+        table = batch.case.block_table[first // 2:first // 2 + case.batch, :case.block_table.shape[1]]
+        assert (table == case.block_table + offset).all()
+
+
+def test_a_failure_only_in_a_batch_is_rerun_alone_and_kept_apart():
+    cases = _members(2)
+    batch = merge(cases)
+    results = run(get_backends([PLANTED_BATCH]), [batch], RunConfig())
+    assert [r.verdict for r in results] == [Verdict.PASS] * len(cases)  # alone, each is right
+    (diverged,) = batch.diverged
+    assert diverged.case == cases[-1].name and diverged.verdict == Verdict.FAIL_MASK
+    whole = batch.whole["planted-batch-size"]  # the merged case, failed as a case of its own
+    assert whole.case == batch.case.name and whole.verdict == Verdict.FAIL_MASK and whole.rows == batch.case.rows
+
+
+def test_an_isolated_batch_reruns_a_failure_alone_in_the_worker():
+    cases = _members(1)
+    batch = merge(cases)
+    results = run(get_backends(["torch", PLANTED_BATCH]), [batch], RunConfig(isolate=True))
+    assert {r.verdict for r in results} == {Verdict.PASS}
+    assert [r.backend for r in batch.diverged] == ["planted-batch-size"] and list(batch.whole) == [r.backend
+                                                                                       for r in batch.diverged]
