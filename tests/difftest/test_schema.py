@@ -46,6 +46,7 @@ from difftest.generators import CaseSpec, build_case
 from difftest.generators.spec import LengthDist, Stale, Values
 from difftest.kinds import ExitStatus, Isolation, SanitizerTool
 from difftest.ledger import load_ledger
+from difftest.matrix import load_matrix
 from difftest.performance import SiblingRace, SiblingTime
 from difftest.report import BackendSummary, write_json
 from difftest.result import CaseResult, Reach
@@ -593,3 +594,27 @@ def test_unreadable_files_are_spec_errors_too():
                  lambda: load_ledger(folder / "dir.toml"), lambda: load_bundle(folder)):
         assert loads_or_refuses(read) is not None
     shutil.rmtree(folder)
+
+
+# --------------------------------------------------------------------------- matrix files
+
+MATRIX = schema.read_toml(Path(__file__).parents[2] / "examples" / "ci" / "difftest.toml", "file", "a matrix file")
+
+
+@st.composite
+def matrix_texts(draw: st.DrawFn) -> bytes:
+    kind = draw(st.sampled_from(["mutated", "mutated", "mutated", "truncated", "any"]))
+    if kind == "mutated":
+        return _toml(draw(mutated(MATRIX, in_memory_depth=20))).encode()
+    text = _toml(MATRIX)
+    if kind == "truncated":
+        return text[:draw(st.integers(0, len(text)))].encode()
+    return _toml({"matrix": draw(JSONISH)}).encode()
+
+
+@settings(max_examples=300, **FAST)
+@given(text=matrix_texts())
+def test_matrix_reader_on_bad_matrix_files(text):
+    path = WORK / "matrix-fuzz.toml"
+    path.write_bytes(text)
+    loads_or_refuses(lambda: load_matrix(path))
