@@ -79,7 +79,12 @@ def _submit(backend: Loaded, case: Case, config: RunConfig, executor: Executor,
     # The case's own tensors must not be the ones handed over: a backend that writes into them
     # would change the case under every backend after it.
     launch = Launch(case.rows, case.max_model_len, config.repeat, config.time or 0)
-    return executor.submit(backend, _private(inputs, case), launch)
+    try:
+        return executor.submit(backend, _private(inputs, case), launch)
+    except torch.OutOfMemoryError as exc:  # the engine's own copies of the inputs: the case, not the run
+        fault = CaseResult(verdict=Verdict.ERROR, seconds=0.0, reason=f"handing the inputs to the backend "
+                           f"ran out of memory: {str(exc).splitlines()[0]}", error_type=type(exc).__name__, **base)
+        return lambda: fault
 
 
 def _finished(outcome: Outcome | CaseResult, ref: Reference, contract: Contract, config: RunConfig,

@@ -9,11 +9,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from difftest import runner
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend, backend
 from difftest.config import RunConfig
 from difftest.generators import LengthDist, build_case
 from difftest.hardware import describe_gpu, gpu_description
+from difftest.isolate import InProcess
 from difftest.kinds import LengthEncoding
 from difftest.oracles.paged_mqa_logits import reference
 from difftest.reference import make_reference
@@ -231,3 +233,20 @@ def test_isolated_workers_take_one_case_side_by_side(tmp_path, monkeypatch, isol
     calls = _calls(log)  # the last call of each
     overlap = calls["recorded-a"][1] > calls["recorded-b"][0] and calls["recorded-b"][1] > calls["recorded-a"][0]
     assert overlap == isolate, f"{calls=}"
+
+
+class _OutOfMemoryOnSubmit(InProcess):
+    """The in-process executor, out of device memory when it copies a case's inputs for the call."""
+
+    def submit(self, backend, inputs, launch):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 36.50 GiB.")
+
+
+def test_running_out_of_memory_handing_over_the_inputs_is_that_backends_error(monkeypatch):
+    # On the H200 a fuzz batch's copy for a worker once asked for 36 GiB: that must be one ERROR,
+    # not a traceback that ends the run.
+    monkeypatch.setattr(runner, "InProcess", _OutOfMemoryOnSubmit)
+    case = build_case(TINY, 0)
+    [result] = run([TorchBackend()], [case], RunConfig())
+    assert result.verdict == Verdict.ERROR and result.error_type == "OutOfMemoryError", f"{result=}"
+    assert "ran out of memory" in result.reason and "36.50 GiB" in result.reason
