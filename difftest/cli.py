@@ -102,8 +102,8 @@ def _enum(kind: type[enum.Enum]) -> Callable[[str], enum.Enum]:
 def _add_run(commands: argparse._SubParsersAction) -> None:
     # No abbreviated options: a --gpus run hands its command line to its children less a few options.
     run = commands.add_parser("run", help="run cases through backends and compare with the oracle", allow_abbrev=False)
-    run.add_argument("--backends", type=_names, help="comma-separated registered names or package.module:object "
-                     "paths (default: every registered backend)")
+    run.add_argument("--backends", type=_names, help="comma-separated registered names, package.module:object "
+                     "paths, or the names of --backend-module backends (default: every registered backend)")
     run.add_argument("--backend-module", action="append", default=[], metavar="PKG.MOD:OBJ",
                      help="a user backend: a Backend, a factory, or a difftest.backend-decorated function (repeatable)")
     run.add_argument("--cases", type=_enum(CaseKind), default=CaseKind.ENVELOPE,

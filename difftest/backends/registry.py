@@ -87,16 +87,22 @@ def load_backend(target: str, field: str = "backend") -> Loaded:
 
 
 def get_backends(names: Sequence[str] | None = None, field: str = "backends") -> list[Loaded]:
-    """The backends named, in order: each a registered name or 'package.module:object'.
-    None means every registered one. Unknown names are reported together."""
+    """The backends named, in order: each a registered name, 'package.module:object', or the name of a
+    backend that one of the 'package.module:object' entries loads (so a user backend can be named as
+    it calls itself); each backend once. None means every registered one. Unknown names are reported
+    together."""
     if isinstance(names, str):  # a str is a Sequence of one-letter names: never what was meant
         raise SpecError(field, names, "a list of backend names, not one string")
     known = available_names()
     chosen = list(known) if names is None else list(names)
-    unknown = [n for n in chosen if n not in known and ":" not in n]
+    targets = {name: load_backend(name, field) for name in chosen if ":" in name}
+    by_own_name = {loaded.name: loaded for loaded in targets.values()}
+    unknown = [n for n in chosen if n not in known and ":" not in n and n not in by_own_name]
     if unknown:
-        raise SpecError(field, ",".join(unknown), f"registered names among {sorted(known)}, or {_TARGET}")
-    return [load_backend(name, field) for name in chosen]
+        raise SpecError(field, ",".join(unknown), f"registered names among {sorted(known)}, {_TARGET}, "
+                        f"or the name of a backend such a path loads")
+    picked = [targets.get(n) or (load_backend(n, field) if n in known else by_own_name[n]) for n in chosen]
+    return [loaded for i, loaded in enumerate(picked) if all(loaded is not p for p in picked[:i])]
 
 
 def as_loaded(obj: object, field: str = "backend") -> Loaded:

@@ -287,3 +287,16 @@ def test_as_backend_unwraps_and_keeps_instances():
     instance = ub.LeavesLastRowUnwritten()
     assert as_backend(instance, "backend", "x") is instance
     assert as_backend(as_loaded(instance), "backend", "x") is instance
+
+
+def test_a_user_backend_is_named_as_it_calls_itself_once_its_path_is_given():
+    target = "tests.user_backends:mirrored_mtp_window"
+    loaded = get_backends(["torch", "mirrored-mtp-window", target])
+    assert [b.name for b in loaded] == ["torch", "mirrored-mtp-window"], f"{loaded=}"
+    assert loaded[1].origin.target == target
+
+
+def test_a_user_backends_name_without_its_path_is_unknown():
+    with pytest.raises(SpecError) as raised:
+        get_backends(["mirrored-mtp-window"])
+    assert raised.value.value == "mirrored-mtp-window" and "the name of a backend such a path loads" in str(raised.value)
