@@ -299,4 +299,5 @@ def test_a_user_backend_is_named_as_it_calls_itself_once_its_path_is_given():
 def test_a_user_backends_name_without_its_path_is_unknown():
     with pytest.raises(SpecError) as raised:
         get_backends(["mirrored-mtp-window"])
-    assert raised.value.value == "mirrored-mtp-window" and "the name of a backend such a path loads" in str(raised.value)
+    message = str(raised.value)
+    assert raised.value.value == "mirrored-mtp-window" and "the name of a backend such a path loads" in message
