@@ -82,5 +82,6 @@ def test_a_case_the_backend_cannot_take_skips_the_test() -> None:
 
 
 def test_an_unknown_backend_name_says_what_is_allowed() -> None:
-    with pytest.raises(SpecError, match=r"backend='nope': expected registered names among \[.*'torch'.*\], or"):
+    allowed = r"registered names among \[.*'torch'.*\], 'package.module:object', or"
+    with pytest.raises(SpecError, match=rf"backend='nope': expected {allowed}"):
         difftest.check("nope", build_case(LENGTH_ONE, 5))
