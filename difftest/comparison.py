@@ -111,18 +111,39 @@ def _chunks(rows: int, width: int) -> list[tuple[int, int]]:
     return [(first, min(step, rows - first)) for first in range(0, rows, step)]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Slice:
+    """A slice of rows made ready to judge: both sides in float64 on the oracle's device, where each
+    row's window is, which positions are poison, which are wrong and how (by failure kind), and the
+    absolute error of every finite position inside a window."""
+
+    expected: torch.Tensor
+    got: torch.Tensor
+    inside: torch.Tensor
+    poison: torch.Tensor
+    kinds: dict[Verdict, torch.Tensor]
+    errors: torch.Tensor
+
+    @classmethod
+    def of(cls, expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, contract: Contract,
+           bound: torch.Tensor | None) -> _Slice:
+        poison = is_poison(got).to(expected.device)
+        got = got.to(expected.device, torch.float64)
+        expected = expected.to(torch.float64)
+        width = expected.shape[1]
+        inside = torch.arange(width, device=expected.device)[None, :] < row_lens.to(expected.device)[:, None]
+        kinds = _position_kinds(expected, got, inside, poison, contract, bound)
+        errors = torch.where(inside & torch.isfinite(got), (got - expected).abs(), 0.0).nan_to_num(0.0)
+        return cls(expected, got, inside, poison, kinds, errors)
+
+
 def _row_stats(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, contract: Contract,
                bound: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
     """Per row of a slice: any wrong position, the largest absolute and relative error, whether its
     window is non-empty; and the top-k overlap of each row with a window."""
-    width = expected.shape[1]
-    poison = is_poison(got).to(expected.device)
-    got = got.to(expected.device, torch.float64)
-    expected = expected.to(torch.float64)
-    inside = torch.arange(width, device=expected.device)[None, :] < row_lens.to(expected.device)[:, None]
-    kinds = _position_kinds(expected, got, inside, poison, contract, bound)
-    errors = torch.where(inside & torch.isfinite(got), (got - expected).abs(), 0.0).nan_to_num(0.0)
-    relative = errors / _row_scale(expected, inside)[:, None]
+    s = _Slice.of(expected, got, row_lens, contract, bound)
+    expected, got, kinds, errors = s.expected, s.got, s.kinds, s.errors
+    relative = errors / _row_scale(expected, s.inside)[:, None]
     fractions, active = _topk_fractions(expected, got, row_lens)
     bad = torch.stack(list(kinds.values())).any(dim=0).any(dim=1)
     return bad, errors.amax(dim=1), relative.amax(dim=1), active, fractions
@@ -144,14 +165,9 @@ class _Part:
 
 def _compare_rows(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, contract: Contract,
                   bound: torch.Tensor | None, first: int) -> _Part:
-    width = expected.shape[1]
-    poison = is_poison(got).to(expected.device)
-    got = got.to(expected.device, torch.float64)
-    expected = expected.to(torch.float64)
-    inside = torch.arange(width, device=expected.device)[None, :] < row_lens.to(expected.device)[:, None]
-    kinds = _position_kinds(expected, got, inside, poison, contract, bound)
-    errors = torch.where(inside & torch.isfinite(got), (got - expected).abs(), 0.0).nan_to_num(0.0)
-    scale = _row_scale(expected, inside)
+    s = _Slice.of(expected, got, row_lens, contract, bound)
+    expected, got, poison, kinds, errors = s.expected, s.got, s.poison, s.kinds, s.errors
+    scale = _row_scale(expected, s.inside)
     any_bad = torch.stack(list(kinds.values())).any(dim=0)
     mismatch = _first_mismatch(expected, got, kinds)
     limits = _apparent_limits(got, poison, row_lens, _rows_with(kinds[Verdict.FAIL_MASK])[:MASK_LIMITS],
