@@ -564,12 +564,14 @@ def _toml(doc: Any) -> str:
 
 
 @st.composite
-def ledger_texts(draw: st.DrawFn) -> bytes:
+def toml_texts(draw: st.DrawFn, valid: dict[str, Any]) -> bytes:
+    """TOML files for a reader of documents like `valid`: mutated or truncated copies of it, any
+    document, any bytes, arrays nested past the parser's depth."""
     kind = draw(st.sampled_from(["mutated", "mutated", "truncated", "any", "bytes", "deep"]))
     if kind == "mutated":
-        return _toml(draw(mutated(LEDGER, in_memory_depth=20))).encode()
+        return _toml(draw(mutated(valid, in_memory_depth=20))).encode()
     if kind == "truncated":
-        text = _toml(LEDGER)
+        text = _toml(valid)
         return text[:draw(st.integers(0, len(text)))].encode()
     if kind == "any":
         return _toml(draw(JSONISH)).encode()
@@ -580,7 +582,7 @@ def ledger_texts(draw: st.DrawFn) -> bytes:
 
 
 @settings(max_examples=350, **FAST)
-@given(text=ledger_texts())
+@given(text=toml_texts(LEDGER))
 def test_ledger_reader_on_bad_ledgers(text):
     path = WORK / "ledger-fuzz.toml"
     path.write_bytes(text)
@@ -601,19 +603,8 @@ def test_unreadable_files_are_spec_errors_too():
 MATRIX = schema.read_toml(Path(__file__).parents[2] / "examples" / "ci" / "difftest.toml", "file", "a matrix file")
 
 
-@st.composite
-def matrix_texts(draw: st.DrawFn) -> bytes:
-    kind = draw(st.sampled_from(["mutated", "mutated", "mutated", "truncated", "any"]))
-    if kind == "mutated":
-        return _toml(draw(mutated(MATRIX, in_memory_depth=20))).encode()
-    text = _toml(MATRIX)
-    if kind == "truncated":
-        return text[:draw(st.integers(0, len(text)))].encode()
-    return _toml({"matrix": draw(JSONISH)}).encode()
-
-
 @settings(max_examples=300, **FAST)
-@given(text=matrix_texts())
+@given(text=toml_texts(MATRIX))
 def test_matrix_reader_on_bad_matrix_files(text):
     path = WORK / "matrix-fuzz.toml"
     path.write_bytes(text)
