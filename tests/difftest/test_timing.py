@@ -129,30 +129,31 @@ def test_a_prepared_call_computes_what_the_call_computes(name):
     assert torch.equal(bits(launcher(backend, inputs, None)()), bits(backend(inputs, None))), name
 
 
+def _deepgemm_unavailable() -> str | None:
+    return dg.DeepGemm("deepgemm").unavailable_reason("cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_deepgemm_unavailable() is not None, reason=f"needs DeepGEMM on a GPU: {_deepgemm_unavailable()}")
 def test_deepgemm_builds_its_schedule_once_and_times_the_logits_kernel(monkeypatch):
-    calls = {"metadata": 0, "logits": 0}
+    # The real library, its two entry points counted on their way through.
+    module, _ = dg.load_deep_gemm()
+    logits = next(n for n in ("fp8_fp4_paged_mqa_logits", "fp8_paged_mqa_logits") if hasattr(module, n))
+    calls = {"get_paged_mqa_logits_metadata": 0, logits: 0}
+    for name in list(calls):
+        real = getattr(module, name)
 
-    class FakeDeepGemm:
-        __version__ = "fake"
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
 
-        def get_num_sms(self) -> int:
-            return 4
-
-        def get_paged_mqa_logits_metadata(self, context_lens, block_size, slots):
-            calls["metadata"] += 1
-            return torch.zeros(slots + 1, 2, dtype=torch.int32)
-
-        def fp8_fp4_paged_mqa_logits(self, q, kv_cache, weights, context_lens, table, schedule, max_model_len):
-            calls["logits"] += 1
-            return torch.zeros(weights.shape[0], max_model_len)
-
-    monkeypatch.setattr(dg, "load_deep_gemm", lambda: (FakeDeepGemm(), "deep_gemm fake"))
+        monkeypatch.setattr(module, name, counted)
     backend = dg.DeepGemm("deepgemm")
-    case = build_case(TINY.replace(next_n=2, lengths=(0, 3, 9), heads=32, head_dim=64, block_size=32,
-                                   max_model_len=64), 0)
+    case = build_case(TINY.replace(next_n=2, lengths=(0, 3, 200), heads=64, head_dim=128, block_size=64,
+                                   max_model_len=256), 0).to("cuda")
     timing = time_launches(backend, encode(case, backend.contract), None, 3)
     assert timing.error is None and timing.region == TimedRegion.KERNEL, f"{timing=}"
-    assert calls == {"metadata": 1, "logits": WARMUP + 3}, f"{calls=}"
+    assert list(calls.values()) == [1, WARMUP + 3], f"{calls=}"
     assert timing.siblings == Siblings(dg.SIBLINGS, 1.25), f"{timing.siblings=}"
 
 
