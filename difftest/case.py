@@ -151,7 +151,7 @@ class Case:
 
     @classmethod
     def load(cls, path: str | Path) -> Case:
-        """Read a case written by save(), or one of shared/golden's files.
+        """Read a case written by save(), or one of the golden cases in tests/golden.
 
         The archive is checked first (difftest.schema.check_case_archive): its members, their shapes
         and dtypes against its meta and their declared sizes, before any array is decompressed. A file

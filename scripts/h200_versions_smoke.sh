@@ -2,7 +2,7 @@
 # The version axis on the H200 (issue 15, item 5): DeepGEMM as vendored in each vllm release, vLLM's
 # Triton decode kernel from each release that has it, and AITER's Triton kernels from the pinned wheel
 # and from AITER's main branch, each version chosen by putting its directory first on PYTHONPATH.
-# Prepare here, from the repo root: PREPARE_DEPS=../shared/device/prepare-deps.sh bash scripts/prepare_device.sh
+# Prepare here, from the repo root: bash scripts/prepare_device.sh (PREPARE_DEPS names the script that writes .device-deps)
 # and bash scripts/prepare_versions.sh. Device, carry [".device-deps", ".whl"]:
 #   bash scripts/h200_versions_smoke.sh /tmp/smoke; tar czf $OUT/versions-smoke.tgz -C /tmp smoke
 # (the device returns at most 8 files: the steps' .txt, .json and .jsonl travel as one archive).
