@@ -34,6 +34,7 @@ from difftest.serialize import atomic_write, result_from_json, to_jsonable
 from difftest.verdict import Verdict, worst
 
 NO_FAMILY = "(no family)"
+_NOTHING_COMPARED = (Verdict.ERROR, Verdict.CRASH, Verdict.TIMEOUT)  # results with no rows judged
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,7 +290,8 @@ def render_html(merged: Merged, png: bytes) -> str:
 
 def heatmap_png(entries: tuple[Entry, ...]) -> bytes:
     """The heatmap as PNG bytes: rows backend @ version, columns edge families, colour the -inf-mask
-    mismatch rows, 'x' where values were wrong, 'o' where NaN or unwritten; grey where nothing ran."""
+    mismatch rows, 'x' where values were wrong, 'o' where NaN or unwritten, a diamond where a result
+    compared nothing (ERROR, CRASH, TIMEOUT); grey where nothing ran."""
     import numpy as np  # deferred: with matplotlib, for the picture only
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # deferred: an optional dependency
     from matplotlib.figure import Figure  # deferred: as above (no pyplot: no global figure state)
@@ -298,21 +300,30 @@ def heatmap_png(entries: tuple[Entry, ...]) -> bytes:
     rows = list(dict.fromkeys(e.label for e in ran)) or ["(nothing ran)"]
     columns = sorted({f for e in ran for f in e.families}) or [NO_FAMILY]
     grid = np.full((len(rows), len(columns)), np.nan)
-    marks: dict[str, list[tuple[int, int]]] = {"x": [], "o": []}
+    marks = heatmap_marks(ran, rows, columns)
     for e in ran:
         for family in e.families:
             r, c = rows.index(e.label), columns.index(family)
             grid[r, c] = (0 if math.isnan(grid[r, c]) else grid[r, c]) + e.mask_rows
-            if e.value_rows:
-                marks["x"].append((r, c))
-            if e.nan_rows:
-                marks["o"].append((r, c))
     figure = Figure(figsize=(5 + 0.5 * len(columns), 2.5 + 0.4 * len(rows)), layout="constrained")
     FigureCanvasAgg(figure)
     _draw(figure, grid, rows, columns, marks)
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100, metadata={"Software": None})  # no version: same bytes each time
     return buffer.getvalue()
+
+
+def heatmap_marks(ran: list[Entry], rows: list[str], columns: list[str]) -> dict[str, list[tuple[int, int]]]:
+    """The (row, column) cells of each marker: 'x' wrong values, 'o' NaN or unwritten rows, 'D' a result
+    with no rows compared (ERROR, CRASH, TIMEOUT), which its colour alone would show as 0."""
+    marks: dict[str, list[tuple[int, int]]] = {"x": [], "o": [], "D": []}
+    for e in ran:
+        for family in e.families:
+            cell = (rows.index(e.label), columns.index(family))
+            for marker, present in (("x", e.value_rows), ("o", e.nan_rows), ("D", e.verdict in _NOTHING_COMPARED)):
+                if present and cell not in marks[marker]:
+                    marks[marker].append(cell)
+    return marks
 
 
 def _draw(figure: object, grid: object, rows: list[str], columns: list[str],
@@ -328,10 +339,11 @@ def _draw(figure: object, grid: object, rows: list[str], columns: list[str],
     for (r, c), value in np.ndenumerate(grid):
         if not np.isnan(value):
             axes.text(c, r, f"{value:g}", ha="center", va="center", fontsize=7, color="tab:blue")
-    styles = {"x": {"c": "black"}, "o": {"facecolors": "none", "edgecolors": "black"}}
-    for marker, label in (("x", "wrong values"), ("o", "NaN / unwritten")):
+    styles = {"x": {"c": "black"}, "o": {"facecolors": "none", "edgecolors": "black"},
+              "D": {"facecolors": "none", "edgecolors": "tab:purple"}}
+    for marker, label in (("x", "wrong values"), ("o", "NaN / unwritten"), ("D", "ERROR / CRASH / TIMEOUT")):
         if marks[marker]:
             ys, xs = zip(*marks[marker], strict=True)
             axes.scatter(xs, ys, marker=marker, s=30, label=label, **styles[marker])
-    if marks["x"] or marks["o"]:
+    if any(marks.values()):
         axes.legend(loc="upper left", bbox_to_anchor=(0, -0.35), fontsize=7, frameon=False)

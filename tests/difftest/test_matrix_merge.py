@@ -17,7 +17,10 @@ from pathlib import Path
 import pytest
 from junitparser import JUnitXml
 
+from difftest.hardware import DeviceKind
 from difftest.kinds import ExitStatus
+from difftest.matrix_merge import Entry, heatmap_marks
+from difftest.verdict import Verdict
 from tests.support import run_cli
 
 KERNEL = '''
@@ -148,3 +151,16 @@ def test_a_bad_baseline_is_one_line(reports, tmp_path):
     code, _, err = run_cli(["matrix", "merge", "--out", str(tmp_path / "o"), "--baseline", str(bad),
                             str(reports["good"])])
     assert code == ExitStatus.USAGE and err.count("\n") == 1 and "results[0]" in err, err
+
+
+def test_a_result_that_compared_nothing_is_marked_not_shown_as_zero_mismatches():
+    def entry(backend: str, verdict: Verdict, mask_rows: int = 0) -> Entry:
+        return Entry(cell="sm90/v/quick", device=DeviceKind.SM90, version="v", library="installed", backend=backend,
+                     case="c-s0", families=("heads",), verdict=verdict, rows=0 if verdict == Verdict.ERROR else 4,
+                     mask_rows=mask_rows, nan_rows=0, value_rows=0)
+
+    ran = [entry("a", Verdict.ERROR), entry("b", Verdict.PASS), entry("c", Verdict.CRASH),
+           entry("d", Verdict.FAIL_MASK, 2)]
+    rows = [e.label for e in ran]
+    marks = heatmap_marks(ran, rows, ["heads"])
+    assert marks == {"x": [], "o": [], "D": [(0, 0), (2, 0)]}, f"{marks=}"
