@@ -180,6 +180,25 @@ def _merged(found: list[Found]) -> list[Found]:
     return list(kept.values())
 
 
+@dataclasses.dataclass
+class _Bucket:
+    """Planned cases of one shape and set of backends waiting to make a batch, with their running sizes."""
+
+    cases: list[PlannedCase] = dataclasses.field(default_factory=list)
+    logits: int = 0
+    pool_bytes: int = 0
+
+    def add(self, planned: PlannedCase) -> None:
+        self.cases.append(planned)
+        self.logits += _logits(planned)
+        self.pool_bytes += _pool_bytes(planned)
+
+    def full(self) -> bool:
+        """Whether one more case could pass a batch's caps."""
+        return len(self.cases) == BATCH_CASES or self.logits > BATCH_LOGITS - SMALL_LOGITS or \
+            self.pool_bytes > BATCH_POOL - SMALL_POOL
+
+
 class _State:
     """What the campaign knows while it runs: the cases of the item being run, the signatures found so far."""
 
@@ -197,7 +216,7 @@ class _State:
         """The planned cases, built: a small one waits in the bucket of its shape and backends until the
         bucket makes a full batch, any other goes alone. Ends at the budget or the failure count (cases
         still waiting in buckets are dropped)."""
-        buckets: dict[tuple[BatchKey, frozenset[str] | None], list[PlannedCase]] = {}
+        buckets: dict[tuple[BatchKey, frozenset[str] | None], _Bucket] = {}
         for planned in planned_cases(list(self.backends.values()), self.target, self.campaign.regime,
                                      self.campaign.seed):
             if self._done(start):
@@ -206,11 +225,10 @@ class _State:
             if key is None:
                 yield self._single(planned)
                 continue
-            bucket = buckets.setdefault(key, [])
-            bucket.append(planned)
-            if len(bucket) == BATCH_CASES or sum(map(_logits, bucket)) > BATCH_LOGITS - SMALL_LOGITS or \
-                    sum(map(_pool_bytes, bucket)) > BATCH_POOL - SMALL_POOL:
-                batch = self._batch(buckets.pop(key))
+            bucket = buckets.setdefault(key, _Bucket())
+            bucket.add(planned)
+            if bucket.full():
+                batch = self._batch(buckets.pop(key).cases)
                 yield batch
                 # Filled in by the runner while it ran the batch: the merged case is a case too.
                 self.diverged += batch.diverged

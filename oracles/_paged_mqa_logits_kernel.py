@@ -39,7 +39,10 @@ def decode_fp8(raw, FNUZ: tl.constexpr, FIX_NAN: tl.constexpr):
     return value
 
 
-@triton.jit
+# The table's width and the pool's size change from case to case and only feed scalar index arithmetic:
+# not specialised on (Triton otherwise compiles a variant per divisible-by-16 pattern of them, ~0.5 s
+# each, a new one every few cases of a fuzz campaign).
+@triton.jit(do_not_specialize=["table_stride", "num_blocks"])
 def logits_kernel(q_ptr, k_src, s_src, w_ptr, table_ptr, lens_ptr, out_ptr, peak_ptr,
                   table_stride, max_model_len, num_blocks, chunk,
                   NEXT_N: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
