@@ -10,6 +10,7 @@ source scripts/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/env.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$out/env.txt"
 
+step 00-fused-gpu-tests python3 -m pytest -q -p no:cacheprovider tests/oracles/test_fused.py -m gpu -rA
 step 01-fused python3 bench/fused_oracle.py ${SWEEP:+--sweep} --out "$out/fused-oracle"
 step 02-breakdown python3 bench/fuzz_breakdown.py --device cuda --backends torch,deepgemm --out "$out/breakdown"
 step 03-fuzz-rate python3 bench/fuzz_rate.py --device cuda --backends torch,deepgemm --seconds 10 \
