@@ -10,15 +10,22 @@ a tensor usually lands inside a larger cached segment, which the sanitizer count
 The sanitizer's report lines (each starts with "========= ") are parsed into Findings, one per
 distinct (message, kernel) with a count. Without CUDA or without the tool the report says why;
 nothing here raises for the tool's absence or its failure.
+
+The sanitizer and the replay under it die with the run, SIGKILL included: they run in a process
+group of their own under difftest.lifetime's wrapper (`python -m difftest.lifetime --parent PID --
+compute-sanitizer ...`), which kills the group when the run dies; this module kills it on a timeout
+(or Ctrl-C here).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +35,8 @@ from difftest.kinds import SanitizerTool
 
 ERROR_EXITCODE = 99  # what the sanitizer exits with when it reported errors
 TIMEOUT = 900.0  # seconds: replays under memcheck run tens of times slower than the kernel
+# difftest.lifetime's wrapper, named rather than imported (that module sits above this one)
+_GROUP_WRAPPER = ("-m", "difftest.lifetime", "--parent")
 _PREFIX = "========="
 _TAIL_LINES = 40
 _DETAILS_KEPT = 4
@@ -171,22 +180,39 @@ def replay_under(tool: SanitizerTool, bundle: Path, device: str) -> SanitizerRep
 
 
 def run_sanitizer(tool: SanitizerTool, argv: list[str], timeout: float = TIMEOUT) -> SanitizerReport:
-    """Run `argv` (sanitizer_command's) and parse its output; a timeout or a missing binary is a reason."""
+    """Run `argv` (sanitizer_command's) and parse its output; a timeout or a missing binary is a reason.
+    `argv` and all it starts die with this process, or on a timeout (the module's docstring)."""
     command = shlex.join(argv)
+    executable = shutil.which(argv[0])
+    if executable is None:
+        return SanitizerReport(tool, False, f"could not start: {argv[0]!r} is not an executable file", command)
     try:
-        done = subprocess.run(argv, env=sanitizer_environment(), capture_output=True, text=True,
-                              errors="replace", timeout=timeout, check=False)
-    except subprocess.TimeoutExpired as exc:
-        text = _text(exc.stdout) + _text(exc.stderr)
-        errors, findings = parse_output(text)
-        return SanitizerReport(tool, True, f"timed out after {timeout:g} s", command, None, errors, findings,
-                               _tail(text))
+        status, text = _output([sys.executable, *_GROUP_WRAPPER, str(os.getpid()), "--", executable, *argv[1:]],
+                               timeout)
     except OSError as exc:
         return SanitizerReport(tool, False, f"could not start: {exc}", command)
-    text = done.stdout + done.stderr
     errors, findings = parse_output(text)
-    ended = None if errors is not None else f"no ERROR SUMMARY line (exit status {done.returncode})"
-    return SanitizerReport(tool, True, ended, command, done.returncode, errors, findings, _tail(text))
+    if status is None:
+        return SanitizerReport(tool, True, f"timed out after {timeout:g} s", command, None, errors, findings,
+                               _tail(text))
+    ended = None if errors is not None else f"no ERROR SUMMARY line (exit status {status})"
+    return SanitizerReport(tool, True, ended, command, status, errors, findings, _tail(text))
+
+
+def _output(argv: list[str], timeout: float) -> tuple[int | None, str]:
+    """`argv`'s exit status (None when it ran past `timeout` seconds) and its stdout then stderr, so
+    far. It leads a process group of its own, killed whole unless `argv` ended by itself."""
+    with subprocess.Popen(argv, env=sanitizer_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, errors="replace", start_new_session=True) as child:
+        try:
+            out, err = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            return None, _text(exc.stdout) + _text(exc.stderr)
+        finally:
+            if child.returncode is None:  # a timeout, or Ctrl-C here: the leader is not reaped yet, its id still ours
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGKILL)
+        return child.returncode, out + err
 
 
 def _text(value: str | bytes | None) -> str:

@@ -1,5 +1,6 @@
-"""difftest.lifetime: the run folder and its owner, the sweep of folders whose run was killed, and a
-child that dies with its parent."""
+"""difftest.lifetime: the run folder and its owner, the sweep of folders whose run was killed, a
+child that dies with its parent, and the wrapper whose process group dies with its parent (its
+SIGKILL is tested through difftest.sanitize, in test_sanitize.py)."""
 
 from __future__ import annotations
 
@@ -84,8 +85,32 @@ def test_a_child_that_asked_dies_with_its_parent(tmp_path):
         parent.kill()
         parent.wait()
         deadline = time.monotonic() + 10
-        while lifetime.pid_alive(pid) and time.monotonic() < deadline:
+        while lifetime._pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not lifetime.pid_alive(pid), "the child outlived its SIGKILLed parent"
+        assert not lifetime._pid_alive(pid), "the child outlived its SIGKILLed parent"
     finally:
         parent.kill()
+
+
+def _wrapped(parent: int, *argv: str) -> list[str]:
+    return [sys.executable, "-m", "difftest.lifetime", "--parent", str(parent), "--", *argv]
+
+
+def test_the_wrapper_runs_its_argv_in_a_process_group_of_its_own_and_passes_on_its_exit_status():
+    reports_its_group = "import os, sys\nprint(os.getpgid(0))\nsys.exit(7)\n"
+    wrapper = subprocess.Popen(_wrapped(os.getpid(), sys.executable, "-c", reports_its_group),
+                               stdout=subprocess.PIPE, text=True)
+    out, _ = wrapper.communicate(timeout=60)
+    assert (wrapper.returncode, out.strip()) == (7, str(wrapper.pid)), f"{out=} {wrapper.pid=} {os.getpgid(0)=}"
+    killed = subprocess.run(_wrapped(os.getpid(), sys.executable, "-c", "import os\nos.kill(os.getpid(), 9)"),
+                            timeout=60)
+    assert killed.returncode == 128 + 9, f"a signal's death as a shell says it: {killed=}"
+
+
+def test_the_wrapper_exits_at_once_when_its_parent_is_gone_and_says_when_argv_cannot_run(tmp_path):
+    ran = tmp_path / "ran"
+    orphan = subprocess.run(_wrapped(_dead_pid(), sys.executable, "-c", f"open({str(ran)!r}, 'w')"), timeout=60)
+    assert orphan.returncode == lifetime.ORPHANED != 0 and not ran.exists(), f"{orphan=}"
+    missing = subprocess.run(_wrapped(os.getpid(), str(tmp_path / "no-such-program")), capture_output=True,
+                             text=True, timeout=60)
+    assert missing.returncode == lifetime.CANNOT_RUN and "no-such-program" in missing.stderr, f"{missing=}"

@@ -1,26 +1,36 @@
 """compute-sanitizer replays: the command, the environment, the report parser (on canned output in
-the tool's own format), the process handling, and a clear reason wherever it cannot run."""
+the tool's own format), the process handling (a timeout, a SIGKILLed run: nothing left running), and
+a clear reason wherever it cannot run."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import stat
+import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
+import torch
 
+from difftest.backends import Origin
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend
+from difftest.bundle import write_bundle
 from difftest.cli import main
 from difftest.config import RunConfig
 from difftest.generators import build_case
 from difftest.kinds import ExitStatus, SanitizerTool
 from difftest.report import render_failures
-from difftest.runner import run
+from difftest.runner import run, run_one
 from difftest.sanitize import (
     ERROR_EXITCODE,
     Finding,
+    find_sanitizer,
     parse_output,
     run_sanitizer,
     sanitizer_command,
@@ -29,6 +39,7 @@ from difftest.sanitize import (
 )
 from difftest.verdict import Verdict
 from tests import broken_backends as bb
+from tests.difftest.test_hardening import _descendants, _running, _wait_for
 from tests.support import REPO_ROOT, TINY
 
 MEMCHECK = textwrap.dedent("""\
@@ -151,11 +162,129 @@ def test_run_sanitizer_parses_exit_status_and_output(tmp_path):
 def test_run_sanitizer_reasons_instead_of_raising(tmp_path):
     missing = run_sanitizer("memcheck", [str(tmp_path / "no-such-tool")])
     assert not missing.ran and missing.reason.startswith("could not start"), f"{missing=}"
-    slow = run_sanitizer("memcheck", [_tool(tmp_path, "echo '========= Invalid __global__ read of size 1 bytes'; "
-                                                      "exec sleep 30")], timeout=0.5)
-    assert slow.ran and slow.reason == "timed out after 0.5 s" and slow.findings[0].count == 1, f"{slow=}"
     silent = run_sanitizer("memcheck", [sys.executable, "-c", "raise SystemExit(3)"])
     assert silent.reason == "no ERROR SUMMARY line (exit status 3)" and silent.errors is None, f"{silent=}"
+
+
+# --------------------------------------------------------------------------- nothing left running
+
+# compute-sanitizer's process handling, on a machine without a GPU: `TOOL --tool T --error-exitcode N
+# PROGRAM...` runs PROGRAM below it and waits for it. Like the real tool's, no process of it asks to
+# die with its parent (the real one puts TreeLauncherSubreaper between itself and PROGRAM, which
+# outlives it): only the killing of their process group ends them.
+STAND_IN = """#!{python}
+import os, subprocess, sys
+open({pid_file!r}, "w").write(str(os.getpid()))
+sys.exit(subprocess.call(sys.argv[5:]))
+"""
+# A bundle's backend that says where it runs, then never returns: the replay, busy in a kernel.
+HANGING_BACKEND = """
+import os, time
+from difftest.backends.user import backend
+from tests.broken_backends import CONTRACT
+
+@backend(contract=CONTRACT, name="writes-pid-and-hangs")
+def writes_pid_and_hangs(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    open({pid_file!r}, "w").write(str(os.getpid()))
+    time.sleep(3600)
+"""
+# A run's sanitizer step in a process of its own: run_sanitizer on bundle argv[2] with the tool argv[3].
+SANITIZING_RUN = ("import sys\n"
+                  "sys.path.insert(0, sys.argv[1])  # the bundle's backend module; the replay gets this path\n"
+                  "from difftest.sanitize import run_sanitizer, sanitizer_command\n"
+                  "run_sanitizer('memcheck', sanitizer_command('memcheck', sys.argv[2], sys.argv[3]))\n")
+NO_SANITIZER = "needs compute-sanitizer: not on PATH, in $CUDA_HOME/bin or in /usr/local/cuda/bin"
+NO_GPU = "needs a CUDA GPU: torch.cuda.is_available() is False"
+
+
+def _stand_in(tmp_path: Path) -> str:
+    path = tmp_path / "compute-sanitizer"
+    path.write_text(STAND_IN.format(python=sys.executable, pid_file=str(tmp_path / "sanitizer.pid")))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def _pid(path: Path) -> int | None:
+    text = path.read_text() if path.exists() else ""
+    return int(text) if text else None
+
+
+def _command_lines(pids: set[int]) -> dict[int, bytes]:
+    """The command lines of those of `pids` that run, from /proc."""
+    found = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes()[:200]
+    return {pid: line for pid, line in found.items() if _running(pid)}
+
+
+def _left_after(pids: set[int], seconds: float = 30) -> dict[int, bytes]:
+    """Those of `pids` still running after up to `seconds`, with their command lines."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(_running(p) for p in pids):
+        time.sleep(0.05)
+    return _command_lines(pids)
+
+
+def _kill_sanitizing_run(tmp_path: Path, sanitizer: str,
+                         device: str) -> tuple[dict[int, bytes], int, dict[int, bytes]]:
+    """SIGKILL a process running the sanitizer step (SANITIZING_RUN) on a `device` bundle of HANGING_BACKEND
+    once that backend runs under `sanitizer`: (every process below it then, with its command line, the
+    replay's pid, those still running 30 s after the kill). Whatever is left is killed before this returns."""
+    replay_pid = tmp_path / "replay.pid"
+    (tmp_path / "hanging_backend.py").write_text(HANGING_BACKEND.format(pid_file=str(replay_pid)))
+    case = build_case(TINY, 0)
+    recorded = dataclasses.replace(run_one(TorchBackend(), case, RunConfig()), backend="writes-pid-and-hangs")
+    bundle = write_bundle(tmp_path / "bundles", case, recorded, RunConfig(device=device),
+                          Origin("hanging_backend:writes_pid_and_hangs", registered=False))
+    run_step = subprocess.Popen([sys.executable, "-c", SANITIZING_RUN, str(tmp_path), str(bundle), sanitizer],
+                                cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    below: dict[int, bytes] = {}
+    try:
+        _wait_for(lambda: _pid(replay_pid) is not None, run_step, seconds=300)
+        below = _command_lines(_descendants(run_step.pid))
+        run_step.kill()
+        run_step.wait(30)
+        left = _left_after(set(below))
+    finally:
+        run_step.kill()
+        for pid in below:
+            if _running(pid):
+                os.kill(pid, 9)
+    return below, _pid(replay_pid), left
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc to follow the processes")
+def test_a_timeout_kills_the_sanitizer_and_the_program_it_started(tmp_path):
+    program_pid = tmp_path / "program.pid"
+    program = (f"import os, time\nopen({str(program_pid)!r}, 'w').write(str(os.getpid()))\n"
+               "print('========= Invalid __global__ read of size 1 bytes', flush=True)\ntime.sleep(3600)\n")
+    argv = [_stand_in(tmp_path), "--tool", "memcheck", "--error-exitcode", "99", sys.executable, "-c", program]
+    report = run_sanitizer("memcheck", argv, timeout=5)
+    assert report.ran and report.reason == "timed out after 5 s" and report.exit_code is None, f"{report=}"
+    assert [f.count for f in report.findings] == [1], f"what the program printed before the timeout: {report=}"
+    pids = {_pid(tmp_path / "sanitizer.pid"), _pid(program_pid)}
+    assert None not in pids, f"both started within the timeout: {pids=}"
+    left = _left_after(pids)  # the program asked for nothing: only the group's kill ends it
+    assert not left, f"left running after the timeout: {left}"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_sigkilled_run_takes_its_sanitizer_and_the_replay_under_it_along(tmp_path):
+    below, replay, left = _kill_sanitizing_run(tmp_path, _stand_in(tmp_path), "cpu")
+    sanitizer = _pid(tmp_path / "sanitizer.pid")
+    assert {sanitizer, replay} <= below.keys(), f"both ran below the run: {below=} {sanitizer=} {replay=}"
+    assert not left, f"left running after the run was SIGKILLed: {left}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(find_sanitizer() is None, reason=NO_SANITIZER)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)  # the nearest: its reason first
+def test_a_sigkilled_run_takes_the_real_compute_sanitizer_and_its_cuda_replay_along(tmp_path):
+    below, replay, left = _kill_sanitizing_run(tmp_path, find_sanitizer(), "cuda")
+    tools = [pid for pid, line in below.items() if line.split(b"\0")[0].endswith(b"compute-sanitizer")]
+    assert tools and replay in below, f"the sanitizer and the replay ran below the run: {below=} {replay=}"
+    assert not left, f"left running after the run was SIGKILLed: {left}"
 
 
 # --------------------------------------------------------------------------- in a run
