@@ -23,6 +23,7 @@ _EXPORTS = {
     "Comparison": "difftest.comparison", "compare": "difftest.comparison",
     "RunConfig": "difftest.config",
     "Contract": "difftest.contract", "Siblings": "difftest.contract", "WorkPartition": "difftest.contract",
+    "WorkingMemory": "difftest.contract",
     "KernelInputs": "difftest.kernel_inputs", "encode": "difftest.kernel_inputs",
     "SpecError": "difftest.errors",
     "CacheLayout": "difftest.kinds", "Fp8Flavour": "difftest.kinds", "LengthEncoding": "difftest.kinds",

@@ -56,6 +56,27 @@ class Siblings:
 
 
 @dataclasses.dataclass(frozen=True)
+class WorkingMemory:
+    """Memory a backend's call allocates for itself besides the logits it returns, as data: the
+    planner counts it in a case's footprint (generators.envelope.estimate_bytes) and leaves out what
+    does not fit, and the runner in the memory of calls run side by side. Linear in the case's logits
+    (rows * max_model_len): `bytes_per_logit` bytes each, plus `bytes_per_logit_per_head` bytes per
+    query head each (AITER's stage1 callers hold [H, rows, max_model_len] fp32 scores: 4 per head)."""
+
+    bytes_per_logit: int = 0
+    bytes_per_logit_per_head: int = 0
+
+    def __post_init__(self) -> None:
+        for field in ("bytes_per_logit", "bytes_per_logit_per_head"):
+            value = getattr(self, field)
+            require(type(value) is int and value >= 0, f"working_memory.{field}", value, "an integer >= 0")
+
+    def bytes_for(self, logits: int, heads: int) -> int:
+        """The bytes a call on a case of `logits` logits (rows * max_model_len) and `heads` heads allocates."""
+        return logits * (self.bytes_per_logit + heads * self.bytes_per_logit_per_head)
+
+
+@dataclasses.dataclass(frozen=True)
 class Contract:
     """A backend's declared interface and envelope. `None` in an envelope field means any value."""
 
@@ -78,7 +99,8 @@ class Contract:
     tiles: tuple[int, ...] = ()  # key-position tile sizes it is known to use: their multiples +-1 are edges
     partition: WorkPartition | None = None  # how it spreads work over workers, when known
     writes_into_output: bool = False  # the backend fills a buffer the engine allocates (poisoned)
-    library: str = ""  # distribution name and version actually loaded, for the report
+    working_memory: WorkingMemory = WorkingMemory()  # what its call allocates besides the logits it returns
+    library: str = ""  # distribution name and version actually loaded (and where from), for the report
     siblings: Siblings | None = None  # the paths computing the same logits it is timed against (--time)
     # Whether `difftest fuzz` may concatenate small cases of one shape into one launch (pools stacked,
     # rows split back per case). A failing case is re-run alone before it counts, so a kernel whose

@@ -54,6 +54,9 @@ class Entry:
     nan_rows: int  # NaN or unwritten rows
     value_rows: int
     known: str | None = None  # the ledger's "reason (issue)" of a known divergence
+    # What the backend loaded under that version (its Contract.library, as the cell's result names it):
+    # the distribution, its version and the file it came from. Merges before it have none.
+    loaded: str = ""
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -155,7 +158,7 @@ def _entry(matrix: dict, result: CaseResult, ledger: Ledger | None) -> Entry:
         library=matrix["library"], backend=result.backend, case=result.case, families=_families(result),
         verdict=result.verdict, rows=c.rows if c else 0, mask_rows=len(c.mask_rows) if c else 0,
         nan_rows=len(c.nan_rows) + len(c.unwritten_rows) if c else 0, value_rows=len(c.value_rows) if c else 0,
-        known=f"{divergence.reason} ({divergence.issue})" if divergence else None)
+        known=f"{divergence.reason} ({divergence.issue})" if divergence else None, loaded=result.library)
 
 
 def _families(result: CaseResult) -> tuple[str, ...]:
@@ -223,17 +226,24 @@ def _known(merged: Merged) -> junit.Known:
 
 
 def _table(entries: tuple[Entry, ...]) -> list[list[str]]:
-    """One row per backend @ version on a device: cases run, the row counts, the worst verdict."""
-    header = ["backend @ version (device)", "cases", "-inf-mask mismatch", "NaN rows", "value rows", "verdict"]
-    rows = [header]
-    for label in dict.fromkeys(e.label for e in entries):
-        mine = [e for e in entries if e.label == label and e.verdict != Verdict.SKIP]
-        verdict = worst([e.verdict for e in mine]).value if mine else Verdict.SKIP.value
-        known = sum(e.known is not None for e in mine)
-        rows.append([label, str(len(mine)), f"{sum(e.mask_rows for e in mine)}/{sum(e.rows for e in mine)}",
-                     str(sum(e.nan_rows for e in mine)), str(sum(e.value_rows for e in mine)),
-                     verdict + (f" ({known} known)" if known else "")])
-    return rows
+    """One row per backend @ version on a device: cases run, the row counts, the worst verdict, and
+    what the backend loaded there."""
+    header = ["backend @ version (device)", "cases", "-inf-mask mismatch", "NaN rows", "value rows", "verdict",
+              "library loaded"]
+    return [header] + [_row(label, [e for e in entries if e.label == label])
+                       for label in dict.fromkeys(e.label for e in entries)]
+
+
+def _row(label: str, entries: list[Entry]) -> list[str]:
+    """The table's row of one backend @ version (device); what it loaded '; '-joined where its results
+    name several (cells of two suites run at different times), '-' where they name none."""
+    mine = [e for e in entries if e.verdict != Verdict.SKIP]
+    verdict = worst([e.verdict for e in mine]).value if mine else Verdict.SKIP.value
+    known = sum(e.known is not None for e in mine)
+    loaded = "; ".join(dict.fromkeys(e.loaded for e in entries if e.loaded)) or "-"
+    return [label, str(len(mine)), f"{sum(e.mask_rows for e in mine)}/{sum(e.rows for e in mine)}",
+            str(sum(e.nan_rows for e in mine)), str(sum(e.value_rows for e in mine)),
+            verdict + (f" ({known} known)" if known else ""), loaded]
 
 
 def _sections(merged: Merged) -> list[tuple[str, list[str]]]:

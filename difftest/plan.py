@@ -212,11 +212,17 @@ def _uniquely_named(specs: dict[CaseSpec, set[str]]) -> list[tuple[CaseSpec, set
 
 
 def _takes(contract: Contract, spec: CaseSpec, target: Target) -> bool:
-    """Whether a backend with `contract` can be handed cases of `spec` on `target`."""
+    """Whether a backend with `contract` can be handed cases of `spec` on `target`: its envelope takes
+    the spec, and running it there fits the target's memory. A spec another backend's envelope called
+    for may not: AITER's stage1 holds H times the logits (Contract.working_memory) where the fused
+    kernels hold the logits alone."""
     from difftest.generators.envelope import estimate_bytes  # deferred: envelopes import torch (contracts)
 
     if contract.shape_reason(spec.next_n, spec.heads, spec.head_dim, spec.block_size) is not None:
         return False
     if contract.max_context is not None and spec.max_model_len > contract.max_context:
         return False
-    return contract.max_pool_bytes is None or estimate_bytes(spec, contract).pool_bytes <= contract.max_pool_bytes
+    footprint = estimate_bytes(spec, contract)
+    if contract.max_pool_bytes is not None and footprint.pool_bytes > contract.max_pool_bytes:
+        return False
+    return footprint.total(target.device) <= target.memory_bytes

@@ -43,6 +43,9 @@ class BackendSummary:
     median_seconds: float = 0.0  # the median of those per case
     kernel_seconds: float | None = None  # under --time: the median over its cases of their median timed launch
     timed_region: TimedRegion | None = None  # what those launches covered
+    # What it loaded (Contract.library), as its results name it; '; '-joined where they name several (a
+    # resumed run whose earlier part loaded another version).
+    library: str = ""
 
 
 def summarize(results: list[CaseResult]) -> list[BackendSummary]:
@@ -64,7 +67,8 @@ def _summary(name: str, results: list[CaseResult]) -> BackendSummary:
         topk_overlap=min((c.topk_overlap for c in compared), default=math.nan),
         verdict=overall, counts=counts,
         skip_reasons=sorted({r.reason or "" for r in results if r.verdict == Verdict.SKIP}),
-        stability=_least_stable([r.stability for r in results if r.stability is not None]), **_times(ran))
+        stability=_least_stable([r.stability for r in results if r.stability is not None]),
+        library="; ".join(dict.fromkeys(r.library for r in results if r.library)), **_times(ran))
 
 
 def _times(ran: list[CaseResult]) -> dict[str, Any]:
@@ -91,7 +95,7 @@ def headline(summary: BackendSummary) -> str:
 
 def render_table(summaries: list[BackendSummary]) -> str:
     """The fixed-width table `difftest run` ends with: the time columns are each backend's calls,
-    total and per case, and under --time the median kernel launch."""
+    total and per case, and under --time the median kernel launch; then what each backend loaded."""
     timed = any(s.kernel_seconds is not None for s in summaries)
     header = (f"{'backend':<28} {'cases':>5} {'rows':>6}  {'-inf-mask mismatch':<18}  "
               f"{'max rel err':>11}  {'top-k overlap':>13}  {'time':>8} {'per case':>8}  "
@@ -110,7 +114,17 @@ def render_table(summaries: list[BackendSummary]) -> str:
                      f"{overlap:>13}  {_time_cells(s, timed)}{verdict}")
     if any(s.timed_region == TimedRegion.WHOLE_CALL for s in summaries):
         lines.append(WHOLE_CALL_NOTE)
-    return "\n".join(lines)
+    return "\n".join(lines + _library_lines(summaries))
+
+
+def _library_lines(summaries: list[BackendSummary]) -> list[str]:
+    """After a blank line, what each backend loaded (Contract.library), for those that say: below the
+    table, which has no room for a version and the path it came from, and indented, so that the
+    table's row is still the one line that starts with the backend's name."""
+    named = [s for s in summaries if s.library]
+    if not named:
+        return []
+    return ["", "libraries loaded:"] + [f"  {s.backend:<26} {s.library}" for s in named]
 
 
 WHOLE_CALL_NOTE = ("* whole call timed: the backend declares no prepare(), so its per-batch set-up (a schedule, "

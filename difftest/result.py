@@ -48,3 +48,4 @@ class CaseResult:
     gpu: str | None = None  # the physical GPU it was computed on (hardware.gpu_description); None on the CPU
     reach: Reach | None = None
     timing: Timing | None = None  # the median of the timed launches, under `time` (difftest.timing)
+    library: str = ""  # the backend's Contract.library: what it loaded (distribution, version, where from)

@@ -42,9 +42,9 @@ from difftest.verdict import Verdict, worst
 
 Done = Mapping[tuple[str, str], CaseResult]  # (backend name, case name) -> a result kept from an earlier run
 Takes = Callable[[str, Case], bool]  # whether the backend of this name runs this case
-# Workers' copies of one case's inputs and their outputs may take this share of the GPU's free memory
-# side by side: the rest is for the oracle and the kernels' working memory (AITER's stage1 holds H x
-# the logits).
+# Workers' copies of one case's inputs, their outputs and the working memory their calls declare
+# (call_bytes) may take this share of the GPU's free memory side by side: the rest is for the oracle,
+# the comparison and what the kernels allocate undeclared.
 SIDE_BY_SIDE_MEMORY = 0.2
 
 
@@ -108,7 +108,8 @@ def _identity(backend: Loaded, case: Case, config: RunConfig) -> dict[str, Any]:
     return dict(backend=backend.name, case=case.name, description=case.describe(), rows=case.rows,
                 device=config.device, encoding=config.encoding or contract.length_encoding,
                 layout=config.layout or contract.cache_layout, overridden=config.overridden,
-                spec=case.meta.get("spec"), gpu=hardware.gpu_description(case.device), reach=reach)
+                spec=case.meta.get("spec"), gpu=hardware.gpu_description(case.device), reach=reach,
+                library=contract.library)
 
 
 def _prepared(backend: Loaded, case: Case, config: RunConfig, base: dict[str, Any]) -> KernelInputs | CaseResult:
@@ -250,11 +251,11 @@ def _run_case(backends: list[Loaded], executors: list[Executor], case: Case, con
 def _results(backends: list[Loaded], executors: list[Executor], case: Case, ref: Reference, config: RunConfig,
              todo: list[int]) -> Iterator[tuple[int, CaseResult]]:
     """(index, result) of each backend in `todo`, in order. Every call is submitted before any is
-    waited for, so workers compute side by side, unless the workers' copies of the inputs and their
-    outputs together would take more than SIDE_BY_SIDE_MEMORY of the GPU's free memory: then one call
-    at a time (on the H200, seven backends' 8 GiB outputs of a 2^31-logit case ran out of memory)."""
-    per_call = case.pool_bytes + case.q.numel() + case.weights.numel() * 4 + case.rows * case.max_model_len * 4
-    together = len(todo) * per_call
+    waited for, so workers compute side by side, unless what the calls hold together (call_bytes: the
+    workers' copies of the inputs, their outputs and their declared working memory) would take more than
+    SIDE_BY_SIDE_MEMORY of the GPU's free memory: then one call at a time (on the H200, seven backends'
+    8 GiB outputs of a 2^31-logit case ran out of memory)."""
+    together = sum(call_bytes(backends[index].contract, case) for index in todo)
     if config.device == "cuda" and together > SIDE_BY_SIDE_MEMORY * hardware.free_memory():
         for index in todo:
             yield index, start_backend(backends[index], case, ref, config, executors[index])()
@@ -262,6 +263,15 @@ def _results(backends: list[Loaded], executors: list[Executor], case: Case, ref:
     started = {index: start_backend(backends[index], case, ref, config, executors[index]) for index in todo}
     for index in todo:
         yield index, started.pop(index)()  # popped: that call's inputs are freed with its closure
+
+
+def call_bytes(contract: Contract, case: Case) -> int:
+    """The bytes one call of a backend with `contract` holds for `case` besides the case itself: its
+    worker's copies of the inputs (pool, q, weights), the fp32 logits it returns and the working memory
+    its call declares (Contract.working_memory: AITER's stage1, H times the logits)."""
+    logits = case.rows * case.max_model_len
+    inputs = case.pool_bytes + case.q.numel() + case.weights.numel() * 4
+    return inputs + logits * 4 + contract.working_memory.bytes_for(logits, case.heads)
 
 
 def _checked(backends: list[Backend], config: RunConfig) -> list[Loaded]:

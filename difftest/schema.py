@@ -480,6 +480,7 @@ class ResultModel(Model):
     gpu: Text(MAX_NAME) | None = None
     reach: ReachModel | None = None
     timing: TimingModel | None = None
+    library: Text() = ""  # reports written before it have none
 
 
 class OmittedModel(Model):
@@ -584,6 +585,7 @@ class SummaryModel(Model):
     median_seconds: Number(0.0, math.inf) = 0.0
     kernel_seconds: Number(0.0, math.inf) | None = None
     timed_region: OneOf(TimedRegion) | None = None
+    library: Text() = ""  # reports written before it have none
 
 
 class SiblingTimeModel(Model):
@@ -910,6 +912,7 @@ class MergedEntryModel(Model):
     nan_rows: Count
     value_rows: Count
     known: Text() | None = None  # the ledger's "reason (issue)" of a known divergence
+    loaded: Text() = ""  # the backend's Contract.library; merges written before it have none
 
 
 class MergedModel(Model):

@@ -186,6 +186,7 @@ class Footprint:
     oracle_cpu_bytes: int  # the float64 torch oracle: its logits, decoded pool and one chunk's scores
     compare_bytes: int  # judging one backend: COMPARE_BYTES_PER_LOGIT per logit
     kernel_bytes: int  # what the engine hands a kernel: a packed copy of the pool, re-paged or converted
+    working_bytes: int  # what the backend's call allocates besides its logits (Contract.working_memory)
     build_bytes: int  # the peak build_case and Case.validate add while the case is made
     key_reads: int  # (row, key) pairs a kernel scores: the sum of the row limits
 
@@ -199,15 +200,17 @@ class Footprint:
         return self.oracle_fused_bytes if device == Device.CUDA else self.oracle_cpu_bytes
 
     def total(self, device: Device) -> int:
-        """Peak bytes on `device`: the case, then the larger of making it and running one backend on it."""
-        running = self.kernel_bytes + self.logits_bytes + self.oracle_bytes(device) + self.compare_bytes
+        """Peak bytes on `device`: the case, then the larger of making it and running one backend on it
+        (its inputs, its logits and its own working memory, beside the oracle's answer and the comparison)."""
+        running = (self.kernel_bytes + self.logits_bytes + self.working_bytes + self.oracle_bytes(device)
+                   + self.compare_bytes)
         return self.case_bytes + max(self.build_bytes, running)
 
     def describe(self, device: Device) -> str:
         """'2.1 GB pool + 8.6 GB logits + ...': the parts of total(device)."""
         parts = [(self.pool_bytes, "pool"), (self.other_bytes, "q/weights/table"), (self.logits_bytes, "logits"),
                  (self.oracle_bytes(device), "oracle"), (self.compare_bytes, "compare"),
-                 (self.kernel_bytes, "kernel inputs")]
+                 (self.kernel_bytes, "kernel inputs"), (self.working_bytes, "kernel working memory")]
         shown = " + ".join(f"{_size(n)} {what}" for n, what in parts if n >= 1 << 20) or "under 1 MB in all"
         return f"{shown}; building peaks at {_size(self.case_bytes + self.build_bytes)}"
 
@@ -215,8 +218,9 @@ class Footprint:
 # --------------------------------------------------------------------------- memory
 
 def estimate_bytes(spec: CaseSpec, contract: Contract | None = None) -> Footprint:
-    """What `spec` costs in memory (upper bounds), and what the engine adds for `contract` (re-paging to
-    block size 1, converting the pool to its fp8 flavour) when it is given."""
+    """What `spec` costs in memory (upper bounds), and what running a backend of `contract` adds when it
+    is given: the engine re-paging to block size 1 or converting the pool to its fp8 flavour, and the
+    working memory the backend's call declares (Contract.working_memory)."""
     batch, rows = spec.total_batch, spec.total_batch * spec.next_n
     width = -(-spec.max_model_len // spec.block_size) + spec.extra_columns
     slots = batch * width * spec.block_size
@@ -230,10 +234,11 @@ def estimate_bytes(spec: CaseSpec, contract: Contract | None = None) -> Footprin
         kernel += slots * 8  # the token table of a re-paged case
     if contract is not None and contract.fp8 != spec.fp8:
         kernel += key_bytes * CONVERT_BYTES_PER_KEY
+    working = contract.working_memory.bytes_for(logits, spec.heads) if contract is not None else 0
     return Footprint(pool_bytes=pool, other_bytes=other, logits_bytes=logits * 4,
                      oracle_fused_bytes=logits * 4 + rows * 4, oracle_cpu_bytes=_torch_oracle_bytes(spec, key_bytes),
                      compare_bytes=min(logits, COMPARE_CHUNK_ELEMENTS) * COMPARE_BYTES_PER_LOGIT, kernel_bytes=kernel,
-                     build_bytes=_build_bytes(spec, blocks, slots), key_reads=_key_reads(spec))
+                     working_bytes=working, build_bytes=_build_bytes(spec, blocks, slots), key_reads=_key_reads(spec))
 
 
 def _longest(spec: CaseSpec) -> int:
@@ -330,14 +335,16 @@ def _shrinks(planned: PlannedSpec) -> Iterable[CaseSpec]:
 def envelope_key(contract: Contract) -> Hashable:
     """Equal for contracts whose envelopes plan the same cases, so backends sharing one share cases (and
     the oracle runs once per case). Encoding, layout, mask, fp8 flavour and tolerance do not change
-    which cases; the devices do (a contract that excludes the target's device gets none)."""
+    which cases; the devices do (a contract that excludes the target's device gets none), and so does
+    the working memory (a case that fits one backend may not fit another)."""
 
     def norm(values: Iterable[int] | None) -> tuple[int, ...] | None:
         return None if values is None else tuple(sorted(set(values)))
 
     return (norm(contract.next_n), norm(contract.block_sizes), norm(contract.head_dims), norm(contract.heads),
             contract.heads_multiple_of, contract.heads_power_of_two, contract.max_context,
-            contract.max_pool_bytes, norm(contract.tiles), contract.partition, tuple(sorted(contract.devices)))
+            contract.max_pool_bytes, norm(contract.tiles), contract.partition, tuple(sorted(contract.devices)),
+            contract.working_memory)
 
 
 # --------------------------------------------------------------------------- planning

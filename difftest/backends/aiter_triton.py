@@ -47,7 +47,7 @@ import torch
 from difftest import hardware
 from difftest.backends import aiter_triton_paged
 from difftest.backends.base import Backend
-from difftest.contract import Contract, Siblings, WorkPartition
+from difftest.contract import Contract, Siblings, WorkingMemory, WorkPartition
 from difftest.kernel_inputs import KernelInputs
 from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention, PartitionScope
 from difftest.triton_interpret import interpreter_compat, load_kernel_module
@@ -249,6 +249,16 @@ VARIANTS: dict[str, KernelVariant] = {
 # SplitKV) contiguous chunks each (_triton_kernels/pa_mqa_logits.py:51-57, the stage1 ragged kernel;
 # the same lines in the other three).
 PARTITION = WorkPartition(CHUNK_K, PartitionScope.PER_ROW, workers=SPLIT_KV)
+# Stage1's working memory: the per-head scores, [H, rows, max_model_len] float32, held besides the
+# [rows, max_model_len] head sum returned. AITER's stage1 wrappers allocate nothing: they take that buffer
+# from their caller as `out_qk` (0.1.7.post2.dev18: aiter/ops/triton/pa_mqa_logits.py:66-70 and 117-121;
+# main: aiter/ops/triton/attention/pa_mqa_logits.py:134-138 and 185-189). Their caller, vLLM's
+# rocm_fp8_paged_mqa_logits, takes it from its workspace (0.33.0: rocm_aiter_mla_sparse.py:845-848,
+# `get_simultaneous(((heads, batch_size * next_n, max_model_len), torch.float32))`, filled with -inf,
+# then `out_qk.sum(dim=0)`), and so do this backend's `_caller` (_guarded_full: GUARD floats past it)
+# and aiter_rocm's call. 4 bytes per head per logit: 512 GiB at H = 64 for 2^31 logits, which the
+# planner must leave out on any GPU. The fused kernels write the returned buffer itself: nothing more.
+STAGE1_WORKING_MEMORY = WorkingMemory(bytes_per_logit_per_head=4)
 # Key rows are addressed as `KV_buffer + token_id * stride_k_seq` (_triton_kernels/pa_mqa_logits.py:
 # 84-85, 179-180, 273-274, 367-368): an int32 token id times an int32 stride, so a byte offset past
 # 2**31 overflows. Measured on the H200 (Triton 3.6, stage1 and fused-ragged, 2026-12-02): keys in the
@@ -287,6 +297,7 @@ def kernel_contract(variant: KernelVariant) -> Contract:
         tiles=(CHUNK_K,),
         partition=PARTITION,
         writes_into_output=False,
+        working_memory=STAGE1_WORKING_MEMORY if variant.per_head else WorkingMemory(),
         library=_library(version),
         siblings=Siblings(SIBLINGS, variant.slowdown))
     return dataclasses.replace(contract, **aiter_triton_paged.contract_changes(variant.per_head)) \

@@ -64,7 +64,11 @@ def is_paged(path: Path, kernel: str) -> bool:
 
 
 def contract_changes(per_head: bool) -> dict[str, Any]:
-    """The Contract fields in which the paged generation differs from 0.1.7.x's (aiter_triton)."""
+    """The Contract fields in which the paged generation differs from 0.1.7.x's (aiter_triton).
+
+    Stage1's working memory is not among them: main's wrapper still takes the [H, rows, max_model_len]
+    fp32 buffer from its caller (attention/pa_mqa_logits.py:185-189), and vLLM 0.34 still takes it
+    from its workspace and sums it over heads (rocm_aiter_mla_sparse.py:905-919), as 0.33 did."""
     return {"cache_layout": CacheLayout.BLOCK_SPLIT, "block_sizes": BLOCK_SIZES, "tiles": (CHUNK_K,),
             # vLLM pre-fills stage1's buffer; the fused kernel's workspace is nobody's to clean.
             "mask": MaskConvention.TAIL_NEG_INF if per_head else MaskConvention.TAIL_UNSPECIFIED,

@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import importlib
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 
 import torch
@@ -147,9 +148,18 @@ def load_deep_gemm() -> tuple[ModuleType | None, str]:
             errors.append(f"{name}: {type(exc).__name__}: {exc}")
             continue
         if hasattr(module, "fp8_fp4_paged_mqa_logits") or hasattr(module, "fp8_paged_mqa_logits"):
-            return module, f"{name} {getattr(module, '__version__', '?')}"
+            return module, describe(name, module)
         errors.append(f"{name}: has no paged MQA logits entry point")
     return None, "; ".join(errors)
+
+
+def describe(name: str, module: ModuleType) -> str:
+    """'deep_gemm 2.8.1 (/tmp/versions/deep_gemm-0.33.0/deep_gemm)': the version and the folder it was
+    imported from, which tells apart trees of one version (vllm 0.30.0's and 0.31.0's are both 2.8.0,
+    with other builds of the host code)."""
+    version = getattr(module, "__version__", "?")
+    where = getattr(module, "__file__", None)
+    return f"{name} {version} ({Path(where).parent})" if where else f"{name} {version}"
 
 
 def library_name() -> str:

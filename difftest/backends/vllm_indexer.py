@@ -33,7 +33,9 @@ import dataclasses
 import functools
 import importlib
 import importlib.metadata
+import importlib.util
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 
 import torch
@@ -78,9 +80,26 @@ def vllm_version() -> str | None:
         return None
 
 
-def _library(entry: str) -> str:
-    version = vllm_version()
-    return f"vllm {version} ({entry})" if version else f"vllm (not installed; {entry})"
+def vllm_package() -> Path | None:
+    """The vllm package `import vllm` takes (the one imported, if it is), found without running its
+    __init__; None where there is none, or only folders without vllm/__init__.py (carried kernel
+    copies, vllm_triton_decode, which import as a namespace package)."""
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):  # a broken sys.modules entry, an unreadable path hook
+        return None
+    return Path(spec.origin).parent if spec is not None and spec.origin else None
+
+
+def vllm_library(entry: str) -> str:
+    """'vllm 0.33.0 (ENTRY from /site-packages/vllm)', for the contract's `library`: the package's own
+    vllm/_version.py first, as for AITER (a checkout first on sys.path shadows an installed vllm, whose
+    metadata would name the wrong version), else the distribution's metadata."""
+    package = vllm_package()
+    if package is None:
+        return f"vllm (not installed; {entry})"
+    version = vllm_triton_decode.KernelTree(package.parent).version() or vllm_version() or "(version unknown)"
+    return f"vllm {version} ({entry} from {package})"
 
 
 def _module(name: str) -> ModuleType:
@@ -115,7 +134,7 @@ def _torch_ref_contract() -> Contract:
         # default suite and the edges, next_n 1-4, on the CPU (2026-12-02).
         rtol=1e-5, devices=("cpu", "cuda"),
         # Envelope: none. A torch loop over sequences and blocks takes any shape; no tiles, no workers.
-        library=_library("fp8_paged_mqa_logits_torch"))
+        library=vllm_library("fp8_paged_mqa_logits_torch"))
 
 
 def _torch_ref_reason(device: str) -> str | None:
@@ -156,7 +175,7 @@ def _triton_decode_contract() -> Contract:
         # 1024 // rows) (line 661) changes with the batch. max_context and max_pool_bytes: none known
         # (page ids are widened to int64 before addressing the cache, line 600).
         writes_into_output=True,
-        library=_library("rocm_fp8_paged_mqa_logits_triton") if tree is None else tree.describe())
+        library=vllm_library("rocm_fp8_paged_mqa_logits_triton") if tree is None else tree.describe())
 
 
 def _triton_decode_reason(device: str) -> str | None:
@@ -224,7 +243,7 @@ def _deep_gemm_contract() -> Contract:
     source = f"vllm.utils.deep_gemm over {how}" if module is not None else "vllm.utils.deep_gemm"
     # The same kernel as `deepgemm`, on vLLM's native_next_n_supported path (sm90, next_n 1, 2, 4; it
     # flattens other next_n, which deepgemm-flattened covers): the same envelope.
-    return deep_gemm.VARIANTS["deepgemm"].contract(_library(source))
+    return deep_gemm.VARIANTS["deepgemm"].contract(vllm_library(source))
 
 
 def _deep_gemm_reason(device: str) -> str | None:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from junitparser import JUnitXml
 
 from difftest.hardware import DeviceKind
@@ -143,6 +144,31 @@ def test_a_fix_is_listed_and_the_outputs_are_whole(reports):
     assert (folder / "summary.md").read_text().startswith("# difftest matrix\n")
     merged = json.loads((folder / "merged.json").read_text())
     assert merged["cells"] == [CELL] and len(merged["results"]) == 2, merged
+
+
+def test_the_merge_names_what_each_backend_loaded(reports):
+    """Each result's Contract.library reaches merged.json (`loaded`) and the summary's table."""
+    out = reports["tmp"] / "loaded"
+    _merge("--out", str(out), str(reports["good"]))
+    merged = json.loads((out / "merged.json").read_text())
+    loaded = {e["backend"]: e["loaded"] for e in merged["results"]}
+    assert loaded == {"torch": f"torch {torch.__version__}", "kern": "tests.planted"}, loaded
+    lines = (out / "summary.md").read_text().splitlines()
+    header = next(line for line in lines if line.startswith("| backend @ version"))
+    assert header.endswith("| verdict | library loaded |"), header
+    assert "| kern @ main (cpu) | 1 | 0/8 | 0 | 0 | PASS | tests.planted |" in lines, lines
+
+
+def test_a_baseline_merged_before_the_loaded_field_still_diffs(reports):
+    tmp = reports["tmp"]
+    _merge("--out", str(tmp / "old-base"), str(reports["good"]))
+    baseline = tmp / "old-base" / "merged.json"
+    document = json.loads(baseline.read_text())
+    for entry in document["results"]:
+        del entry["loaded"]
+    baseline.write_text(json.dumps(document))
+    code, out = _merge("--out", str(tmp / "against-old"), "--baseline", str(baseline), str(reports["bad"]))
+    assert code == ExitStatus.FAILED and "## New failures (these fail the merge) (1)" in out, out
 
 
 def test_a_bad_baseline_is_one_line(reports, tmp_path):

@@ -6,12 +6,15 @@ import dataclasses
 import json
 import math
 
+import torch
+
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend
 from difftest.config import RunConfig
 from difftest.generators import build_case
 from difftest.report import headline, render_devices, render_failures, render_table, summarize, write_json
 from difftest.runner import run
+from difftest.schema import ReportModel, validate
 from difftest.serialize import ResultStream, load_results, to_jsonable
 from difftest.verdict import Verdict
 from tests import user_backends as ub
@@ -41,7 +44,7 @@ def test_summaries_count_rows_and_verdicts():
 
 def test_table_and_failures_text():
     results = _results()
-    table = render_table(summarize(results)).splitlines()
+    table = render_table(summarize(results)).split("\n\n")[0].splitlines()
     assert len(table) == 5 and table[0].startswith("backend"), f"{table=}"
     assert "12/24" in table[2] and "FAIL(mask)" in table[2], f"{table[2]=}"
     assert "SKIP: contract devices" in table[4], f"{table[4]=}"
@@ -93,3 +96,36 @@ def test_results_per_device_only_when_more_than_one():
     assert render_devices(results) == "" and render_devices(_on_gpus(results)[::2]) == ""
     assert render_devices(_on_gpus(results)) == (f"results per device: {H200.format(bus='19', visible=0)}: 4, "
                                                  f"{H200.format(bus='3a', visible=1)}: 4")
+
+
+LIBRARIES = {"torch": f"torch {torch.__version__}", "sequence_length_for_every_row": "tests", "raises": "tests",
+             "cuda-only": ""}
+
+
+def test_each_backend_names_what_it_loaded_in_the_json_report_and_under_the_table(tmp_path):
+    results = _results()
+    assert {r.backend: r.library for r in results} == LIBRARIES, "each result carries its backend's Contract.library"
+    doc = json.loads(write_json(tmp_path / "r.json", results, {}).read_text())
+    assert {s["backend"]: s["library"] for s in doc["summaries"]} == LIBRARIES, doc["summaries"]
+    assert load_results(tmp_path / "r.json") == results
+    libraries = render_table(summarize(results)).split("\n\n")[1].splitlines()
+    assert libraries == ["libraries loaded:", f"  {'torch':<26} {LIBRARIES['torch']}",
+                         "  sequence_length_for_every_row tests", f"  {'raises':<26} tests"], libraries
+
+
+def test_a_backend_whose_results_name_two_libraries_lists_both_once():
+    """A resumed run whose earlier part loaded another version: the summary names both, in order."""
+    results = [r for r in _results() if r.backend == "torch"]
+    mixed = [dataclasses.replace(results[0], library="amd-aiter 0.1.7"),
+             dataclasses.replace(results[1], library="amd-aiter main"), results[0]]
+    assert summarize(mixed)[0].library == f"amd-aiter 0.1.7; amd-aiter main; {LIBRARIES['torch']}"
+
+
+def test_a_report_written_before_the_library_field_still_loads(tmp_path):
+    results = _results()
+    doc = json.loads(write_json(tmp_path / "r.json", results, {}).read_text())
+    for record in doc["results"] + doc["summaries"]:
+        del record["library"]
+    validate(ReportModel, doc)
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    assert load_results(tmp_path / "old.json") == [dataclasses.replace(r, library="") for r in results]

@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from difftest.contract import Contract, WorkPartition
+from difftest.contract import Contract, WorkingMemory, WorkPartition
 from difftest.errors import SpecError
 from difftest.generators.cases import default_specs, edge_cases, suite
 from difftest.generators.envelope import (
@@ -355,6 +355,39 @@ def test_footprint_parts():
     assert fp.total(Device.CPU) >= fp.total(Device.CUDA) > fp.case_bytes
     repaged = estimate_bytes(spec, contract(block_sizes=(1,)))
     assert repaged.kernel_bytes > fp.kernel_bytes
+
+
+# A backend whose call holds per-head fp32 scores besides its logits, as AITER's stage1 callers do.
+HOLDS_H_FOLD = contract(working_memory=WorkingMemory(bytes_per_logit_per_head=4))
+
+
+def test_the_footprint_counts_the_working_memory_a_contract_declares():
+    spec = CaseSpec(lengths=(100, 0), next_n=2, heads=8, head_dim=64, block_size=16, max_model_len=131072)
+    plain, held = estimate_bytes(spec), estimate_bytes(spec, HOLDS_H_FOLD)
+    logits = 4 * 131072  # rows * max_model_len
+    assert (plain.working_bytes, held.working_bytes) == (0, 8 * 4 * logits)
+    assert held.total(Device.CUDA) - plain.total(Device.CUDA) == held.working_bytes
+    assert f"{held.working_bytes / 1e6:.1f} MB kernel working memory" in held.describe(Device.CUDA)
+    per_logit = estimate_bytes(spec, contract(working_memory=WorkingMemory(bytes_per_logit=2)))
+    assert per_logit.working_bytes == 2 * logits
+
+
+def test_a_backend_holding_h_times_the_logits_leaves_the_2_31_logits_family_out_with_the_numbers():
+    """What an H-fold buffer does to the 2^31-logit cases on an H200: 550 GB at H = 64 fits no GPU, so
+    the family is an Omission that names the bytes; the same envelope without it keeps both cases."""
+    planned, _ = _plan(OPEN, H200)
+    kept = {p.spec.name: p.spec for p in _with(planned, EdgeFamily.LOGITS_2_31_ELEMENTS)}
+    assert set(kept) == {"logits-under-2^31", "logits-over-2^31"}, f"{kept=}"
+    planned, omitted = _plan(HOLDS_H_FOLD, H200)
+    assert not _with(planned, EdgeFamily.LOGITS_2_31_ELEMENTS)
+    reasons = {o.spec_name: o.reason for o in omitted if o.family == EdgeFamily.LOGITS_2_31_ELEMENTS}
+    for name, spec in kept.items():
+        fp = estimate_bytes(spec, HOLDS_H_FOLD)
+        assert fp.working_bytes == 4 * spec.heads * spec.total_batch * spec.next_n * spec.max_model_len > 500 * GB
+        for shown in (f"needs {fp.total(Device.CUDA) / GB:.1f} GB", f"{fp.working_bytes / GB:.1f} GB kernel working "
+                      "memory", "139.0 GB allowed and shrinking it would lose what it tests"):
+            assert shown in reasons[name], f"{name}: {shown!r} not in {reasons[name]!r}"
+    assert envelope_key(HOLDS_H_FOLD) != envelope_key(OPEN), "the two plan different cases"
 
 
 def test_fit_shrinks_a_drawn_case_and_says_what_changed():

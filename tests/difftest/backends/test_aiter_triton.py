@@ -412,6 +412,27 @@ def test_compiled_kernel_has_the_interpreters_window(name):
     assert float(rel.max()) <= backend(name).contract.rtol, f"{float(rel.max())=}"
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch.cuda.is_available() is False")
+@pytest.mark.parametrize("name", NAMES)
+def test_the_declared_working_memory_is_what_a_call_allocates_besides_its_logits(name):
+    """What the planner and the runner count (Contract.working_memory) against what a call takes from the
+    GPU besides the logits it returns: stage1's per-head buffer (and the guard past it), next to nothing
+    for the fused kernels, which fill the buffer they return."""
+    kernel = backend(name)
+    inputs = encode(positive_case([0, 1, 200, 1000], next_n=2, heads=64, max_model_len=1024).to("cuda"),
+                    kernel.contract)
+    kernel(inputs, None)  # the first launch compiles: what Triton allocates then is not the call's
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    logits = kernel(inputs, None)
+    torch.cuda.synchronize()
+    besides = torch.cuda.max_memory_allocated() - before - logits.numel() * logits.element_size()
+    declared = kernel.contract.working_memory.bytes_for(logits.numel(), 64)
+    assert declared <= besides <= declared + (1 << 20), f"{name}: {besides=} {declared=}"
+
+
 def test_aiter_verdicts_reach_the_cli_report(tmp_path, capsys):
     """`difftest run` drives the interpreted kernels end to end: their verdicts land in the table and the
     JSON report, each row the mirrored window predicts counted as a wrong -inf mask."""

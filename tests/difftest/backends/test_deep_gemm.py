@@ -6,13 +6,14 @@ next_n = 4 schedule, and the zero-length-request finding
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
 
 from difftest import hardware
 from difftest.backends import load_backend
-from difftest.backends.deep_gemm import VARIANTS, DeepGemm, load_deep_gemm
+from difftest.backends.deep_gemm import VARIANTS, DeepGemm, describe, load_deep_gemm
 from difftest.config import RunConfig
 from difftest.contract import WorkPartition
 from difftest.generators import CaseSpec, build_case
@@ -80,8 +81,14 @@ def test_every_variant_skips_on_the_cpu_with_its_reason(name):
 def test_the_library_is_looked_up_under_both_names_and_why_it_is_missing_is_kept():
     if MODULE is not None:
         assert HOW.startswith(("deep_gemm ", "vllm.third_party.deep_gemm ")), HOW
+        assert HOW.endswith(f" ({Path(MODULE.__file__).parent})"), HOW
     else:
         assert "deep_gemm:" in HOW and "vllm.third_party.deep_gemm:" in HOW, HOW
+
+
+def test_the_library_names_the_folder_a_module_was_imported_from():
+    """Trees of one version differ in where they are (vllm 0.30.0's and 0.31.0's DeepGEMM are both 2.8.0)."""
+    assert describe("torch", torch) == f"torch {torch.__version__} ({Path(torch.__file__).parent})"
 
 
 # --------------------------------------------------------------------------- on an sm90 GPU

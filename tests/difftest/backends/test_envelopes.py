@@ -14,8 +14,12 @@ import inspect
 import pytest
 
 from difftest.backends import aiter_rocm, aiter_triton, deep_gemm, load_backend, torch_ref, vllm_indexer
-from difftest.contract import WorkPartition
+from difftest.backends.user import FunctionBackend
+from difftest.contract import WorkingMemory, WorkPartition
+from difftest.generators.envelope import EdgeFamily, Target, envelope_specs
 from difftest.kinds import PartitionScope
+from difftest.plan import envelope_plan
+from tests.user_backends import raises
 
 TABLES = {aiter_triton: aiter_triton.VARIANTS, aiter_rocm: aiter_rocm.WRAPPERS, deep_gemm: deep_gemm.VARIANTS,
           vllm_indexer: vllm_indexer.PATHS}
@@ -73,6 +77,60 @@ def test_aiter_kernels_declare_chunks_and_splits_and_no_cache_bound(name):
     stage1 = "stage1" in name
     assert (c.heads_multiple_of, c.heads_power_of_two) == ((32, False) if stage1 else (1, True))
     assert (c.heads, c.next_n, c.max_context) == (None, None, None), "runtime arguments the kernels do not bound"
+
+
+@pytest.mark.parametrize("name", list(aiter_triton.VARIANTS) + list(aiter_rocm.WRAPPERS))
+def test_aiter_stage1_declares_the_per_head_buffer_its_caller_holds(name):
+    """[H, rows, max_model_len] fp32 besides the head sum returned; the fused kernels fill the returned buffer."""
+    held = WorkingMemory(bytes_per_logit_per_head=4) if "stage1" in name else WorkingMemory()
+    assert load_backend(name).contract.working_memory == held
+
+
+def test_no_other_backend_declares_working_memory():
+    """DeepGEMM, vLLM's paths and torch return (or fill) the logits and hold nothing of that size besides."""
+    others = [*deep_gemm.VARIANTS, *vllm_indexer.PATHS, *torch_ref.BACKENDS]
+    assert {name: load_backend(name).contract.working_memory for name in others} == dict.fromkeys(
+        others, WorkingMemory())
+
+
+# The H200's SMs and all of its memory: more than any probe leaves a run (Target.probe keeps 85 % of what is free).
+H200 = Target.production_gpu(sms=132, memory_bytes=139 << 30)
+LOGITS_2_31 = {"logits-under-2^31", "logits-over-2^31"}
+
+
+@pytest.mark.parametrize("name", aiter_triton.VARIANTS)
+def test_on_an_h200_stage1_leaves_the_2_31_logit_cases_out_and_the_fused_kernels_keep_them(name):
+    """Stage1 asked the H200 for 512 GiB on these cases and ended in an out-of-memory ERROR: its plan
+    leaves them out instead, saying how much the per-head buffer needs."""
+    planned, omitted = envelope_specs(load_backend(name).contract, H200)
+    reached = {p.spec.name for p in planned if EdgeFamily.LOGITS_2_31_ELEMENTS in p.families}
+    reasons = [o.reason for o in omitted if o.family == EdgeFamily.LOGITS_2_31_ELEMENTS]
+    if "stage1" not in name:
+        assert reached == LOGITS_2_31 and not reasons, f"{reached=} {reasons=}"
+        return
+    assert not reached and len(reasons) == 2, f"{reached=} {reasons=}"
+    for reason in reasons:
+        assert "GB kernel working memory" in reason and f"{H200.memory_bytes / 1e9:.1f} GB allowed" in reason, reason
+        working = float(reason.split(" GB kernel working memory")[0].rsplit(" ", 1)[1]) * 1e9
+        assert working > (512 << 30), f"{working=}: 4 bytes per head (64) per logit (2^31)"
+
+
+def _planned_only(name: str) -> FunctionBackend:
+    """The backend's own contract on a stand-in that is never called: planning for a GPU this machine may lack."""
+    return FunctionBackend(name, load_backend(name).contract, raises)
+
+
+def test_a_case_another_backend_called_for_is_not_handed_to_stage1_where_it_would_not_fit():
+    plan = envelope_plan([_planned_only("aiter-triton-fused"), _planned_only("aiter-triton-stage1")], H200, seed=0)
+    takers = {c.spec.name: c.backends for c in plan.cases if c.spec.name in LOGITS_2_31}
+    assert takers == dict.fromkeys(LOGITS_2_31, frozenset({"aiter-triton-fused"})), f"{takers=}"
+    left_out = {family for family, _ in plan.omitted["aiter-triton-stage1"]}
+    assert left_out == {EdgeFamily.LOGITS_2_31_ELEMENTS.value}, "the reach table says why"
+    contract = load_backend("aiter-triton-stage1").contract
+    shaped = [c for c in plan.cases if contract.shape_reason(c.spec.next_n, c.spec.heads, c.spec.head_dim,
+                                                             c.spec.block_size) is None]
+    assert {c.spec.name for c in shaped if "aiter-triton-stage1" not in c.backends} == LOGITS_2_31, \
+        "memory leaves out these two, and only these, of the cases of shapes stage1 takes"
 
 
 @pytest.mark.parametrize("name", ["deepgemm", "vllm-deepgemm"])

@@ -12,6 +12,8 @@ wrapper need a GPU; here only their contracts and reasons are checked.
 from __future__ import annotations
 
 import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -66,6 +68,38 @@ def test_contracts_declare_what_vllms_indexer_passes():
                                                                  (64, 128, 256))
     assert triton.writes_into_output, "the workspace it writes is poisoned first"
     assert (deep_gemm.archs, deep_gemm.next_n) == (("sm90",), (1, 2, 4))
+
+
+def plant_vllm(root: Path, version: str, whole: bool = True) -> Path:
+    """A folder holding a vllm package (empty files: only where it is and its _version.py matter), or,
+    without `whole`, a carried kernel copy (no vllm/__init__.py)."""
+    package = root / "vllm"
+    package.mkdir(parents=True)
+    (package / "_version.py").write_text(f"__version__ = version = '{version}'\n")
+    if whole:
+        (package / "__init__.py").touch()
+    return root
+
+
+def test_the_library_names_the_vllm_package_imported_and_its_own_version(tmp_path, monkeypatch):
+    """A checkout first on sys.path shadows an installed vllm: its folder and its _version.py are named."""
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    checkout = plant_vllm(tmp_path / "checkout", "0.34.1.dev7+g1234abc")
+    installed = plant_vllm(tmp_path / "site", "0.33.0")
+    monkeypatch.setattr(sys, "path", [str(checkout), str(installed), *sys.path])
+    assert vi.vllm_package() == checkout / "vllm"
+    assert vi.vllm_library("fp8_paged_mqa_logits_torch") == \
+        f"vllm 0.34.1.dev7+g1234abc (fp8_paged_mqa_logits_torch from {checkout / 'vllm'})"
+
+
+def test_a_carried_kernel_copy_is_no_vllm_package(tmp_path, monkeypatch):
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    monkeypatch.setattr(sys, "path", [str(plant_vllm(tmp_path / "carried", "0.33.0", whole=False)), *sys.path])
+    if VLLM_MISSING:
+        assert vi.vllm_package() is None
+        assert vi.vllm_library("fp8_paged_mqa_logits_torch") == "vllm (not installed; fp8_paged_mqa_logits_torch)"
+    else:  # an installed vllm later on the path is the one imported
+        assert vi.vllm_package() != tmp_path / "carried" / "vllm"
 
 
 @pytest.mark.skipif(not VLLM_MISSING, reason="checks the reasons given where vllm is not installed")
