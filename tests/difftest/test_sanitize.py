@@ -168,14 +168,18 @@ def test_run_sanitizer_reasons_instead_of_raising(tmp_path):
 
 # --------------------------------------------------------------------------- nothing left running
 
-# compute-sanitizer's process handling, on a machine without a GPU: `TOOL --tool T --error-exitcode N
-# PROGRAM...` runs PROGRAM below it and waits for it. Like the real tool's, no process of it asks to
-# die with its parent (the real one puts TreeLauncherSubreaper between itself and PROGRAM, which
-# outlives it): only the killing of their process group ends them.
+# A stand-in for compute-sanitizer on a machine without a GPU: `TOOL --tool T --error-exitcode N
+# PROGRAM...` starts PROGRAM through a launcher process of its own (the real tool's
+# TreeLauncherSubreaper), which outlives the tool when the tool is killed, so no chain of dying parents
+# reaches PROGRAM; no process of it asks to die with its parent, and all three stay in one process
+# group: only the killing of that group ends them.
 STAND_IN = """#!{python}
 import os, subprocess, sys
 open({pid_file!r}, "w").write(str(os.getpid()))
-sys.exit(subprocess.call(sys.argv[5:]))
+launcher = os.fork()
+if launcher == 0:
+    os._exit(subprocess.call(sys.argv[5:]))
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(launcher, 0)[1]))
 """
 # A bundle's backend that says where it runs, then never returns: the replay, busy in a kernel.
 HANGING_BACKEND = """
