@@ -35,7 +35,6 @@ from difftest.case import Case
 from difftest.config import RunConfig
 from difftest.errors import SpecError, require
 from difftest.generators.envelope import Target, estimate_bytes
-from difftest.generators.tensors import build_case
 from difftest.kinds import Device
 from difftest.plan import PlannedCase, envelope_plan
 from difftest.regime import Regime
@@ -248,8 +247,7 @@ class _State:
 
     def _built(self, planned: PlannedCase) -> Case:
         # Not validated here: the runner validates what it runs (a batch's members through its merged case).
-        case = build_case(planned.spec, planned.seed, self.campaign.config.device, name=planned.name, validate=False)
-        return dataclasses.replace(case, meta={**case.meta, "families": list(planned.families)})
+        return planned.build(self.campaign.config.device, validate=False)
 
     def _single(self, planned: PlannedCase) -> Case:
         case = self._built(planned)

@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, TypeVar
 from difftest.errors import SpecError, require
 from difftest.generators.cases import suite
 from difftest.generators.spec import CaseSpec, case_name
+from difftest.generators.tensors import build_case
 from difftest.kinds import CaseKind
 
 if TYPE_CHECKING:
     from difftest.backends import Backend
+    from difftest.case import Case
     from difftest.contract import Contract
     from difftest.generators.envelope import Target
     from difftest.result import CaseResult
@@ -44,6 +46,11 @@ class PlannedCase:
     def name(self) -> str:
         """The case's name in results, filters and resumed runs."""
         return case_name(self.spec, self.seed)
+
+    def build(self, device: str, validate: bool = True) -> Case:
+        """The case drawn on `device`, its meta naming the families it reaches."""
+        case = build_case(self.spec, self.seed, device, name=self.name, validate=validate)
+        return dataclasses.replace(case, meta={**case.meta, "families": list(self.families)})
 
 
 @dataclasses.dataclass(frozen=True)

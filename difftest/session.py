@@ -25,7 +25,6 @@ from difftest.case import Case
 from difftest.config import RunConfig
 from difftest.errors import Interrupted, OutputError, SpecError, require
 from difftest.generators.envelope import Target, estimate_bytes
-from difftest.generators.tensors import build_case
 from difftest.kinds import CaseKind, Device, ExitStatus
 from difftest.ledger import Ledger
 from difftest.plan import EnvelopePlan, PlannedCase, Shard, SuiteRequest, envelope_plan, kept_results, plan
@@ -202,8 +201,7 @@ def _drawn(cases: list[PlannedCase], device: str, deadline: float | None, left: 
         if deadline is not None and time.monotonic() > deadline:
             left.extend(c.name for c in cases[index:])
             return
-        case = build_case(planned.spec, planned.seed, device, name=planned.name)
-        yield dataclasses.replace(case, meta={**case.meta, "families": list(planned.families)})
+        yield planned.build(device)
 
 
 def _taker(cases: list[PlannedCase]) -> Callable[[str, Case], bool] | None:
