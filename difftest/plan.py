@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, TypeVar
 from difftest.errors import SpecError, require
 from difftest.generators.cases import suite
 from difftest.generators.spec import CaseSpec, case_name
-from difftest.generators.tensors import build_case
 from difftest.kinds import CaseKind
 
 if TYPE_CHECKING:
@@ -49,6 +48,8 @@ class PlannedCase:
 
     def build(self, device: str, validate: bool = True) -> Case:
         """The case drawn on `device`, its meta naming the families it reaches."""
+        from difftest.generators.tensors import build_case  # deferred: the pytest plugin plans without torch
+
         case = build_case(self.spec, self.seed, device, name=self.name, validate=validate)
         return dataclasses.replace(case, meta={**case.meta, "families": list(self.families)})
 
