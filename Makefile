@@ -17,9 +17,10 @@ $(BIN)/difftest: pyproject.toml requirements-ci.txt
 
 # difftest exits 1 when a backend fails (today AITER's kernels do: a finding, not a broken run);
 # only a usage error or a crash (any other status) fails `make run`. --isolate runs the backends'
-# workers side by side: the Triton interpreter keeps both cores busy.
+# workers side by side: the Triton interpreter keeps both cores busy. --overwrite: a second `make run`
+# replaces the first one's report (difftest refuses to write over a report otherwise).
 run: $(BIN)/difftest
-	$(BIN)/difftest run --isolate --report reports/cpu/default.json || test $$? -eq 1
+	$(BIN)/difftest run --isolate --report reports/cpu/default.json --overwrite || test $$? -eq 1
 
 test: $(BIN)/difftest
 	$(BIN)/ruff check .
