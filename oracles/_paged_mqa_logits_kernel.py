@@ -48,13 +48,14 @@ def logits_kernel(q_ptr, k_src, s_src, w_ptr, table_ptr, lens_ptr, out_ptr, peak
                   NEXT_N: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                   NEXT_N_PAD: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, NF: tl.constexpr,
                   BLOCK_P: tl.constexpr, TMA: tl.constexpr, FNUZ: tl.constexpr, FIX_NAN: tl.constexpr,
-                  NUM_STAGES: tl.constexpr):
+                  NUM_STAGES: tl.constexpr, IDS: tl.constexpr):
     """Logits of positions [chunk * c, chunk * (c + 1)) of sequence b, all rows; -inf outside each window.
 
     k_src, s_src: tensor descriptors of the pool as (num_blocks * BS, D) keys and (num_blocks * BS,)
     scales when TMA (each tile lies inside one block), else plain pointers to them.
     peak_ptr (rows,) holds the bits of a float32 (>= 0), raised by atomic max to this chunk's largest
     (folded . |k_p|) * s_p over p < limit of each row (computed from folded rounded up, see _fold).
+    IDS: a power of two >= the tiles of a chunk (the TMA sweep holds the chunk's block ids in registers).
     """
     seq = tl.program_id(1)
     seq_len = tl.load(lens_ptr + seq).to(tl.int32)
@@ -71,7 +72,7 @@ def logits_kernel(q_ptr, k_src, s_src, w_ptr, table_ptr, lens_ptr, out_ptr, peak
     if TMA:
         peak = _sweep_tiles_tma(k_src, s_src, table_ptr, seq, table_stride, num_blocks, visible, start,
                                 compute_stop, sweep, NEXT_N, BS, NEXT_N_PAD, H_PAD, NF, BLOCK_P, FNUZ,
-                                FIX_NAN, NUM_STAGES)
+                                FIX_NAN, NUM_STAGES, IDS)
     else:
         peak = _sweep_tiles_gather(k_src, s_src, table_ptr, seq, table_stride, num_blocks, visible, start,
                                    compute_stop, sweep, NEXT_N, D, BS, NEXT_N_PAD, H_PAD, D_PAD, NF, BLOCK_P,
@@ -89,33 +90,39 @@ def logits_kernel(q_ptr, k_src, s_src, w_ptr, table_ptr, lens_ptr, out_ptr, peak
                   mask=bound_cols < NEXT_N)
 
 
-# Both sweeps read a tile's block id(s) one tile ahead, as a loop-carried value: with the load of
-# tile i's keys depending only on what iteration i - 1 loaded, Triton's pipeliner can issue those
-# loads NUM_STAGES - 1 tiles early (when the id is loaded in the same iteration it keeps 1 buffer).
-# Only positions below the sequence length are ever looked up in the table, and ids are clamped
-# into the pool: NaN canaries past the last token and stale columns cannot reach any value.
-
 @triton.jit
 def _sweep_tiles_tma(k_desc, s_desc, table_ptr, seq, table_stride, num_blocks, visible, start, compute_stop,
                      sweep, NEXT_N: tl.constexpr, BS: tl.constexpr, NEXT_N_PAD: tl.constexpr,
                      H_PAD: tl.constexpr, NF: tl.constexpr, BLOCK_P: tl.constexpr, FNUZ: tl.constexpr,
-                     FIX_NAN: tl.constexpr, NUM_STAGES: tl.constexpr):
+                     FIX_NAN: tl.constexpr, NUM_STAGES: tl.constexpr, IDS: tl.constexpr):
     """Tiles that each lie inside one block: one id per tile, keys and scales by bulk tensor copies.
 
+    The chunk's block ids are loaded once, before the loop, and each tile picks its own from registers:
+    with no load between the loop counter and a tile's copy, Triton's pipeliner issues the copies
+    NUM_STAGES - 1 tiles ahead (an id loaded from memory in the loop, in this or the previous
+    iteration, left it waiting for each copy right after issuing it). A tile lies inside one block
+    (BS is a multiple of BLOCK_P), so a chunk touches at most as many blocks as it has tiles (<= IDS).
     A tile that straddles the sequence's end also reads the slots past it (NaN canaries); those rows
     stay in their own rows of both products and are replaced by -inf / 0 in _score_tile.
     """
     peak = tl.zeros([NF], dtype=tl.float32)
-    block = _table_entry(table_ptr, seq, table_stride, start, visible, num_blocks, BS)
+    first_block = start // BS
+    slots = tl.arange(0, IDS)
+    ids = _table_entry(table_ptr, seq, table_stride, (first_block + slots) * BS, visible, num_blocks, BS)
     for p0 in tl.range(start, compute_stop, BLOCK_P, num_stages=NUM_STAGES):
+        block = tl.sum(tl.where(slots == p0 // BS - first_block, ids, 0))
         first = (block * BS + p0 % BS).to(tl.int32)
-        block = _table_entry(table_ptr, seq, table_stride, p0 + BLOCK_P, visible, num_blocks, BS)
         keys = decode_fp8(k_desc.load([first, 0]), FNUZ, FIX_NAN)
         scales = s_desc.load([first])
         peak = _score_tile(keys, scales, p0 + tl.arange(0, BLOCK_P), peak, sweep, NEXT_N, NEXT_N_PAD, H_PAD,
                            NF, BLOCK_P)
     return peak
 
+
+# The gather sweep reads a tile's block ids one tile ahead, as a loop-carried value, so the gather
+# loads of tile i depend only on what iteration i - 1 loaded. Only positions below the sequence
+# length are ever looked up in the table, and ids are clamped into the pool (both sweeps): NaN
+# canaries past the last token and stale columns cannot reach any value.
 
 @triton.jit
 def _sweep_tiles_gather(k_ptr, s_ptr, table_ptr, seq, table_stride, num_blocks, visible, start, compute_stop,

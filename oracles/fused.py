@@ -68,6 +68,9 @@ U_TENSOR_CORE = 2.0 ** -23
 _PRODUCT_SLACK = 2.0 ** -22
 
 
+MAX_DEFAULT_CHUNK_TILES = 32  # tiles per program at most, unless a KernelConfig asks for more
+
+
 @dataclasses.dataclass(frozen=True)
 class FusedReference:
     """The oracle's answer for one case."""
@@ -178,12 +181,12 @@ def default_config(case: Case, interpret: bool) -> KernelConfig:
     # One warpgroup (4 warps) per 64-key tile. Measured on the H200 (reports/h200/fused-oracle): 4 warps
     # beat 8 at every width, 256 score columns (next_n 4, H 64) included, where the accumulators spill
     # a little but two programs fit an SM instead of one; at 128 columns a 168-register cap fits three
-    # programs per SM instead of two (0.73 -> 0.57 ms at B 40, 120K). Two pipeline stages beat four at
-    # all three bench shapes (0.55 -> 0.47, 0.17 -> 0.15, 0.071 -> 0.060 ms): less shared memory, more
-    # programs per SM.
+    # programs per SM instead of two (0.73 -> 0.57 ms at B 40, 120K). Three pipeline stages (two key
+    # tiles in flight a program) since the block ids sit in registers (see _sweep_tiles_tma): 0.47 ->
+    # 0.38, 0.115 -> 0.098, 0.046 -> 0.040 ms at the three bench shapes; four stages were no faster.
     shape = _Shape.of(case)
     columns = shape.next_n_pad * shape.h_pad
-    return KernelConfig(block_p=64, num_warps=4, num_stages=2, maxnreg=168 if columns == 128 else None)
+    return KernelConfig(block_p=64, num_warps=4, num_stages=3, maxnreg=168 if columns == 128 else None)
 
 
 def _chunk_tiles(case: Case, config: KernelConfig, interpret: bool) -> int:
@@ -201,7 +204,7 @@ def _chunk_tiles(case: Case, config: KernelConfig, interpret: bool) -> int:
     if interpret:
         return tiles_per_row
     sms = torch.cuda.get_device_properties(case.device).multi_processor_count
-    wanted = max(1, min(32, case.batch * tiles_per_row // (4 * sms)))
+    wanted = max(1, min(MAX_DEFAULT_CHUNK_TILES, case.batch * tiles_per_row // (4 * sms)))
     return min(triton.next_power_of_2(wanted), tiles_per_row)
 
 
@@ -209,7 +212,8 @@ def _chunk_tiles(case: Case, config: KernelConfig, interpret: bool) -> int:
 
 def _launch(kernels: object, case: Case, shape: _Shape, config: KernelConfig, logits: torch.Tensor,
             peaks: torch.Tensor, interpret: bool) -> None:
-    chunk = _chunk_tiles(case, config, interpret) * config.block_p
+    tiles = _chunk_tiles(case, config, interpret)
+    chunk = tiles * config.block_p
     grid = (triton.cdiv(case.max_model_len, chunk), case.batch)
     table = case.block_table.contiguous()
     tma = config.uses_tma(case)
@@ -221,8 +225,14 @@ def _launch(kernels: object, case: Case, shape: _Shape, config: KernelConfig, lo
         NEXT_N=case.next_n, H=case.heads, D=case.head_dim, BS=case.block_size,
         NEXT_N_PAD=shape.next_n_pad, H_PAD=shape.h_pad, D_PAD=shape.d_pad, NF=shape.nf,
         BLOCK_P=config.block_p, TMA=tma, FNUZ=case.fp8 == Fp8Flavour.E4M3FNUZ, FIX_NAN=interpret,
-        NUM_STAGES=config.num_stages, num_warps=config.num_warps,
+        NUM_STAGES=config.num_stages, IDS=_ids_width(tiles, interpret), num_warps=config.num_warps,
         **({"maxnreg": config.maxnreg} if config.maxnreg and not interpret else {}))
+
+
+def _ids_width(tiles: int, interpret: bool) -> int:
+    """Block ids a program holds: its tiles, padded to a power of two; compiled, at least the default's
+    most (32), so the default chunks share one compiled kernel."""
+    return triton.next_power_of_2(tiles if interpret else max(tiles, MAX_DEFAULT_CHUNK_TILES))
 
 
 def _pool_sources(case: Case, block_p: int, tma: bool) -> tuple[object, object]:
