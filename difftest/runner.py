@@ -202,7 +202,9 @@ def _run_batch(backends: list[Loaded], executors: list[Executor], batch: Batch, 
         for b, (backend, executor, outcome) in enumerate(zip(backends, executors, outcomes, strict=True)):
             result = _member_result(backend, executor, outcome, batch, index, member_ref, config, compared[b][index])
             if result is None or result.verdict.failed:
-                alone = _run_case([backend], [executor], member, config, None, {})[0]
+                # The oracle's rows do not depend on the rest of the batch (each row is its own sequence's
+                # logits): the member's share of the batch's answer is its answer alone.
+                alone = _run_case([backend], [executor], member, config, None, {}, member_ref)[0]
                 if result is not None and not alone.verdict.failed:
                     batch.diverged.append(result)
                     if backend.name not in batch.whole:
@@ -235,12 +237,15 @@ def _member_result(backend: Loaded, executor: Executor, outcome: Outcome | CaseR
 
 
 def _run_case(backends: list[Loaded], executors: list[Executor], case: Case, config: RunConfig,
-              on_result: Callable[[CaseResult], None] | None, done: Done) -> list[CaseResult]:
+              on_result: Callable[[CaseResult], None] | None, done: Done,
+              ref: Reference | None = None) -> list[CaseResult]:
+    """Every backend in `backends` not `done` on `case`, against `ref` (the oracle's answer, made here
+    when None)."""
     todo = [i for i, b in enumerate(backends) if (b.name, case.name) not in done]
     fresh: dict[int, CaseResult] = {}
     if todo:
         case = case.validate().to(config.device)
-        ref = make_reference(case, config.oracle_kind)
+        ref = ref or make_reference(case, config.oracle_kind)
         for index, result in _results(backends, executors, case, ref, config, todo):
             fresh[index] = _sanitized(result, backends[index], case, config)
             if on_result:

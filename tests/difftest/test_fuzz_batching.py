@@ -4,12 +4,15 @@ comparison it gets alone, and a failure found in a batch counts only once it fai
 from __future__ import annotations
 
 import pytest
+import torch
 
 from difftest.backends import get_backends
 from difftest.batch import merge
 from difftest.config import RunConfig
 from difftest.generators.spec import CaseSpec, LengthDist
 from difftest.generators.tensors import build_case
+from difftest.kinds import OracleKind
+from difftest.reference import make_reference
 from difftest.runner import run
 from difftest.verdict import Verdict
 
@@ -55,6 +58,18 @@ def test_a_batch_splits_rows_and_columns_back_exactly():
         offset = sum(c.k_pool.shape[0] for c in cases[:index])
         table = batch.case.block_table[first // 2:first // 2 + case.batch, :case.block_table.shape[1]]
         assert (table == case.block_table + offset).all()
+
+
+@pytest.mark.parametrize("oracle", list(OracleKind))
+def test_a_members_share_of_the_batch_oracle_is_its_own_oracle_answer(oracle):
+    """What lets a member's re-run alone reuse its rows of the batch's answer instead of asking again."""
+    cases = _members(3)
+    batch = merge(cases)
+    whole = make_reference(batch.case, oracle)
+    for index, case in enumerate(cases):
+        share, alone = batch.reference_of(whole, index), make_reference(case, oracle)
+        assert torch.equal(share.logits, alone.logits) and torch.equal(share.row_lens, alone.row_lens)
+        assert torch.equal(share.bound, alone.bound) and share.next_n == alone.next_n
 
 
 def test_a_failure_only_in_a_batch_is_rerun_alone_and_kept_apart():
