@@ -259,6 +259,9 @@ class Worker:
         self.conn: Connection | None = None
         self.ready = False
         self.started = 0  # processes started so far: one more each time a worker is replaced
+        # When the last answer came: a call sent while another was in flight starts no earlier, and its
+        # timeout counts from then.
+        self.answered_at = 0.0
 
     @property
     def log_path(self) -> Path:
@@ -296,7 +299,16 @@ class Worker:
         except OSError:
             died = self._died(time.perf_counter() - start)
             return lambda: died
-        return lambda: self._released(self._answer(start, shipped))
+        sent_to = self.started
+        return lambda: self._answered(sent_to, start, shipped, (backend, inputs, launch))
+
+    def _answered(self, sent_to: int, start: float, shipped: KernelInputs,
+                  call: tuple[Backend, KernelInputs, Launch]) -> Outcome:
+        """The call's outcome. One sent while another was in flight went down with the process if that
+        one crashed or hung: it is sent again, to the new worker."""
+        if self.conn is None or self.started != sent_to:
+            return self.submit(*call)()
+        return self._released(self._answer(start, shipped))
 
     def _released(self, outcome: Outcome) -> Outcome:
         """`outcome`, once the call's inputs (and their pool) are gone from the device."""
@@ -310,6 +322,7 @@ class Worker:
     def _answer(self, start: float, shipped: KernelInputs) -> Outcome:
         """The outcome of the call sent at `start`; `shipped` (its inputs) lives until then."""
         assert self.conn is not None
+        start = max(start, self.answered_at)
         if not self.conn.poll(max(0.0, start + self.timeout - time.perf_counter())):
             self.kill()
             return Fault(Verdict.TIMEOUT, f"no answer within {self.timeout:g} s; the worker was killed",
@@ -318,6 +331,7 @@ class Worker:
             _kind, outcome = _loads(self.conn.recv_bytes(), self.transport)
         except (EOFError, OSError):
             return self._died(time.perf_counter() - start)
+        self.answered_at = time.perf_counter()
         if isinstance(outcome, Fault) and outcome.verdict == Verdict.CRASH:
             self.stop()
         # Over IPC the outputs are the worker's memory: copied out now, before it is reused or dies.

@@ -196,25 +196,55 @@ def _run_batch(backends: list[Loaded], executors: list[Executor], batch: Batch, 
     outcomes = [wait() for wait in pending]
     compared = [_span_comparisons(outcome, ref, backend.contract, batch) for backend, outcome in
                 zip(backends, outcomes, strict=True)]
+    shares = [batch.reference_of(ref, index) for index in range(len(batch.members))]
+    in_batch = [[_member_result(backend, executor, outcome, batch, index, shares[index], config, compared[b][index])
+                 for b, (backend, executor, outcome) in enumerate(zip(backends, executors, outcomes, strict=True))]
+                for index in range(len(batch.members))]
+    alone = _alone_results(backends, executors, batch, shares, in_batch, config)
     results = []
-    for index, member in enumerate(batch.members):
-        member_ref = batch.reference_of(ref, index)
-        for b, (backend, executor, outcome) in enumerate(zip(backends, executors, outcomes, strict=True)):
-            result = _member_result(backend, executor, outcome, batch, index, member_ref, config, compared[b][index])
-            if result is None or result.verdict.failed:
-                # The oracle's rows do not depend on the rest of the batch (each row is its own sequence's
-                # logits): the member's share of the batch's answer is its answer alone.
-                alone = _run_case([backend], [executor], member, config, None, {}, member_ref)[0]
-                if result is not None and not alone.verdict.failed:
+    for index, row in enumerate(in_batch):
+        for b, result in enumerate(row):
+            again = alone.get((index, b))
+            if again is not None:
+                if result is not None and not again.verdict.failed:
                     batch.diverged.append(result)
-                    if backend.name not in batch.whole:
-                        batch.whole[backend.name] = _finished(outcome, ref, backend.contract, config, executor,
-                                                              bases[b])
-                result = alone
+                    if backends[b].name not in batch.whole:
+                        batch.whole[backends[b].name] = _finished(outcomes[b], ref, backends[b].contract, config,
+                                                                  executors[b], bases[b])
+                result = again
             if on_result:
                 on_result(result)
             results.append(result)
     return results
+
+
+def _alone_results(backends: list[Loaded], executors: list[Executor], batch: Batch, shares: list[Reference],
+                   in_batch: list[list[CaseResult | None]], config: RunConfig) -> dict[tuple[int, int], CaseResult]:
+    """(member index, backend index) -> the member's result alone, for each member the batch failed
+    (or gave no result). The oracle's rows do not depend on the rest of the batch (each row is its own
+    sequence's logits): a member's share of the batch's answer is its answer alone."""
+    alone: dict[tuple[int, int], CaseResult] = {}
+    for b, (backend, executor) in enumerate(zip(backends, executors, strict=True)):
+        failed = [index for index, row in enumerate(in_batch) if row[b] is None or row[b].verdict.failed]
+        members = [(batch.members[index], shares[index]) for index in failed]
+        alone.update(((index, b), result) for index, result in
+                     zip(failed, _each_alone(backend, executor, members, config), strict=True))
+    return alone
+
+
+def _each_alone(backend: Loaded, executor: Executor, members: list[tuple[Case, Reference]],
+                config: RunConfig) -> Iterator[CaseResult]:
+    """`backend` on each member alone, in order, each call sent before the one before it is judged, so
+    its worker computes while this process judges (a worker answers its calls in order)."""
+    queued: tuple[Case, Callable[[], CaseResult]] | None = None
+    for member, share in members:
+        case = member.validate().to(config.device)
+        started = case, start_backend(backend, case, share, config, executor)
+        if queued is not None:
+            yield _sanitized(queued[1](), backend, queued[0], config)
+        queued = started
+    if queued is not None:
+        yield _sanitized(queued[1](), backend, queued[0], config)
 
 
 def _span_comparisons(outcome: Outcome | CaseResult, ref: Reference, contract: Contract,
@@ -237,15 +267,12 @@ def _member_result(backend: Loaded, executor: Executor, outcome: Outcome | CaseR
 
 
 def _run_case(backends: list[Loaded], executors: list[Executor], case: Case, config: RunConfig,
-              on_result: Callable[[CaseResult], None] | None, done: Done,
-              ref: Reference | None = None) -> list[CaseResult]:
-    """Every backend in `backends` not `done` on `case`, against `ref` (the oracle's answer, made here
-    when None)."""
+              on_result: Callable[[CaseResult], None] | None, done: Done) -> list[CaseResult]:
     todo = [i for i, b in enumerate(backends) if (b.name, case.name) not in done]
     fresh: dict[int, CaseResult] = {}
     if todo:
         case = case.validate().to(config.device)
-        ref = ref or make_reference(case, config.oracle_kind)
+        ref = make_reference(case, config.oracle_kind)
         for index, result in _results(backends, executors, case, ref, config, todo):
             fresh[index] = _sanitized(result, backends[index], case, config)
             if on_result:

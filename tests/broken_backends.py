@@ -60,6 +60,15 @@ def hangs(q, kv_cache, weights, context_lens, block_table, max_model_len):
     time.sleep(HANG_SECONDS)
 
 
+@backend(contract=CONTRACT, name="broken-segfaults-on-three")
+def segfaults_on_three_requests(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Dies of SIGSEGV on a case of three requests, right on any other: a crash among calls queued to
+    one worker."""
+    if q.shape[0] == 3:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return logits_with_limits(q, kv_cache, weights, context_lens, block_table, max_model_len)
+
+
 @backend(contract=CONTRACT, name="broken-on-gpu-1")
 def segfaults_on_gpu_1(q, kv_cache, weights, context_lens, block_table, max_model_len):
     """Right, but dies of SIGSEGV where CUDA_VISIBLE_DEVICES is '1', as on a GPU whose driver faults:

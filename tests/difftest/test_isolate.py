@@ -158,6 +158,39 @@ def test_hung_worker_is_killed_at_the_timeout_and_replaced(tmp_path):
     assert fault.reason == "no answer within 0.5 s; the worker was killed" and worker.started == 2
 
 
+def test_calls_queued_to_one_worker_are_answered_in_order_and_one_behind_a_crash_is_sent_again(tmp_path):
+    """A call sent while another is in flight goes down with the process when that one crashes: the
+    worker sends it again, to its replacement, and it gets its own verdict."""
+    crashing, fine = build_case(CASE_SPEC, 0), build_case(TINY.replace(next_n=2, lengths=(7, 20)), 1)
+    worker, backend_ = _worker("segfaults_on_three_requests", tmp_path), _fn(bb.segfaults_on_three_requests)
+    calls = [(case, worker.submit(backend_, encode(case, backend_.contract), Launch(case.rows, case.max_model_len)))
+             for case in (fine, crashing, fine, fine)]
+    try:
+        outcomes = [wait() for _, wait in calls]
+    finally:
+        worker.stop()
+    assert [type(o).__name__ for o in outcomes] == ["Execution", "Fault", "Execution", "Execution"], f"{outcomes=}"
+    assert outcomes[1].verdict == Verdict.CRASH and worker.started == 2, "one crash, one replacement"
+    expected = execute(backend_, encode(fine, backend_.contract), Launch(fine.rows, fine.max_model_len))
+    assert all(torch.equal(o.outputs[0], expected.outputs[0]) for o in (outcomes[0], outcomes[2], outcomes[3]))
+
+
+def test_a_queued_calls_timeout_counts_from_the_answer_before_it(tmp_path):
+    """Two calls of SLOW_SECONDS (0.25 s) each sent at once under a 0.45 s timeout: neither times out
+    (counted from their sending, the second would)."""
+    case = build_case(CASE_SPEC, 0)
+    worker = Worker(Origin("tests.broken_backends:slow", registered=False), "cpu", 0.45, tmp_path / "slow")
+    worker.start()
+    assert worker._await_ready() is None  # the start-up is not the calls' time
+    launch = Launch(case.rows, case.max_model_len)
+    try:
+        waits = [worker.submit(_fn(bb.slow), encode(case, bb.CONTRACT), launch) for _ in range(2)]
+        outcomes = [wait() for wait in waits]
+    finally:
+        worker.stop()
+    assert all(isinstance(o, Execution) for o in outcomes), f"{outcomes=}"
+
+
 def test_worker_that_cannot_load_its_backend_is_error(tmp_path):
     worker = Worker(Origin("tests.broken_backends:no_such_backend", registered=False), "cpu", 30.0, tmp_path)
     try:
