@@ -20,7 +20,6 @@ buffered writes (at most STREAM_FLUSH_SECONDS of them lost if the campaign is ki
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import itertools
 import json
@@ -215,60 +214,25 @@ class _State:
     def items(self, start: float) -> Iterator[Case | Batch]:
         """The planned cases, built: a small one waits in the bucket of its shape and backends until the
         bucket makes a full batch, any other goes alone. Ends at the budget or the failure count (cases
-        still waiting in buckets are dropped).
-
-        Each item is drawn in a thread while the item before it runs (drawing is host-bound work for
-        the GPU's queue, the run mostly waits on workers); the runner asks for the next item only once
-        it is done with this one, so what happens after a yield sees that item's whole run."""
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="difftest-draw") as drawer:
-            drawing: tuple[list[PlannedCase], concurrent.futures.Future[Case | Batch]] | None = None
-            for ready in self._groups():
-                if self._done(start):
-                    return
-                following = ready, drawer.submit(self._drawn, ready)
-                if drawing is not None:
-                    yield from self._ran(*drawing)
-                drawing = following
-            if drawing is not None and not self._done(start):
-                yield from self._ran(*drawing)
-
-    def _groups(self) -> Iterator[list[PlannedCase]]:
-        """The planned cases that run together, in turn: a case alone, or a full bucket."""
+        still waiting in buckets are dropped)."""
         buckets: dict[tuple[BatchKey, frozenset[str] | None], _Bucket] = {}
         for planned in planned_cases(list(self.backends.values()), self.target, self.campaign.regime,
                                      self.campaign.seed):
+            if self._done(start):
+                return
             key = self._bucket(planned)
             if key is None:
-                yield [planned]
+                yield self._single(planned)
                 continue
             bucket = buckets.setdefault(key, _Bucket())
             bucket.add(planned)
             if bucket.full():
-                yield buckets.pop(key).cases
-
-    def _drawn(self, ready: list[PlannedCase]) -> Case | Batch:
-        """The item `ready` makes (in the drawing thread): one case, or a batch of them merged."""
-        if len(ready) == 1 and self._bucket(ready[0]) is None:
-            return self._built(ready[0])
-        return merge([self._built(planned) for planned in ready])
-
-    def _ran(self, ready: list[PlannedCase], item: concurrent.futures.Future[Case | Batch]) -> Iterator[Case | Batch]:
-        """The drawn item, registered as the one being run; after its run, what the runner filled in."""
-        drawn = item.result()
-        self.current = {case.name: case for case in (drawn.members if isinstance(drawn, Batch) else [drawn])}
-        self.drawn += len(ready)
-        if isinstance(drawn, Case):
-            self.takers = {drawn.name: ready[0].backends}
-            yield drawn
-            return
-        self.takers = {drawn.case.name: ready[0].backends}
-        self.batched += len(ready)
-        self.launches += 1
-        yield drawn
-        # Filled in by the runner while it ran the batch: the merged case is a case too.
-        self.diverged += drawn.diverged
-        for result in drawn.whole.values():
-            self._record(result, drawn.case)
+                batch = self._batch(buckets.pop(key).cases)
+                yield batch
+                # Filled in by the runner while it ran the batch: the merged case is a case too.
+                self.diverged += batch.diverged
+                for result in batch.whole.values():
+                    self._record(result, batch.case)
 
     def _bucket(self, planned: PlannedCase) -> tuple[BatchKey, frozenset[str] | None] | None:
         """Which batches `planned` may join; None when it runs alone (large, or a backend not batchable)."""
@@ -284,6 +248,21 @@ class _State:
     def _built(self, planned: PlannedCase) -> Case:
         # Not validated here: the runner validates what it runs (a batch's members through its merged case).
         return planned.build(self.campaign.config.device, validate=False)
+
+    def _single(self, planned: PlannedCase) -> Case:
+        case = self._built(planned)
+        self.current, self.takers = {case.name: case}, {case.name: planned.backends}
+        self.drawn += 1
+        return case
+
+    def _batch(self, bucket: list[PlannedCase]) -> Batch:
+        batch = merge([self._built(planned) for planned in bucket])
+        self.current = {case.name: case for case in batch.members}
+        self.takers = {batch.case.name: bucket[0].backends}
+        self.drawn += len(bucket)
+        self.batched += len(bucket)
+        self.launches += 1
+        return batch
 
     def _done(self, start: float) -> bool:
         over = time.monotonic() - start > self.campaign.budget
