@@ -108,6 +108,11 @@ class Executor(Protocol):
     isolation: Isolation
     note: str | None
 
+    @property
+    def queues(self) -> bool:
+        """Whether a call may be submitted while another is in flight (answered in order)."""
+        ...
+
     def submit(self, backend: Backend, inputs: KernelInputs, launch: Launch) -> Pending: ...
 
     def __call__(self, backend: Backend, inputs: KernelInputs, launch: Launch) -> Outcome: ...
@@ -120,6 +125,7 @@ class InProcess:
 
     note: str | None = None  # why, when isolation was asked for
     isolation: Isolation = Isolation.IN_PROCESS
+    queues = False  # a call runs when its outcome is asked for: nothing to overlap
 
     def submit(self, backend: Backend, inputs: KernelInputs, launch: Launch) -> Pending:
         return lambda: execute(backend, inputs, launch)
@@ -262,6 +268,13 @@ class Worker:
         # When the last answer came: a call sent while another was in flight starts no earlier, and its
         # timeout counts from then.
         self.answered_at = 0.0
+
+    @property
+    def queues(self) -> bool:
+        """Over CUDA IPC a call's message is a few handles. Copied, a call and an answer can each pass the
+        pipe's buffer: this process blocked sending the next call while the worker blocks sending the
+        last answer would wait forever."""
+        return self.transport == Transport.CUDA_IPC
 
     @property
     def log_path(self) -> Path:

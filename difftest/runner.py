@@ -234,11 +234,14 @@ def _alone_results(backends: list[Loaded], executors: list[Executor], batch: Bat
 
 def _each_alone(backend: Loaded, executor: Executor, members: list[tuple[Case, Reference]],
                 config: RunConfig) -> Iterator[CaseResult]:
-    """`backend` on each member alone, in order, each call sent before the one before it is judged, so
-    its worker computes while this process judges (a worker answers its calls in order)."""
+    """`backend` on each member alone, in order; where the executor queues, each call is sent before
+    the one before it is judged, so its worker computes while this process judges."""
     queued: tuple[Case, Callable[[], CaseResult]] | None = None
     for member, share in members:
         case = member.validate().to(config.device)
+        if queued is not None and not executor.queues:
+            yield _sanitized(queued[1](), backend, queued[0], config)
+            queued = None
         started = case, start_backend(backend, case, share, config, executor)
         if queued is not None:
             yield _sanitized(queued[1](), backend, queued[0], config)
