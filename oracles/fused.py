@@ -182,8 +182,8 @@ def default_config(case: Case, interpret: bool) -> KernelConfig:
     # beat 8 at every width, 256 score columns (next_n 4, H 64) included, where the accumulators spill
     # a little but two programs fit an SM instead of one; at 128 columns a 168-register cap fits three
     # programs per SM instead of two (0.73 -> 0.57 ms at B 40, 120K). Three pipeline stages (two key
-    # tiles in flight a program) since the block ids sit in registers (see _sweep_tiles_tma): 0.47 ->
-    # 0.38, 0.115 -> 0.098, 0.046 -> 0.040 ms at the three bench shapes; four stages were no faster.
+    # tiles in flight a program) since the block ids sit in registers (see _sweep_tiles_tma): 0.467 ->
+    # 0.386, 0.115 -> 0.098, 0.048 -> 0.040 ms at the three bench shapes; four stages were no faster.
     shape = _Shape.of(case)
     columns = shape.next_n_pad * shape.h_pad
     return KernelConfig(block_p=64, num_warps=4, num_stages=3, maxnreg=168 if columns == 128 else None)
