@@ -7,6 +7,7 @@ is faked. The fork server (one per test process) costs a couple of seconds once;
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import signal
@@ -189,6 +190,14 @@ def test_a_queued_calls_timeout_counts_from_the_answer_before_it(tmp_path):
     finally:
         worker.stop()
     assert all(isinstance(o, Execution) for o in outcomes), f"{outcomes=}"
+
+
+def test_the_one_call_bench_smoke_run_writes_its_table(tmp_path):
+    bench = importlib.import_module("bench.one_call")
+    assert bench.main(["--smoke", "--out", str(tmp_path)]) == 0
+    steps = json.loads((tmp_path / "one_call.json").read_text())["backends"]["torch"]
+    assert steps[bench.BASELINE] > 0 and steps["call isolated"] > 0 and steps["call isolated, 3 queued"] > 0
+    assert "isolated / in process" in (tmp_path / "one_call.md").read_text()
 
 
 def test_worker_that_cannot_load_its_backend_is_error(tmp_path):
