@@ -53,7 +53,9 @@ def test_fingerprint_sees_every_single_change_and_every_swap(tensor):
 def test_input_fingerprints_name_every_tensor_handed_over():
     case = build_case(CASE_SPEC, 0)
     inputs = encode(case, TorchBackend.contract)
-    assert set(input_fingerprints(inputs)) == {"q", "kv_cache", "weights", "context_lens", "block_table"}
+    prints = input_fingerprints(inputs)
+    assert set(prints) == {"q", "kv_cache", "weights", "context_lens", "block_table"}
+    assert prints == {name: fingerprint(getattr(inputs, name)) for name in prints}  # read back at once, same sums
 
 
 # --------------------------------------------------------------------------- poison
