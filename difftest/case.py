@@ -130,8 +130,12 @@ class Case:
         """Check every field against the others; SpecError names the first one that is impossible."""
         _validate_types(self)
         _validate_shapes(self)
-        _validate_lengths(self)
-        _validate_used_slots(self)
+        # The checks of values read back from the device once; only when one fails are they made again,
+        # one by one, for the message (on a GPU each read back alone was a host wait: eight a case).
+        if not _values_hold(self):
+            _validate_finite_weights(self)
+            _validate_lengths(self)
+            _validate_used_slots(self)
         return self
 
     def save(self, path: str | Path) -> Path:
@@ -217,8 +221,6 @@ def _validate_shapes(case: Case) -> None:
             tuple(case.weights.shape), f"[B * next_n, H] = {(case.rows, case.heads)}")
     require(case.weights.dtype == torch.float32, "weights.dtype", case.weights.dtype,
             "torch.float32")
-    finite = torch.isfinite(case.weights)
-    require(bool(finite.all()), "weights", case.weights[~finite][:4].tolist(), "finite weights")
     require(case.block_table.dim() == 2 and case.block_table.shape[0] == case.batch,
             "block_table.shape", tuple(case.block_table.shape), f"[B={case.batch}, W]")
     require(case.block_table.dtype in _INDEX_DTYPES, "block_table.dtype", case.block_table.dtype,
@@ -226,6 +228,29 @@ def _validate_shapes(case: Case) -> None:
     require(case.seq_lens.dtype in _INDEX_DTYPES, "seq_lens.dtype", case.seq_lens.dtype, "torch.int32 or torch.int64")
     require(tuple(case.seq_lens.shape) == (case.batch,), "seq_lens.shape",
             tuple(case.seq_lens.shape), f"[B] = ({case.batch},)")
+
+
+def _values_hold(case: Case) -> bool:
+    """Whether the checks below all pass (shapes and types already checked), with one host wait."""
+    lens, table, block_size = case.seq_lens, case.block_table, case.block_size
+    num_blocks, width = case.k_pool.shape[0], table.shape[1]
+    used = torch.arange(width, device=case.device)[None, :] < case.used_blocks()[:, None]
+    visible = torch.arange(width * block_size, device=case.device)[None, :] < lens[:, None]
+    checks = [torch.isfinite(case.weights).all(), (lens >= 0).all(), (lens <= case.max_model_len).all(),
+              (lens <= width * block_size).all(), (((table >= 0) & (table < num_blocks)) | ~used).all()]
+    if num_blocks:
+        positions = torch.arange(width * block_size, device=case.device)
+        scales = case.scale_pool[table.clamp(0, num_blocks - 1).repeat_interleave(block_size, dim=1),
+                                 positions % block_size]
+        checks.append((((scales > 0) & torch.isfinite(scales)) | ~visible).all())
+    else:
+        checks.append(~visible.any())
+    return case.max_model_len >= 1 and bool(torch.stack(checks).all())
+
+
+def _validate_finite_weights(case: Case) -> None:
+    finite = torch.isfinite(case.weights)
+    require(bool(finite.all()), "weights", case.weights[~finite][:4].tolist(), "finite weights")
 
 
 def _validate_lengths(case: Case) -> None:
