@@ -62,6 +62,7 @@ from difftest.lifetime import die_with_parent, run_folder
 from difftest.verdict import Verdict
 
 DEFAULT_TIMEOUT = 600.0  # seconds one case may take in a worker when the run sets no --timeout
+UNIX_SOCKET_PATH_MAX = 107  # bytes of a socket path: sun_path holds 108 on Linux, its terminating NUL included
 STARTUP_TIMEOUT = 600.0  # seconds a worker may take to import and build its backend (a JIT library)
 _STDERR_LINES = 4  # last lines of a dead worker's stderr quoted when faulthandler said nothing
 
@@ -89,12 +90,20 @@ def _context() -> multiprocessing.context.BaseContext:
     method = os.environ.get("DIFFTEST_WORKER_START", "forkserver")
     if method not in ("forkserver", "spawn"):
         raise SpecError("DIFFTEST_WORKER_START", method, "forkserver or spawn")
-    if method == "spawn" or "forkserver" not in multiprocessing.get_all_start_methods():
+    if method == "spawn" or "forkserver" not in multiprocessing.get_all_start_methods() or not _forkserver_fits():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
     # torch._dynamo: entering the first dispatch mode (guards.PoisonFreshTensors) imports it, 1.5 s.
     context.set_forkserver_preload([__name__, "torch._dynamo"])
     return context
+
+
+def _forkserver_fits() -> bool:
+    """Whether the fork server's socket, TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX, fits a Unix socket
+    address (107 bytes on Linux): under a longer TMPDIR starting the server fails ("AF_UNIX path too
+    long"), and the workers are spawned instead."""
+    socket = os.path.join(tempfile.gettempdir(), "pymp-" + "x" * 8, "listener-" + "x" * 8)
+    return len(os.fsencode(socket)) <= UNIX_SOCKET_PATH_MAX
 
 
 Pending = Callable[[], Outcome]  # waits for a submitted call's outcome

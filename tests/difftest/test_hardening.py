@@ -308,10 +308,12 @@ def _stream_results(path: Path) -> int:
         return 0
 
 
-def _wait_for(condition, process: subprocess.Popen, seconds: float = 120) -> None:
+def _wait_for(condition, process: subprocess.Popen, seconds: float = 120, log: Path | None = None) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
-        assert process.poll() is None, process.communicate()
+        if process.poll() is not None and not condition():  # ended first: say how
+            said = log.read_text()[-2000:] if log else process.communicate()
+            raise AssertionError(f"the run ended first, exit status {process.returncode}: {said}")
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
 
@@ -394,12 +396,14 @@ def test_a_sigkilled_isolated_run_leaves_no_process_and_no_temp_folder(tmp_path)
     stream = tmp_path / "s.jsonl"
     argv = [sys.executable, "-m", "difftest.cli", "run", "--no-progress", "--cases", "edges", "--backends", "torch",
             "--backend-module", "tests.broken_backends:hangs", "--isolate", "--timeout", "120", "--stream", str(stream)]
-    parent = subprocess.Popen(argv, cwd=REPO_ROOT, env={**os.environ, "TMPDIR": str(temp)},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "run.log"  # what the run said, should it end before it is killed
+    with log.open("wb") as out:
+        parent = subprocess.Popen(argv, cwd=REPO_ROOT, env={**os.environ, "TMPDIR": str(temp)},
+                                  stdout=out, stderr=subprocess.STDOUT)
     try:
         # torch's result is in while broken-hangs hangs in its worker: the workers, the fork server
         # and the reaper are all up.
-        _wait_for(lambda: _stream_results(stream) >= 1, parent)
+        _wait_for(lambda: _stream_results(stream) >= 1, parent, log=log)
         below = _descendants(parent.pid)
         assert len(below) >= 3, f"{below=}"
         assert list(temp.glob("difftest-run-*/difftest-workers-*")), "the workers' folder exists while the run runs"

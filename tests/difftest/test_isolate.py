@@ -27,7 +27,7 @@ from difftest.config import RunConfig
 from difftest.errors import SpecError
 from difftest.generators import build_case
 from difftest.guards import Execution, Launch, execute
-from difftest.isolate import InProcess, Worker, crash_summary, exit_description, transport_for
+from difftest.isolate import UNIX_SOCKET_PATH_MAX, InProcess, Worker, crash_summary, exit_description, transport_for
 from difftest.kernel_inputs import encode
 from difftest.kinds import ExitStatus, Isolation, Transport
 from difftest.report import write_json
@@ -198,6 +198,20 @@ def test_the_one_call_bench_smoke_run_writes_its_table(tmp_path):
     steps = json.loads((tmp_path / "one_call.json").read_text())["backends"]["torch"]
     assert steps[bench.BASELINE] > 0 and steps["call isolated"] > 0 and steps["call isolated, 3 queued"] > 0
     assert "isolated / in process" in (tmp_path / "one_call.md").read_text()
+
+
+def test_an_isolated_run_under_a_temp_folder_too_long_for_the_fork_servers_socket_spawns_its_workers(tmp_path):
+    """Under a TMPDIR whose fork-server socket path passes a Unix socket's 107 bytes, starting the fork
+    server fails ("AF_UNIX path too long", a traceback): the workers are spawned instead."""
+    temp = tmp_path / ("t" * (UNIX_SOCKET_PATH_MAX - len(str(tmp_path))))
+    temp.mkdir()
+    argv = [sys.executable, "-m", "difftest.cli", "run", "--no-progress", "--cases", "edges", "--backends", "torch",
+            "--isolate", "--case-filter", "length-one-*", "--report", str(tmp_path / "r.json")]
+    done = subprocess.run(argv, cwd=REPO_ROOT, env={**os.environ, "TMPDIR": str(temp)}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    results = json.loads((tmp_path / "r.json").read_text())["results"]
+    assert results and {r["isolation"] for r in results} == {Isolation.WORKER.value}, results
 
 
 def test_worker_that_cannot_load_its_backend_is_error(tmp_path):
