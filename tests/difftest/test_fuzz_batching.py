@@ -3,14 +3,18 @@ comparison it gets alone, and a failure found in a batch counts only once it fai
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
+from difftest import runner
 from difftest.backends import get_backends
 from difftest.batch import merge
 from difftest.config import RunConfig
 from difftest.generators.spec import CaseSpec, LengthDist
 from difftest.generators.tensors import build_case
+from difftest.isolate import InProcess
 from difftest.kinds import OracleKind
 from difftest.reference import make_reference
 from difftest.runner import run
@@ -90,3 +94,34 @@ def test_an_isolated_batch_reruns_a_failure_alone_in_the_worker():
     assert {r.verdict for r in results} == {Verdict.PASS}
     assert [r.backend for r in batch.diverged] == ["planted-batch-size"] and list(batch.whole) == [r.backend
                                                                                        for r in batch.diverged]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Queueing(InProcess):
+    """The in-process executor, saying it queues (as a worker over CUDA IPC does) and logging when each
+    call is sent and when its outcome is asked for."""
+
+    queues = True
+    log: list = dataclasses.field(default_factory=list)
+
+    def submit(self, backend, inputs, launch):
+        call = len([e for e in self.log if e[0] == "sent"])
+        self.log.append(("sent", call))
+        wait = super().submit(backend, inputs, launch)
+        return lambda: (self.log.append(("asked", call)), wait())[1]
+
+
+def test_where_an_executor_queues_a_batchs_reruns_are_sent_one_ahead_with_the_same_results(monkeypatch):
+    cases = _members(2)
+    backends = get_backends([PLANTED_ALWAYS])
+    plain = run(backends, [merge(cases)], RunConfig())
+    executor = _Queueing()
+    monkeypatch.setattr(runner, "InProcess", lambda: executor)
+    queued = run(backends, [merge(cases)], RunConfig())
+    assert _summary(queued) == _summary(plain)
+    reruns = sum(r.verdict.failed for r in plain)
+    assert reruns >= 2, "the planted bug fails at least two members, each re-run alone"
+    # call 0 is the batch; each re-run k is sent before re-run k - 1's outcome is asked for
+    order = executor.log
+    for k in range(2, reruns + 1):
+        assert order.index(("sent", k)) < order.index(("asked", k - 1)), f"{order=}"
