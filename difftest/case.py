@@ -11,6 +11,7 @@ import dataclasses
 import json
 import zipfile
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -130,12 +131,12 @@ class Case:
         """Check every field against the others; SpecError names the first one that is impossible."""
         _validate_types(self)
         _validate_shapes(self)
-        # The checks of values read back from the device once; only when one fails are they made again,
-        # one by one, for the message (on a GPU each read back alone was a host wait: eight a case).
-        if not _values_hold(self):
-            _validate_finite_weights(self)
-            _validate_lengths(self)
-            _validate_used_slots(self)
+        require(self.max_model_len >= 1, "max_model_len", self.max_model_len, "an integer >= 1")
+        checks = _value_checks(self)
+        # Read back from the device at once (on a GPU each check read back alone was a host wait).
+        for holds, (_, fail) in zip(torch.stack([held for held, _ in checks]).tolist(), checks, strict=True):
+            if not holds:
+                fail()
         return self
 
     def save(self, path: str | Path) -> Path:
@@ -230,53 +231,39 @@ def _validate_shapes(case: Case) -> None:
             tuple(case.seq_lens.shape), f"[B] = ({case.batch},)")
 
 
-def _values_hold(case: Case) -> bool:
-    """Whether the checks below all pass (shapes and types already checked), with one host wait."""
+def _value_checks(case: Case) -> list[tuple[torch.Tensor, Callable[[], None]]]:
+    """Each check of the case's values, in order: whether it holds (a bool on the case's device) and
+    what raises its SpecError. Weights are finite; lengths are in [0, max_model_len] and the table is
+    wide enough for them; every block a sequence uses exists, and every key it can see has a positive
+    finite scale."""
     lens, table, block_size = case.seq_lens, case.block_table, case.block_size
-    num_blocks, width = case.k_pool.shape[0], table.shape[1]
-    used = torch.arange(width, device=case.device)[None, :] < case.used_blocks()[:, None]
-    visible = torch.arange(width * block_size, device=case.device)[None, :] < lens[:, None]
-    checks = [torch.isfinite(case.weights).all(), (lens >= 0).all(), (lens <= case.max_model_len).all(),
-              (lens <= width * block_size).all(), (((table >= 0) & (table < num_blocks)) | ~used).all()]
+    num_blocks, width = case.k_pool.shape[0], table.shape[1] * block_size
+    finite = torch.isfinite(case.weights)
+    used = torch.arange(table.shape[1], device=case.device)[None, :] < case.used_blocks()[:, None]
+    positions = torch.arange(width, device=case.device)
+    visible = positions[None, :] < lens[:, None]
     if num_blocks:
-        positions = torch.arange(width * block_size, device=case.device)
         scales = case.scale_pool[table.clamp(0, num_blocks - 1).repeat_interleave(block_size, dim=1),
                                  positions % block_size]
-        checks.append((((scales > 0) & torch.isfinite(scales)) | ~visible).all())
-    else:
-        checks.append(~visible.any())
-    return case.max_model_len >= 1 and bool(torch.stack(checks).all())
+        good_scales = (scales > 0) & torch.isfinite(scales)
+    else:  # no block to read a scale from: no key may be visible
+        scales, good_scales = torch.zeros_like(visible, dtype=torch.float32), torch.zeros_like(visible)
 
+    def too_narrow() -> None:
+        longest = int(lens.max())
+        require(False, "block_table.shape", tuple(table.shape),
+                f"at least {-(-longest // block_size)} columns for a length of {longest} with block_size {block_size}")
 
-def _validate_finite_weights(case: Case) -> None:
-    finite = torch.isfinite(case.weights)
-    require(bool(finite.all()), "weights", case.weights[~finite][:4].tolist(), "finite weights")
-
-
-def _validate_lengths(case: Case) -> None:
-    lens = case.seq_lens
-    require(case.max_model_len >= 1, "max_model_len", case.max_model_len, "an integer >= 1")
-    require(bool((lens >= 0).all()), "seq_lens", lens.tolist(), "every length >= 0")
-    require(bool((lens <= case.max_model_len).all()), "seq_lens", lens.tolist(),
-            f"every length <= max_model_len = {case.max_model_len}")
-    width = case.block_table.shape[1] * case.block_size
-    longest = int(lens.max()) if lens.numel() else 0
-    require(longest <= width, "block_table.shape", tuple(case.block_table.shape),
-            f"at least {-(-longest // case.block_size)} columns for a length of {longest} "
-            f"with block_size {case.block_size}")
-
-
-def _validate_used_slots(case: Case) -> None:
-    """Every block a sequence uses exists, and every key it can see has a positive finite scale."""
-    used = torch.arange(case.block_table.shape[1], device=case.device)[None, :] < case.used_blocks()[:, None]
-    ids = case.block_table[used]
-    num_blocks = case.k_pool.shape[0]
-    require(bool(((ids >= 0) & (ids < num_blocks)).all()), "block_table", ids.tolist()[:16],
-            f"block ids in [0, {num_blocks}) for every used column")
-    positions = torch.arange(case.block_table.shape[1] * case.block_size, device=case.device)
-    visible = positions[None, :] < case.seq_lens[:, None]
-    blocks = case.block_table.clamp(0, num_blocks - 1).repeat_interleave(case.block_size, dim=1)
-    scales = case.scale_pool[blocks, positions % case.block_size][visible]
-    require(bool(((scales > 0) & torch.isfinite(scales)).all()), "scale_pool",
-            scales[~((scales > 0) & torch.isfinite(scales))][:4].tolist(),
-            "positive finite scales for every visible key")
+    return [
+        (finite.all(), lambda: require(False, "weights", case.weights[~finite][:4].tolist(), "finite weights")),
+        ((lens >= 0).all(), lambda: require(False, "seq_lens", lens.tolist(), "every length >= 0")),
+        ((lens <= case.max_model_len).all(),
+         lambda: require(False, "seq_lens", lens.tolist(), f"every length <= max_model_len = {case.max_model_len}")),
+        ((lens <= width).all(), too_narrow),
+        ((((table >= 0) & (table < num_blocks)) | ~used).all(),
+         lambda: require(False, "block_table", table[used].tolist()[:16],
+                         f"block ids in [0, {num_blocks}) for every used column")),
+        ((good_scales | ~visible).all(),
+         lambda: require(False, "scale_pool", scales[visible & ~good_scales][:4].tolist(),
+                         "positive finite scales for every visible key")),
+    ]
