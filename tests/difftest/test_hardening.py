@@ -401,8 +401,8 @@ def test_a_sigkilled_isolated_run_leaves_no_process_and_no_temp_folder(tmp_path)
         parent = subprocess.Popen(argv, cwd=REPO_ROOT, env={**os.environ, "TMPDIR": str(temp)},
                                   stdout=out, stderr=subprocess.STDOUT)
     try:
-        # torch's result is in while broken-hangs hangs in its worker: the workers, the fork server
-        # and the reaper are all up.
+        # torch's result is in while broken-hangs hangs in its worker: the workers, the reaper and
+        # (where TMPDIR is short enough for its socket) the fork server are all up.
         _wait_for(lambda: _stream_results(stream) >= 1, parent, log=log)
         below = _descendants(parent.pid)
         assert len(below) >= 3, f"{below=}"
