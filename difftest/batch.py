@@ -10,7 +10,8 @@ and its own max_model_len columns, which is exactly what the member alone gives:
 logits depend only on its own sequence (the oracle's rows and bounds are row-local).
 
 A kernel's own answer may depend on the batch (its schedule, split sizes, max_model_len): the runner
-re-runs a member that fails in a batch alone, and only the alone result counts (difftest.runner).
+tries a member that fails in a batch again, with the batch's other failures and then alone, and only
+the retry's result counts (difftest.runner).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class Batch:
 
     def execution_of(self, execution: Execution, index: int) -> Execution:
         """Member `index`'s share of each launch's output. An output not shaped [rows, max_model_len]
-        goes whole: the comparison then refuses it (ERROR), and the member is re-run alone."""
+        goes whole: the comparison then refuses it (ERROR), and the member is run again alone."""
         rows, columns = self._cut(index)
         merged = (self.case.rows, self.case.max_model_len)
         outputs = tuple(out[rows, :columns] if tuple(out.shape) == merged else out for out in execution.outputs)

@@ -254,7 +254,7 @@ def _add_fuzz(commands: argparse._SubParsersAction) -> None:
     regime.add_argument("--block-size", type=int, help="only cases of this block size")
     fuzz.add_argument("--batching", action=argparse.BooleanOptionalAction, default=True,
                       help="small cases of one shape in one launch where every backend allows it; a failure "
-                      "is re-run alone (default: on)")
+                      "is tried again, with the batch's other failures, then alone (default: on)")
     _add_loudness(fuzz)
 
 

@@ -103,8 +103,8 @@ class Contract:
     library: str = ""  # distribution name and version actually loaded (and where from), for the report
     siblings: Siblings | None = None  # the paths computing the same logits it is timed against (--time)
     # Whether `difftest fuzz` may concatenate small cases of one shape into one launch (pools stacked,
-    # rows split back per case). A failing case is re-run alone before it counts, so a kernel whose
-    # answer depends on the batch costs time, not a wrong verdict.
+    # rows split back per case). A failing case is tried again (with the other failures, then alone)
+    # before it counts, so a kernel whose answer depends on the batch costs time, not a wrong verdict.
     batchable: bool = False
 
     def block_size_for(self, block_size: int) -> int | None:

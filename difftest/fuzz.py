@@ -12,7 +12,8 @@ A Regime (difftest.regime) bounds the drawn cases (batch, context, shape). Small
 (difftest.batch) where every backend that runs them declares itself batchable: cases of one shape
 and one set of backends are collected across rounds and launched together, so the per-call costs
 (a round trip to each worker, an oracle launch) are paid once per batch; a case that fails in a
-batch is re-run alone and the alone result counts (difftest.runner); where it passes alone, the
+batch is tried again (with the batch's other failures, then alone) and that result counts
+(difftest.runner); where it passes then, the
 kernel is wrong on the merged case itself, and that case is the failure (signature, bundle, shrink).
 Results are streamed in
 buffered writes (at most STREAM_FLUSH_SECONDS of them lost if the campaign is killed).
@@ -122,7 +123,8 @@ class CampaignOutcome:
     seconds: float
     batched: int = 0  # cases that ran inside a batch
     launches: int = 0  # batches those cases made
-    diverged: tuple[CaseResult, ...] = ()  # failed in a batch, passed alone: the kernel's answer depends on the batch
+    # failed in a batch, passed when tried again: the kernel's answer depends on the batch
+    diverged: tuple[CaseResult, ...] = ()
     # (seconds, cases drawn) when the first result came: worker start-up and first compilations are before it
     warm: tuple[float, int] = (0.0, 0)
 
@@ -351,12 +353,13 @@ def render_campaign(outcome: CampaignOutcome) -> str:
              f"{len(outcome.found)} distinct failures"]
     if outcome.launches:
         lines.append(f"batched: {outcome.batched} of the cases in {outcome.launches} launches; a case that failed "
-                     f"in a batch was re-run alone, and that result counts")
+                     f"in a batch was tried again (with the other failures, then alone), and that result counts")
     if outcome.diverged:
-        lines.append(f"{len(outcome.diverged)} results failed in a batch and passed alone (the kernel's answer "
-                     f"depends on what else is in the launch: the batch's merged case is the failure), the first:")
+        lines.append(f"{len(outcome.diverged)} results failed in a batch and passed when tried again (the "
+                     f"kernel's answer depends on what else is in the launch: the batch's merged case is the "
+                     f"failure), the first:")
     for result in outcome.diverged[:DIVERGED_SHOWN]:
-        lines.append(f"  {result.backend} on {result.case}: {result.verdict.value} in a batch, passes alone")
+        lines.append(f"  {result.backend} on {result.case}: {result.verdict.value} in a batch, passes when tried again")
     for found in outcome.found:
         lines.append(f"  {found.signature.describe()}: {found.seen} results, first {found.case.name} "
                      f"[{found.case.describe()}]")

@@ -23,7 +23,7 @@ import torch
 
 from difftest import hardware
 from difftest.backends import Backend, Loaded, as_loaded
-from difftest.batch import Batch
+from difftest.batch import Batch, merge
 from difftest.bundle import write_bundle
 from difftest.case import Case
 from difftest.comparison import Comparison, compare, compare_spans
@@ -185,32 +185,30 @@ def run(backends: list[Backend], cases: Iterable[Case | Batch], config: RunConfi
 def _run_batch(backends: list[Loaded], executors: list[Executor], batch: Batch, config: RunConfig,
                on_result: Callable[[CaseResult], None] | None) -> list[CaseResult]:
     """Every backend once on the batch's merged case, then each member judged on its own rows, in
-    (member, backend) order. A member that fails there (or could not be judged: a fault, a SKIP of
-    the merged case) is run again alone, and the alone result is the one that counts; one that fails
-    in the batch but passes alone is kept in batch.diverged, and its backend's result on the merged
-    case in batch.whole. A Batch is never a resumed pair (`done`)."""
+    (member, backend) order. A member that fails there is tried again (_retried), and the retry's
+    result is the one that counts; one that fails in the batch but passes when tried again is kept in
+    batch.diverged, and its backend's result on the merged case in batch.whole. A Batch is never a
+    resumed pair (`done`)."""
     merged = batch.case.validate().to(config.device)
     bases = [_identity(b, merged, config) for b in backends]
     pending = [_submit(b, merged, config, e, base) for b, e, base in zip(backends, executors, bases, strict=True)]
     ref = make_reference(merged, config.oracle_kind)  # while the workers compute
     outcomes = [wait() for wait in pending]
-    compared = [_span_comparisons(outcome, ref, backend.contract, batch) for backend, outcome in
-                zip(backends, outcomes, strict=True)]
     shares = [batch.reference_of(ref, index) for index in range(len(batch.members))]
-    in_batch = [[_member_result(backend, executor, outcome, batch, index, shares[index], config, compared[b][index])
-                 for b, (backend, executor, outcome) in enumerate(zip(backends, executors, outcomes, strict=True))]
-                for index in range(len(batch.members))]
-    alone = _alone_results(backends, executors, batch, shares, in_batch, config)
+    in_batch = [_members_judged(backend, executor, outcome, batch, ref, config)
+                for backend, executor, outcome in zip(backends, executors, outcomes, strict=True)]
+    retried = [_retried(backend, executor, batch, shares, first, config)
+               for backend, executor, first in zip(backends, executors, in_batch, strict=True)]
     results = []
-    for index, row in enumerate(in_batch):
-        for b, result in enumerate(row):
-            again = alone.get((index, b))
+    for index in range(len(batch.members)):
+        for b, backend in enumerate(backends):
+            result, again = in_batch[b][index], retried[b].get(index)
             if again is not None:
                 if result is not None and not again.verdict.failed:
                     batch.diverged.append(result)
-                    if backends[b].name not in batch.whole:
-                        batch.whole[backends[b].name] = _finished(outcomes[b], ref, backends[b].contract, config,
-                                                                  executors[b], bases[b])
+                    if backend.name not in batch.whole:
+                        batch.whole[backend.name] = _finished(outcomes[b], ref, backend.contract, config,
+                                                              executors[b], bases[b])
                 result = again
             if on_result:
                 on_result(result)
@@ -218,18 +216,48 @@ def _run_batch(backends: list[Loaded], executors: list[Executor], batch: Batch, 
     return results
 
 
-def _alone_results(backends: list[Loaded], executors: list[Executor], batch: Batch, shares: list[Reference],
-                   in_batch: list[list[CaseResult | None]], config: RunConfig) -> dict[tuple[int, int], CaseResult]:
-    """(member index, backend index) -> the member's result alone, for each member the batch failed
-    (or gave no result). The oracle's rows do not depend on the rest of the batch (each row is its own
-    sequence's logits): a member's share of the batch's answer is its answer alone."""
-    alone: dict[tuple[int, int], CaseResult] = {}
-    for b, (backend, executor) in enumerate(zip(backends, executors, strict=True)):
-        failed = [index for index, row in enumerate(in_batch) if row[b] is None or row[b].verdict.failed]
-        members = [(batch.members[index], shares[index]) for index in failed]
-        alone.update(((index, b), result) for index, result in
-                     zip(failed, _each_alone(backend, executor, members, config), strict=True))
-    return alone
+# How many times a batch's failed members are run again together, in a batch of their own, before
+# those that still fail are run alone. A kernel whose answer depends on its neighbours in the launch
+# (DeepGEMM's row after an empty request: a member ending in empty requests spoils the next member's
+# first one) fails about a third of a campaign's members in their batch; one launch for all of them,
+# where most have other neighbours, replaces most of their one-by-one re-runs. The same rule as the
+# first batch: a member that passes in a batch counts as passing.
+REBATCH_ROUNDS = 2
+
+
+def _retried(backend: Loaded, executor: Executor, batch: Batch, shares: list[Reference],
+             in_batch: list[CaseResult | None], config: RunConfig) -> dict[int, CaseResult]:
+    """Member index -> `backend`'s result on it tried again, for each member the batch failed (or gave no
+    result). Failed members go into a batch of their own while that leaves fewer failing (at most
+    REBATCH_ROUNDS times); those still failing, and those without a result, are run alone. The oracle's
+    rows do not depend on the rest of the batch (each row is its own sequence's logits): a member's
+    share of the batch's answer is its answer alone."""
+    settled: dict[int, CaseResult] = {}
+    failing = [index for index, result in enumerate(in_batch) if result is not None and result.verdict.failed]
+    for _ in range(REBATCH_ROUNDS):
+        if len(failing) < 2:
+            break
+        again = dict(zip(failing, _rebatched(backend, executor, batch, failing, config), strict=True))
+        still = [index for index in failing if again[index] is None or again[index].verdict.failed]
+        settled.update((index, again[index]) for index in failing if index not in still)
+        if len(still) == len(failing):
+            break
+        failing = still
+    alone = sorted(failing + [index for index, result in enumerate(in_batch) if result is None])
+    members = [(batch.members[index], shares[index]) for index in alone]
+    settled.update(zip(alone, _each_alone(backend, executor, members, config), strict=True))
+    return settled
+
+
+def _rebatched(backend: Loaded, executor: Executor, batch: Batch, chosen: list[int],
+               config: RunConfig) -> list[CaseResult | None]:
+    """`backend`'s result on each chosen member (already validated with the batch), in one launch of
+    those members alone together (None: that launch gave no result)."""
+    again = merge([batch.members[index] for index in chosen])
+    case = again.case.to(config.device)
+    pending = _submit(backend, case, config, executor, _identity(backend, case, config))
+    ref = make_reference(case, config.oracle_kind)  # while the worker computes
+    return _members_judged(backend, executor, pending(), again, ref, config)
 
 
 def _each_alone(backend: Loaded, executor: Executor, members: list[tuple[Case, Reference]],
@@ -250,23 +278,19 @@ def _each_alone(backend: Loaded, executor: Executor, members: list[tuple[Case, R
         yield _sanitized(queued[1](), backend, queued[0], config)
 
 
-def _span_comparisons(outcome: Outcome | CaseResult, ref: Reference, contract: Contract,
-                      batch: Batch) -> list[Comparison | None]:
-    """Each member's comparison from one pass over the first launch's output (None: compare it alone)."""
-    got = outcome.outputs[0] if isinstance(outcome, Execution) else None
-    if got is None or tuple(got.shape) != tuple(ref.logits.shape):
-        return [None] * len(batch.members)
-    return compare_spans(ref.logits, got, ref.row_lens, contract, ref.bound, batch.spans)
-
-
-def _member_result(backend: Loaded, executor: Executor, outcome: Outcome | CaseResult, batch: Batch, index: int,
-                   ref: Reference, config: RunConfig, compared: Comparison | None) -> CaseResult | None:
-    """Member `index`'s result from its rows of the batch's outputs (`compared`: their comparison, when
-    already made); None when the call gave none."""
+def _members_judged(backend: Loaded, executor: Executor, outcome: Outcome | CaseResult, batch: Batch,
+                    ref: Reference, config: RunConfig) -> list[CaseResult | None]:
+    """Each member's result from its rows of the batch's outputs, their comparisons made in one pass
+    over the first launch's output; all None when the call gave no outputs."""
     if not isinstance(outcome, Execution):
-        return None
-    base = _identity(backend, batch.members[index], config)
-    return _finished(batch.execution_of(outcome, index), ref, backend.contract, config, executor, base, compared)
+        return [None] * len(batch.members)
+    got = outcome.outputs[0]
+    compared: list[Comparison | None] = [None] * len(batch.members)  # None: compare each alone
+    if tuple(got.shape) == tuple(ref.logits.shape):
+        compared = compare_spans(ref.logits, got, ref.row_lens, backend.contract, ref.bound, batch.spans)
+    return [_finished(batch.execution_of(outcome, index), batch.reference_of(ref, index), backend.contract, config,
+                      executor, _identity(backend, member, config), compared[index])
+            for index, member in enumerate(batch.members)]
 
 
 def _run_case(backends: list[Loaded], executors: list[Executor], case: Case, config: RunConfig,

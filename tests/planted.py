@@ -86,3 +86,17 @@ def batchable_block_boundary(q: torch.Tensor, kv_cache: torch.Tensor, weights: t
                              max_model_len: int) -> torch.Tensor:
     """block_boundary_off_by_one, declared batchable: wrong alone as in any batch."""
     return block_boundary_off_by_one(q, kv_cache, weights, context_lens, block_table, max_model_len)
+
+
+@backend(contract=BATCHABLE, name="planted-after-empty")
+def wrong_after_empty_request(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+                              context_lens: torch.Tensor, block_table: torch.Tensor,
+                              max_model_len: int) -> torch.Tensor:
+    """A request right after an empty one (in the launch) loses its last key in every row (FAIL(mask)),
+    the shape of DeepGEMM's zero-length bug: in a batch, a member ending in an empty request spoils
+    the next member's first one."""
+    lens = context_lens.to(torch.int64)
+    after_empty = torch.zeros_like(lens[:, -1], dtype=torch.bool)
+    after_empty[1:] = lens[:-1, -1] == 0
+    lens = torch.where(after_empty[:, None], (lens - 1).clamp(min=0), lens)
+    return logits_with_limits(q, kv_cache, weights, lens, block_table, max_model_len)

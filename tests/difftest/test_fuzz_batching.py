@@ -103,10 +103,12 @@ class _Queueing(InProcess):
 
     queues = True
     log: list = dataclasses.field(default_factory=list)
+    rows: list = dataclasses.field(default_factory=list)  # of each call sent
 
     def submit(self, backend, inputs, launch):
         call = len([e for e in self.log if e[0] == "sent"])
         self.log.append(("sent", call))
+        self.rows.append(launch.rows)
         wait = super().submit(backend, inputs, launch)
         return lambda: (self.log.append(("asked", call)), wait())[1]
 
@@ -121,7 +123,51 @@ def test_where_an_executor_queues_a_batchs_reruns_are_sent_one_ahead_with_the_sa
     assert _summary(queued) == _summary(plain)
     reruns = sum(r.verdict.failed for r in plain)
     assert reruns >= 2, "the planted bug fails at least two members, each re-run alone"
-    # call 0 is the batch; each re-run k is sent before re-run k - 1's outcome is asked for
+    # call 0 is the batch, call 1 the failed members together (they fail there too: no second round),
+    # then one call per member alone; each is sent before the previous one's outcome is asked for
     order = executor.log
-    for k in range(2, reruns + 1):
+    calls = [call for event, call in order if event == "sent"]
+    assert len(calls) == 2 + reruns, f"{order=}"
+    for k in range(3, 2 + reruns):
         assert order.index(("sent", k)) < order.index(("asked", k - 1)), f"{order=}"
+
+
+PLANTED_AFTER_EMPTY = "tests.planted:wrong_after_empty_request"
+
+
+def _neighbours(lengths: list[tuple[int, ...]]) -> list:
+    return [build_case(CaseSpec(name=f"m{index}", batch=len(lens), next_n=2, max_model_len=24, lengths=lens,
+                                **SHAPE), index) for index, lens in enumerate(lengths)]
+
+
+def test_members_a_neighbour_spoiled_in_the_batch_pass_together_in_one_more_launch(monkeypatch):
+    # m1 follows m0's empty request and m3 follows m2's: both fail in the batch, and neither follows an
+    # empty request once they are launched together, so no member is run alone
+    cases = _neighbours([(5, 0), (7, 9), (3, 0), (8, 4), (6, 6)])
+    backends = get_backends([PLANTED_AFTER_EMPTY])
+    alone = run(backends, cases, RunConfig())
+    batch = merge(cases)
+    executor = _Queueing()
+    monkeypatch.setattr(runner, "InProcess", lambda: executor)
+    batched = run(backends, [batch], RunConfig())
+    assert _summary(batched) == _summary(alone) and {r.verdict for r in alone} == {Verdict.PASS}
+    assert [r.case for r in batch.diverged] == [cases[1].name, cases[3].name]
+    assert executor.rows == [batch.case.rows, 8], "the batch, then m1 and m3 together"
+
+
+def test_a_member_still_spoiled_in_the_second_launch_is_run_alone_and_a_real_failure_stays_one(monkeypatch):
+    # m1 (after m0's empty request) and m2 (after m1's) fail in the batch; launched with m3, m2 still
+    # follows m1's empty request, and passes only in the second round. m3's own second request follows
+    # its empty first one: it fails in every launch, and alone.
+    cases = _neighbours([(5, 0), (7, 0), (8, 4), (0, 6)])
+    backends = get_backends([PLANTED_AFTER_EMPTY])
+    alone = run(backends, cases, RunConfig())
+    executor = _Queueing()
+    monkeypatch.setattr(runner, "InProcess", lambda: executor)
+    batch = merge(cases)
+    batched = run(backends, [batch], RunConfig())
+    assert _summary(batched) == _summary(alone)
+    assert [r.verdict for r in alone] == [Verdict.PASS] * 3 + [Verdict.FAIL_MASK]
+    assert [r.case for r in batch.diverged] == [cases[1].name, cases[2].name]
+    # the batch; m1, m2, m3 together (m1 passes); m2 and m3 together (m2 passes); m3 alone
+    assert executor.rows == [batch.case.rows, 12, 8, 4]

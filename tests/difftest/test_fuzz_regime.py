@@ -69,7 +69,7 @@ def test_a_batch_only_failure_is_rerun_alone_and_its_merged_case_is_the_failure(
     assert found.case.name.startswith("batch-") and found.signature.verdict.value == "FAIL(mask)"
     assert found.bundle is not None and found.shrunk is not None
     assert found.shrunk.case.batch == 5, found.shrunk.case.describe()  # BATCH_LIMIT + 1: the planted bug
-    assert "passes alone" in render_campaign(outcome)
+    assert "passes when tried again" in render_campaign(outcome)
 
 
 def test_without_batching_no_case_is_batched():
