@@ -8,6 +8,7 @@ query row, and nothing that depends on a backend: no length encoding, no byte la
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import zipfile
 import zlib
@@ -70,6 +71,12 @@ class Case:
     def rows(self) -> int:
         return self.batch * self.next_n
 
+    @functools.cached_property
+    def lengths(self) -> tuple[int, ...]:
+        """seq_lens as Python ints, read back once: on a GPU every read is a host wait, and each result
+        of a case (its description, its reach) reads them."""
+        return tuple(self.seq_lens.tolist())
+
     @property
     def pool_bytes(self) -> int:
         """Bytes of the cache a kernel is handed: num_blocks * block_size * (D + 4)."""
@@ -121,7 +128,7 @@ class Case:
 
     def describe(self) -> str:
         """One line: the structure a kernel engineer reads first."""
-        lens = self.seq_lens.tolist()
+        lens = list(self.lengths)
         shown = lens if len(lens) <= 8 else [*lens[:8], "..."]
         return (f"B={self.batch} next_n={self.next_n} H={self.heads} D={self.head_dim} "
                 f"block={self.block_size} max_model_len={self.max_model_len} fp8={self.fp8.value} "

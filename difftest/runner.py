@@ -103,7 +103,7 @@ def _finished(outcome: Outcome | CaseResult, ref: Reference, contract: Contract,
 def _identity(backend: Loaded, case: Case, config: RunConfig) -> dict[str, Any]:
     """The fields every result of `backend` on `case` carries, whatever happens to the call."""
     contract = backend.contract
-    longest = int(case.seq_lens.max()) if case.batch else 0
+    longest = max(case.lengths, default=0)
     reach = Reach(tuple(case.meta.get("families", ())), longest, case.pool_bytes, case.batch)
     return dict(backend=backend.name, case=case.name, description=case.describe(), rows=case.rows,
                 device=config.device, encoding=config.encoding or contract.length_encoding,

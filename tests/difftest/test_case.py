@@ -66,6 +66,8 @@ def test_case_properties():
     assert case.rows == 12, f"{case.rows=}"
     assert torch.equal(case.used_blocks(), (case.seq_lens + 3) // 4), f"{case.used_blocks()=}"
     assert "B=4 next_n=3 H=2 D=16 block=4" in case.describe(), f"{case.describe()=}"
+    assert case.lengths == tuple(case.seq_lens.tolist()) and all(type(n) is int for n in case.lengths)
+    assert f"L={list(case.lengths)}" in case.describe(), f"{case.describe()=}"
 
 
 # --------------------------------------------------------------------------- validation
