@@ -30,6 +30,7 @@ from difftest.comparison import Comparison, compare, compare_spans
 from difftest.config import RunConfig
 from difftest.contract import Contract
 from difftest.errors import SpecError, require
+from difftest.generators.envelope import CallSizes, call_bytes
 from difftest.guards import Execution, Fault, Launch, Outcome
 from difftest.isolate import Executor, InProcess, WorkerPool
 from difftest.kernel_inputs import KernelInputs, encode
@@ -314,7 +315,8 @@ def _results(backends: list[Loaded], executors: list[Executor], case: Case, ref:
     workers' copies of the inputs, their outputs and their declared working memory) would take more than
     SIDE_BY_SIDE_MEMORY of the GPU's free memory: then one call at a time (on the H200, seven backends'
     8 GiB outputs of a 2^31-logit case ran out of memory)."""
-    together = sum(call_bytes(backends[index].contract, case) for index in todo)
+    sizes = CallSizes.of_case(case)
+    together = sum(call_bytes(sizes, backends[index].contract).total for index in todo)
     if config.device == "cuda" and together > SIDE_BY_SIDE_MEMORY * hardware.free_memory():
         for index in todo:
             yield index, start_backend(backends[index], case, ref, config, executors[index])()
@@ -322,15 +324,6 @@ def _results(backends: list[Loaded], executors: list[Executor], case: Case, ref:
     started = {index: start_backend(backends[index], case, ref, config, executors[index]) for index in todo}
     for index in todo:
         yield index, started.pop(index)()  # popped: that call's inputs are freed with its closure
-
-
-def call_bytes(contract: Contract, case: Case) -> int:
-    """The bytes one call of a backend with `contract` holds for `case` besides the case itself: its
-    worker's copies of the inputs (pool, q, weights), the fp32 logits it returns and the working memory
-    its call declares (Contract.working_memory: AITER's stage1, H times the logits)."""
-    logits = case.rows * case.max_model_len
-    inputs = case.pool_bytes + case.q.numel() + case.weights.numel() * 4
-    return inputs + logits * 4 + contract.working_memory.bytes_for(logits, case.heads)
 
 
 def _checked(backends: list[Backend], config: RunConfig) -> list[Loaded]:

@@ -47,6 +47,7 @@ import os
 from collections.abc import Callable, Hashable, Iterable
 from typing import NamedTuple
 
+from difftest.case import Case
 from difftest.contract import Contract
 from difftest.errors import SpecError
 from difftest.generators.spec import CaseSpec, LengthDist, Stale, Values
@@ -217,10 +218,58 @@ class Footprint:
 
 # --------------------------------------------------------------------------- memory
 
+class CallSizes(NamedTuple):
+    """What the memory of one backend call depends on: a built case's sizes (of_case) or a spec's
+    upper bounds (estimate_bytes)."""
+
+    pool_bytes: int  # keys and fp32 scales
+    other_bytes: int  # q, weights, block table, lengths
+    key_bytes: int  # the keys alone
+    slots: int  # batch * table width * block size: the token table of a re-paged case has one per slot
+    logits: int  # rows * max_model_len
+    heads: int
+    block_size: int
+    fp8: Fp8Flavour
+
+    @classmethod
+    def of_case(cls, case: Case) -> CallSizes:
+        """The sizes of a built case."""
+        table = case.block_table
+        other = case.q.numel() + case.weights.numel() * 4 + table.numel() * 4 + case.seq_lens.numel() * 8
+        return cls(pool_bytes=case.pool_bytes, other_bytes=other, key_bytes=case.k_pool.numel(),
+                   slots=table.numel() * case.block_size, logits=case.rows * case.max_model_len, heads=case.heads,
+                   block_size=case.block_size, fp8=case.fp8)
+
+
+class CallBytes(NamedTuple):
+    """What one backend call holds besides the case itself."""
+
+    kernel: int  # the inputs the engine hands it: a packed copy of the pool, re-paged or converted
+    logits: int  # its fp32 output
+    working: int  # what its call allocates besides the logits (Contract.working_memory)
+
+    @property
+    def total(self) -> int:
+        return self.kernel + self.logits + self.working
+
+
+def call_bytes(sizes: CallSizes, contract: Contract | None) -> CallBytes:
+    """The memory of one call of a backend with `contract` (None: no backend's extras) on a case of `sizes`:
+    the engine re-pages to the block size it takes or converts the pool to its fp8 flavour, and its call
+    declares its working memory."""
+    kernel = sizes.pool_bytes + sizes.other_bytes
+    if contract is None:
+        return CallBytes(kernel, sizes.logits * 4, 0)
+    if contract.block_size_for(sizes.block_size) != sizes.block_size:
+        kernel += sizes.slots * 8
+    if contract.fp8 != sizes.fp8:
+        kernel += sizes.key_bytes * CONVERT_BYTES_PER_KEY
+    return CallBytes(kernel, sizes.logits * 4, contract.working_memory.bytes_for(sizes.logits, sizes.heads))
+
+
 def estimate_bytes(spec: CaseSpec, contract: Contract | None = None) -> Footprint:
     """What `spec` costs in memory (upper bounds), and what running a backend of `contract` adds when it
-    is given: the engine re-paging to block size 1 or converting the pool to its fp8 flavour, and the
-    working memory the backend's call declares (Contract.working_memory)."""
+    is given (call_bytes)."""
     batch, rows = spec.total_batch, spec.total_batch * spec.next_n
     width = -(-spec.max_model_len // spec.block_size) + spec.extra_columns
     slots = batch * width * spec.block_size
@@ -229,16 +278,12 @@ def estimate_bytes(spec: CaseSpec, contract: Contract | None = None) -> Footprin
     pool = blocks * spec.block_size * (spec.head_dim + 4)
     other = batch * spec.next_n * spec.heads * (spec.head_dim + 4) + batch * width * 4 + batch * 8
     logits = rows * spec.max_model_len
-    kernel = pool + other
-    if contract is not None and contract.block_size_for(spec.block_size) != spec.block_size:
-        kernel += slots * 8  # the token table of a re-paged case
-    if contract is not None and contract.fp8 != spec.fp8:
-        kernel += key_bytes * CONVERT_BYTES_PER_KEY
-    working = contract.working_memory.bytes_for(logits, spec.heads) if contract is not None else 0
-    return Footprint(pool_bytes=pool, other_bytes=other, logits_bytes=logits * 4,
+    call = call_bytes(CallSizes(pool, other, key_bytes, slots, logits, spec.heads, spec.block_size, spec.fp8), contract)
+    return Footprint(pool_bytes=pool, other_bytes=other, logits_bytes=call.logits,
                      oracle_fused_bytes=logits * 4 + rows * 4, oracle_cpu_bytes=_torch_oracle_bytes(spec, key_bytes),
-                     compare_bytes=min(logits, COMPARE_CHUNK_ELEMENTS) * COMPARE_BYTES_PER_LOGIT, kernel_bytes=kernel,
-                     working_bytes=working, build_bytes=_build_bytes(spec, blocks, slots), key_reads=_key_reads(spec))
+                     compare_bytes=min(logits, COMPARE_CHUNK_ELEMENTS) * COMPARE_BYTES_PER_LOGIT,
+                     kernel_bytes=call.kernel, working_bytes=call.working,
+                     build_bytes=_build_bytes(spec, blocks, slots), key_reads=_key_reads(spec))
 
 
 def _longest(spec: CaseSpec) -> int:

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from difftest import runner
-from difftest.backends import load_backend
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend, backend
 from difftest.config import RunConfig
@@ -254,12 +253,3 @@ def test_running_out_of_memory_handing_over_the_inputs_is_that_backends_error(mo
 
 
 # --------------------------------------------------------------------------- memory of calls side by side
-
-def test_a_call_holds_its_inputs_its_logits_and_the_working_memory_it_declares():
-    """The side-by-side rule (SIDE_BY_SIDE_MEMORY) adds these up over a case's backends: AITER's stage1
-    holds H times the logits besides, which the fused kernels do not."""
-    case = build_case(TINY.replace(heads=32, head_dim=32), 0)
-    logits = case.rows * case.max_model_len
-    fused, stage1 = (load_backend(name).contract for name in ("aiter-triton-fused", "aiter-triton-stage1"))
-    assert runner.call_bytes(fused, case) == case.pool_bytes + case.q.numel() + case.weights.numel() * 4 + logits * 4
-    assert runner.call_bytes(stage1, case) - runner.call_bytes(fused, case) == 4 * 32 * logits
