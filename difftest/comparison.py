@@ -79,27 +79,29 @@ def compare(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, c
 def compare_spans(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, contract: Contract,
                   bound: torch.Tensor | None, spans: list[tuple[int, int]]) -> list[Comparison | None]:
     """The comparison of each span (first row, rows) of a batch's logits (difftest.batch), in one pass
-    over all rows: what compare() gives for a span without a wrong position (the positions past a
-    span's own max_model_len are outside every window of it, so they add no error), None for a span
-    with one (compare it alone: its failure details need its own slice). One caveat: top-k picks among
-    equal backend values may fall otherwise than alone (torch.topk over a batch's longer rows), which
-    can move topk_overlap of a backend that is not exact; no verdict depends on it."""
+    over all rows. A span without a wrong position gets what compare() gives it alone (the positions
+    past a span's own max_model_len are outside every window of it, so they add no error). A span with
+    one gets its verdict, its wrong rows by kind, the count of wrong positions and its error maxima,
+    but not the details that need its own slice (first_mismatch, mask_limits, mask_strip, explanation):
+    enough to decide that it is tried again, whose result is the one reported (difftest.runner); on a
+    GPU comparing each failed member alone cost ~3 ms. One caveat: top-k picks among equal backend
+    values may fall otherwise than alone (torch.topk over a batch's longer rows), which can move
+    topk_overlap of a backend that is not exact; no verdict depends on it."""
     stats = [_row_stats(expected[first:first + step], got[first:first + step], row_lens[first:first + step],
                         contract, None if bound is None else bound[first:first + step])
              for first, step in _chunks(*expected.shape)]
-    bad, abs_err, rel_err, active = (torch.cat([s[i] for s in stats]) for i in range(4))
-    fractions = torch.cat([s[4] for s in stats])  # one per active row, in row order
+    kinds, differing, abs_err, rel_err, active = (torch.cat([s[i] for s in stats], dim=-1) for i in range(5))
+    fractions = torch.cat([s[5] for s in stats])  # one per active row, in row order
     before = torch.cumsum(active, 0).tolist()  # active rows up to and including each row
-    bad, abs_err, rel_err = bad.tolist(), abs_err.tolist(), rel_err.tolist()
-    out: list[Comparison | None] = []
+    kinds, differing, abs_err, rel_err = kinds.tolist(), differing.tolist(), abs_err.tolist(), rel_err.tolist()
+    out: list[Comparison] = []
     for first, rows in spans:
-        if any(bad[first:first + rows]):
-            out.append(None)
-            continue
         lo, hi = (before[first - 1] if first else 0), (before[first + rows - 1] if rows else 0)
         # A fresh tensor of the span's fractions, summed as compare() sums its own: the same float.
         overlap = (float(fractions[lo:hi].clone().sum()) if hi > lo else 0.0, hi - lo)
-        part = _Part({kind: [] for kind in _KINDS}, 0, max(abs_err[first:first + rows], default=0.0),
+        bad_rows = {kind: [r for r in range(rows) if flags[first + r]]
+                    for kind, flags in zip(_KINDS, kinds, strict=True)}
+        part = _Part(bad_rows, sum(differing[first:first + rows]), max(abs_err[first:first + rows], default=0.0),
                      max(rel_err[first:first + rows], default=0.0), overlap, None, [], None)
         out.append(_combined([part], rows, functools.partial(explain, next_n=None, row_lens=row_lens)))
     return out
@@ -139,14 +141,16 @@ class _Slice:
 
 def _row_stats(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, contract: Contract,
                bound: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-    """Per row of a slice: any wrong position, the largest absolute and relative error, whether its
-    window is non-empty; and the top-k overlap of each row with a window."""
+    """Per row of a slice: whether it has a wrong position of each kind (len(_KINDS), rows), its wrong
+    positions, the largest absolute and relative error, whether its window is non-empty; and the
+    top-k overlap of each row with a window."""
     s = _Slice.of(expected, got, row_lens, contract, bound)
-    expected, got, kinds, errors = s.expected, s.got, s.kinds, s.errors
+    expected, got, errors = s.expected, s.got, s.errors
     relative = errors / _row_scale(expected, s.inside)[:, None]
     fractions, active = _topk_fractions(expected, got, row_lens)
-    bad = torch.stack(list(kinds.values())).any(dim=0).any(dim=1)
-    return bad, errors.amax(dim=1), relative.amax(dim=1), active, fractions
+    wrong = torch.stack([s.kinds[kind] for kind in _KINDS])
+    return (wrong.any(dim=2), wrong.any(dim=0).sum(dim=1), errors.amax(dim=1), relative.amax(dim=1), active,
+            fractions)
 
 
 @dataclasses.dataclass(frozen=True)

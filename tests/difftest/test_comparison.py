@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from difftest.comparison import TOPK, compare, topk_overlap
+from difftest.comparison import TOPK, compare, compare_spans, topk_overlap
 from difftest.contract import Contract
 from difftest.generators import build_case
 from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
@@ -305,3 +305,28 @@ def test_comparing_a_few_rows_at_a_time_gives_the_whole_comparison(oracle, monke
     monkeypatch.setattr("difftest.comparison.CHUNK_ELEMENTS", expected.shape[1])  # one row per chunk
     assert compare(expected, got, lens, STRICT) == whole, f"{whole=}"
     assert whole.mask_rows == [rows[0]] and whole.value_rows == sorted({rows[1], rows[-1]}), f"{whole=}"
+
+
+# --------------------------------------------------------------------------- spans of a batch
+
+def test_a_spans_comparison_is_compares_alone_or_a_failing_one_keeps_its_rows_and_errors(oracle):
+    """compare_spans over a batch's output: a clean span gets compare()'s comparison of its slice; a
+    failing one its verdict, wrong rows by kind (span-relative), wrong positions and error maxima."""
+    expected, lens = oracle
+    got = expected.clone()
+    windowed = [r for r, n in enumerate(lens.tolist()) if n >= 2]
+    got[windowed[-1], 0] = -math.inf  # a wrong mask in the last span
+    got[windowed[-2], 1] += 10 * STRICT.rtol * float(expected[windowed[-2]].nan_to_num(0, 0, 0).abs().max())
+    got[windowed[0], 0] = math.nan  # a NaN in the first
+    spans = [(0, 2), (2, 4), (6, 2), (8, 2)]
+    clean = {first for first, rows in spans if not any(first <= r < first + rows for r in windowed[:1] + windowed[-2:])}
+    assert clean == {0, 6}, "the fixture's windowed rows moved: pick other rows"
+    for (first, rows), got_span in zip(spans, compare_spans(expected, got, lens, STRICT, None, spans), strict=True):
+        alone = compare(expected[first:first + rows], got[first:first + rows], lens[first:first + rows], STRICT)
+        if first in clean:
+            assert got_span == alone
+            continue
+        carried = ("verdict", "rows", "mask_rows", "nan_rows", "unwritten_rows", "value_rows", "positions_differing",
+                   "max_abs_err", "max_rel_err")
+        assert {f: getattr(got_span, f) for f in carried} == {f: getattr(alone, f) for f in carried}
+        assert alone.verdict.failed and got_span.first_mismatch is None
