@@ -2,9 +2,10 @@
 
 The steps a campaign takes for one batch of BATCH_CASES small cases (difftest.fuzz, difftest.runner),
 each timed on its own with the GPU synchronised before and after (CUDA events would hide host work):
-drawing every member (build_case), merging and validating them, the oracle on the merged case, each
-backend's call on its encoded inputs (in this process: no worker round trip), and the per-member
-comparison. The table says which step a faster engine has to shrink first.
+drawing every member together (difftest.plan.build_together; the row marked "before" draws them
+one by one with build_case, as campaigns did until 2026-12-03), merging and validating them, the
+oracle on the merged case, each backend's call on its encoded inputs (in this process: no worker
+round trip), and the per-member comparison. The table says which step a faster engine has to shrink first.
 
     python bench/fuzz_breakdown.py --device cuda --backends torch,deepgemm --out reports/h200/fuzz-breakdown
 """
@@ -34,6 +35,7 @@ from difftest.generators.envelope import Target
 from difftest.generators.tensors import build_case
 from difftest.kernel_inputs import encode
 from difftest.kinds import Device, OracleKind
+from difftest.plan import build_together
 from difftest.reference import make_reference
 from difftest.regime import Regime
 
@@ -66,8 +68,9 @@ def _cpu_chunks() -> Iterator[None]:
 def one_batch(backends: list, planned: list, device: str) -> dict[str, float]:
     """Seconds of each step for one batch of `planned` cases."""
     steps: dict[str, float] = {}
-    steps["draw members"], members = timed(lambda: [build_case(p.spec, p.seed, device, validate=False)
-                                                    for p in planned], device)
+    steps["draw members one by one (before)"], _ = timed(
+        lambda: [build_case(p.spec, p.seed, device, validate=False) for p in planned], device)
+    steps["draw members together"], members = timed(lambda: build_together(planned, device), device)
     steps["merge + validate"], batch = timed(lambda: merge(members), device)
     seconds, _ = timed(batch.case.validate, device)
     steps["merge + validate"] += seconds

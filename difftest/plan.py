@@ -48,10 +48,19 @@ class PlannedCase:
 
     def build(self, device: str, validate: bool = True) -> Case:
         """The case drawn on `device`, its meta naming the families it reaches."""
-        from difftest.generators.tensors import build_case  # deferred: the pytest plugin plans without torch
+        (case,) = build_together([self], device)
+        return case.validate() if validate else case
 
-        case = build_case(self.spec, self.seed, device, name=self.name, validate=validate)
-        return dataclasses.replace(case, meta={**case.meta, "families": list(self.families)})
+
+def build_together(planned: Sequence[PlannedCase], device: str) -> list[Case]:
+    """The planned cases drawn together, not validated: bit for bit what each one's build gives, with one
+    host read of all their lengths (difftest.generators.tensors.build_cases). They must share the
+    fields of a batch (heads, head_dim, block_size, next_n, fp8)."""
+    from difftest.generators.tensors import build_cases  # deferred: the pytest plugin plans without torch
+
+    cases = build_cases([(p.spec, p.seed) for p in planned], device, [p.name for p in planned])
+    return [dataclasses.replace(case, meta={**case.meta, "families": list(p.families)})
+            for case, p in zip(cases, planned, strict=True)]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 
 from difftest.case import Case
+from difftest.errors import require
 from difftest.fp8 import COMMON_MAX, convert
 from difftest.generators.spec import CaseSpec, LengthDist, Stale, Values, case_name
 from difftest.kinds import Fp8Flavour
@@ -18,21 +23,139 @@ def build_case(spec: CaseSpec, seed: int, device: str | torch.device = "cpu", na
     Case.validate to the caller: the runner validates every case it runs (a batch, its merged case),
     and on a GPU the check's host syncs cost as much as drawing a small case.
     """
-    spec.validate()
-    gen = torch.Generator(device=device).manual_seed(seed)
-    seq_lens = draw_lengths(spec, gen, device)
-    table, num_blocks = draw_block_table(spec, seq_lens, gen, device)
-    if spec.pool_blocks is None:
-        k_pool, scale_pool = draw_pool(spec, num_blocks, gen, device)
-    else:
-        k_pool, scale_pool = draw_used_pool(spec, table, seq_lens, num_blocks, gen, device)
-    fill_canaries(spec, k_pool, scale_pool, table, seq_lens)
-    q, weights = draw_queries(spec, len(seq_lens), gen, device)
-    case = Case(name=name or case_name(spec, seed), q=convert(q, Fp8Flavour.E4M3FN, spec.fp8, "q"),
-                k_pool=convert(k_pool, Fp8Flavour.E4M3FN, spec.fp8, "k_pool"), scale_pool=scale_pool,
-                weights=weights, block_table=table, seq_lens=seq_lens, max_model_len=spec.max_model_len,
-                fp8=spec.fp8, meta={"seed": seed, "spec": spec.to_json()})
+    (case,) = build_cases([(spec, seed)], device, [name])
     return case.validate() if validate else case
+
+
+def build_cases(draws: Sequence[tuple[CaseSpec, int]], device: str | torch.device = "cpu",
+                names: Sequence[str | None] | None = None) -> list[Case]:
+    """build_case(spec, seed, device, name, validate=False) for each (spec, seed) of `draws`, bit for bit,
+    drawn together; SpecError naming `draws` unless every spec shares heads, head_dim, block_size,
+    next_n and fp8.
+
+    Each case's random numbers come from its own generator, in build_case's order. All the rest (one
+    host read of every case's lengths, block-table placement, canaries, fp8 conversion) runs once over
+    the cases' tensors laid end to end, and each case's tensors are views of those. A GPU spends most of
+    a small case's drawing on that rest, about a hundred small operations per case when drawn alone.
+    """
+    if not draws:
+        return []
+    specs = [spec.validate() for spec, _seed in draws]
+    shape = {(s.heads, s.head_dim, s.block_size, s.next_n, s.fp8) for s in specs}
+    require(len(shape) == 1, "draws", sorted(str(s) for s in shape),
+            "specs of one heads, head_dim, block_size, next_n and fp8")
+    gens = [torch.Generator(device=device).manual_seed(seed) for _spec, seed in draws]
+    seq_lens = _joined([draw_lengths(spec, gen, device) for spec, gen in zip(specs, gens, strict=True)])
+    lengths = np.array(seq_lens.tolist(), dtype=np.int64)  # the one host read
+    requests = np.cumsum([0] + [spec.total_batch for spec in specs])  # each case's first request
+    drawn = [_draw_rest(spec, lengths[first:end], gen, device)
+             for spec, gen, first, end in zip(specs, gens, requests[:-1], requests[1:], strict=True)]
+    return _assembled(specs, [seed for _spec, seed in draws], names or [None] * len(draws), seq_lens, requests,
+                      drawn)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Drawn:
+    """One case's random draws (block ids, keys, scales, queries) and where its table entries come from."""
+
+    lengths: np.ndarray  # its sequences' lengths, read back
+    table_values: torch.Tensor  # int64: its own block ids, then its stale entries
+    table_index: np.ndarray  # (B, W): which of table_values each table entry is
+    inside: np.ndarray  # (B, W) bool: the entries its sequences use
+    keys: torch.Tensor  # uint8 e4m3fn [num_blocks, block_size, D]
+    scales: torch.Tensor  # float32 [num_blocks, block_size]
+    q: torch.Tensor
+    weights: torch.Tensor
+
+
+def _draw_rest(spec: CaseSpec, lengths: np.ndarray, gen: torch.Generator, device: str | torch.device) -> _Drawn:
+    """Everything build_case draws after the lengths, in its order: block ids, stale entries, the pool, q."""
+    index, inside = _table_index(spec, lengths)
+    num_own = int(inside.sum())
+    num_blocks = num_own + spec.canary_blocks if spec.pool_blocks is None else spec.pool_blocks
+    if spec.high_block_ids:
+        own = num_blocks - num_own + torch.randperm(num_own, generator=gen, device=device)
+        canaries = torch.arange(num_blocks - num_own, device=device)
+    else:
+        ids = torch.randperm(num_blocks, generator=gen, device=device)
+        own, canaries = ids[:num_own], ids[num_own:]
+    stale = _stale_ids(spec, index.size - num_own, own, canaries, gen, device)
+    values = torch.cat([own, stale]) if stale.numel() else own
+    if spec.pool_blocks is None:
+        keys, scales = draw_pool(spec, num_blocks, gen, device)
+    else:
+        keys, scales = _used_pool(spec, values, index, inside, num_blocks, gen, device)
+    q, weights = draw_queries(spec, len(lengths), gen, device)
+    return _Drawn(lengths, values, index, inside, keys, scales, q, weights)
+
+
+def _table_index(spec: CaseSpec, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(index, inside) of a (B, W) block table: its used entries take the case's own block ids in row-major
+    order, the others its stale entries in row-major order (index counts past the own ids); with
+    shared_blocks, sequence b then takes b-1's entries for their full prefix blocks, as prefix caching does."""
+    bs = spec.block_size
+    width = -(-spec.max_model_len // bs) + spec.extra_columns
+    inside = np.arange(width)[None, :] < ((lengths + bs - 1) // bs)[:, None]
+    flat = inside.ravel()
+    index = np.where(flat, np.cumsum(flat) - 1, flat.sum() + np.cumsum(~flat) - 1).reshape(inside.shape)
+    if spec.shared_blocks:
+        full = lengths // bs
+        for b in range(1, len(lengths)):  # one step per sequence, not per block or token
+            shared = min(full[b - 1], full[b])
+            index[b, :shared] = index[b - 1, :shared]
+    return index, inside
+
+
+def _used_pool(spec: CaseSpec, values: torch.Tensor, index: np.ndarray, inside: np.ndarray, num_blocks: int,
+               gen: torch.Generator, device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """draw_pool for a spec with pool_blocks: keys and scales drawn for the used blocks only (in
+    ascending id order), every other block NaN from the start, so a 2^31-byte pool costs one fill."""
+    ids = values[_on(np.unique(index[inside]), device)].sort().values
+    keys, scales = draw_pool(spec, ids.numel(), gen, device)
+    k_pool = torch.full((num_blocks, spec.block_size, spec.head_dim), Fp8Flavour.E4M3FN.nan_byte,
+                        dtype=torch.uint8, device=device)
+    scale_pool = torch.full((num_blocks, spec.block_size), float("nan"), device=device)
+    k_pool[ids], scale_pool[ids] = keys, scales
+    return k_pool, scale_pool
+
+
+def _assembled(specs: list[CaseSpec], seeds: list[int], names: Sequence[str | None], seq_lens: torch.Tensor,
+               requests: np.ndarray, drawn: list[_Drawn]) -> list[Case]:
+    """The cases, their tensors views of the draws laid end to end; the tables placed and the canaries
+    filled once for all of them. `requests[i]` is case i's first request among `seq_lens`."""
+    device = seq_lens.device
+    entries = np.cumsum([0] + [d.table_index.size for d in drawn])  # each case's table, flattened, end to end
+    blocks = np.cumsum([0] + [d.keys.shape[0] for d in drawn])
+    index = np.concatenate([d.table_index.ravel() + first for d, first in zip(drawn, entries, strict=False)])
+    tables = _joined([d.table_values for d in drawn])[_on(index, device)]
+    k_pool, scale_pool = _joined([d.keys for d in drawn]), _joined([d.scales for d in drawn])
+    pool_ids = tables + _on(np.repeat(blocks[:-1], np.diff(entries)), device)
+    inside = np.concatenate([d.inside.ravel() for d in drawn])
+    lengths = np.concatenate([d.lengths for d in drawn])
+    _fill_canaries(k_pool, scale_pool, pool_ids, inside, lengths, _row_starts(drawn, entries))
+    fp8 = specs[0].fp8
+    q = convert(_joined([d.q for d in drawn]), Fp8Flavour.E4M3FN, fp8, "q")
+    k_pool = convert(k_pool, Fp8Flavour.E4M3FN, fp8, "k_pool")
+    weights, tables = _joined([d.weights for d in drawn]), tables.to(torch.int32)
+    rows = requests * specs[0].next_n
+    return [Case(name=name or case_name(spec, seed), q=q[requests[i]:requests[i + 1]],
+                 k_pool=k_pool[blocks[i]:blocks[i + 1]], scale_pool=scale_pool[blocks[i]:blocks[i + 1]],
+                 weights=weights[rows[i]:rows[i + 1]],
+                 block_table=tables[entries[i]:entries[i + 1]].view(drawn[i].table_index.shape),
+                 seq_lens=seq_lens[requests[i]:requests[i + 1]], max_model_len=spec.max_model_len, fp8=fp8,
+                 meta={"seed": seed, "spec": spec.to_json()})
+            for i, (spec, seed, name) in enumerate(zip(specs, seeds, names, strict=True))]
+
+
+def _row_starts(drawn: list[_Drawn], entries: np.ndarray) -> np.ndarray:
+    """Where each sequence's table row starts in the tables laid end to end."""
+    return np.concatenate([first + np.arange(d.table_index.shape[0]) * d.table_index.shape[1]
+                           for d, first in zip(drawn, entries, strict=False)])
+
+
+def _joined(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The tensors end to end; a lone one as it is (a 2^31-byte pool is not copied)."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
 
 
 def random_cases(spec: CaseSpec, seed: int, count: int, device: str | torch.device = "cpu") -> list[Case]:
@@ -67,52 +190,6 @@ def _length_choices(spec: CaseSpec) -> int | list[int]:
     return sorted(x for x in edges if 0 <= x <= top)
 
 
-def draw_block_table(spec: CaseSpec, seq_lens: torch.Tensor, gen: torch.Generator,
-                     device: str | torch.device) -> tuple[torch.Tensor, int]:
-    """(block_table int32 [B, W], pool size).
-
-    Used blocks are a random permutation of the pool; canary blocks are the last ids drawn. With
-    pool_blocks the pool has that many blocks, the rest canaries; with high_block_ids the used blocks
-    are the pool's top ids (in random order) and the canaries the ids below. With shared_blocks,
-    sequence b reuses b-1's full prefix blocks, as prefix caching does.
-    """
-    batch, bs = len(seq_lens), spec.block_size
-    width = -(-spec.max_model_len // bs) + spec.extra_columns
-    used = (seq_lens + bs - 1) // bs
-    num_own = int(used.sum())
-    num_blocks = num_own + spec.canary_blocks if spec.pool_blocks is None else spec.pool_blocks
-    if spec.high_block_ids:
-        own = num_blocks - num_own + torch.randperm(num_own, generator=gen, device=device)
-        canaries = torch.arange(num_blocks - num_own, device=device)
-    else:
-        ids = torch.randperm(num_blocks, generator=gen, device=device)
-        own, canaries = ids[:num_own], ids[num_own:]
-    columns = torch.arange(width, device=device)[None, :]
-    inside = columns < used[:, None]  # num_own of them: no sequence uses more than `width` blocks
-    table = _placed(torch.zeros((batch, width), dtype=torch.int64, device=device), inside, own)
-    if spec.shared_blocks:
-        _share_prefixes(table, seq_lens, bs)
-    table = _placed(table, ~inside, _stale_ids(spec, batch * width - num_own, own, canaries, gen, device))
-    return table.to(torch.int32), num_blocks
-
-
-def _placed(table: torch.Tensor, mask: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """`table` with `values` at the positions `mask` selects, in row-major order: what `table[mask] =
-    values` writes, without the host sync a boolean index costs on a GPU (drawing hundreds of cases a
-    second, those syncs were much of the time)."""
-    if values.numel() == 0:  # then no position is selected
-        return table
-    order = (mask.flatten().cumsum(0) - 1).clamp(min=0).reshape(mask.shape)
-    return torch.where(mask, values[order], table)
-
-
-def _share_prefixes(table: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> None:
-    full = seq_lens // block_size
-    for b in range(1, table.shape[0]):  # one step per sequence, not per block or token
-        shared = int(min(full[b - 1], full[b]))
-        table[b, :shared] = table[b - 1, :shared]
-
-
 def _stale_ids(spec: CaseSpec, count: int, own: torch.Tensor, canaries: torch.Tensor,
                gen: torch.Generator, device: str | torch.device) -> torch.Tensor:
     if spec.stale == Stale.ZERO or count == 0:
@@ -129,43 +206,32 @@ def draw_pool(spec: CaseSpec, num_blocks: int, gen: torch.Generator,
     return keys, _scales(spec.values, shape, gen, device)
 
 
-def draw_used_pool(spec: CaseSpec, table: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int,
-                   gen: torch.Generator, device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """draw_pool for a spec with pool_blocks: keys and scales drawn for the used blocks only (in
-    ascending id order), every other block NaN from the start, so a 2^31-byte pool costs one fill."""
-    bs = spec.block_size
-    used = torch.arange(table.shape[1], device=device)[None, :] < ((seq_lens + bs - 1) // bs)[:, None]
-    ids = torch.unique(table[used].long())
-    keys, scales = draw_pool(spec, ids.numel(), gen, device)
-    k_pool = torch.full((num_blocks, bs, spec.head_dim), Fp8Flavour.E4M3FN.nan_byte, dtype=torch.uint8,
-                        device=device)
-    scale_pool = torch.full((num_blocks, bs), float("nan"), device=device)
-    k_pool[ids], scale_pool[ids] = keys, scales
-    return k_pool, scale_pool
+def _fill_canaries(k_pool: torch.Tensor, scale_pool: torch.Tensor, pool_ids: torch.Tensor, inside: np.ndarray,
+                  lengths: np.ndarray, row_starts: np.ndarray) -> None:
+    """NaN keys and scales in every block no sequence uses and in the slots past each last token.
+
+    pool_ids holds every block-table entry's pool block, the tables' rows end to end (sequence b's row
+    starting at row_starts[b]); inside says which entries the sequences use; lengths are theirs.
+    Indices, not boolean masks, pick what is written: no host sync on a GPU.
+    """
+    nan, device = Fp8Flavour.E4M3FN.nan_byte, k_pool.device
+    bs = k_pool.shape[1]
+    unused = torch.ones(k_pool.shape[0], dtype=torch.bool, device=device)
+    unused[pool_ids[_on(np.flatnonzero(inside), device)]] = False
+    k_pool.masked_fill_(unused[:, None, None], nan)
+    scale_pool.masked_fill_(unused[:, None], float("nan"))
+    # Only each sequence's last block has slots past its end.
+    last = np.maximum((lengths - 1) // bs, 0)
+    past_end = (np.arange(bs)[None, :] >= (lengths - last * bs)[:, None]) & (lengths[:, None] > 0)
+    seqs, slots = np.nonzero(past_end)
+    dead = pool_ids[_on(row_starts[seqs] + last[seqs], device)] * bs + _on(slots, device)
+    k_pool.view(-1, k_pool.shape[2])[dead] = nan
+    scale_pool.view(-1)[dead] = float("nan")
 
 
-def fill_canaries(spec: CaseSpec, k_pool: torch.Tensor, scale_pool: torch.Tensor,
-                  table: torch.Tensor, seq_lens: torch.Tensor) -> None:
-    """NaN keys and scales in every block no sequence uses and in the slots past each last token."""
-    nan = Fp8Flavour.E4M3FN.nan_byte
-    bs = spec.block_size
-    num_blocks = k_pool.shape[0]
-    used = torch.arange(table.shape[1], device=table.device)[None, :] < ((seq_lens + bs - 1) // bs)[:, None]
-    # Flags indexed by tensors, not boolean masks (no host sync); what is not marked goes to one
-    # scratch entry past the end, so every write of an index writes the same value.
-    unused = torch.ones(num_blocks + 1, dtype=torch.bool, device=table.device)
-    unused[torch.where(used, table.long(), num_blocks)] = False
-    k_pool.masked_fill_(unused[:-1, None, None], nan)
-    scale_pool.masked_fill_(unused[:-1, None], float("nan"))
-    # Only each sequence's last block has slots past its end: (B, block_size) masks, not (B, W * block_size).
-    last = ((seq_lens - 1) // bs).clamp(min=0)
-    slot = torch.arange(bs, device=table.device)[None, :]
-    past_end = (slot >= (seq_lens - last * bs)[:, None]) & (seq_lens[:, None] > 0)
-    blocks = table.long().gather(1, last[:, None])  # (B, 1)
-    dead = torch.zeros(num_blocks * bs + 1, dtype=torch.bool, device=table.device)
-    dead[torch.where(past_end, blocks * bs + slot, num_blocks * bs)] = True
-    k_pool.masked_fill_(dead[:-1].view(num_blocks, bs, 1), nan)
-    scale_pool.masked_fill_(dead[:-1].view(num_blocks, bs), float("nan"))
+def _on(array: np.ndarray, device: str | torch.device) -> torch.Tensor:
+    """A host index array as an int64 tensor on `device`."""
+    return torch.from_numpy(array.astype(np.int64, copy=False)).to(device)
 
 
 def draw_queries(spec: CaseSpec, batch: int, gen: torch.Generator,
