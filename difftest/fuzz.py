@@ -22,6 +22,7 @@ buffered writes (at most STREAM_FLUSH_SECONDS of them lost if the campaign is ki
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import shlex
@@ -36,8 +37,9 @@ from difftest.case import Case
 from difftest.config import RunConfig
 from difftest.errors import SpecError, require
 from difftest.generators.envelope import Target, estimate_bytes
+from difftest.generators.spec import CaseSpec
 from difftest.kinds import Device
-from difftest.plan import PlannedCase, envelope_plan
+from difftest.plan import PlannedCase, build_together, envelope_plan
 from difftest.regime import Regime
 from difftest.result import CaseResult
 from difftest.runner import run
@@ -247,18 +249,15 @@ class _State:
             return None
         return batch_key(planned.spec), planned.backends
 
-    def _built(self, planned: PlannedCase) -> Case:
-        # Not validated here: the runner validates what it runs (a batch's members through its merged case).
-        return planned.build(self.campaign.config.device, validate=False)
-
     def _single(self, planned: PlannedCase) -> Case:
-        case = self._built(planned)
+        # Not validated here: the runner validates what it runs (a batch's members through its merged case).
+        case = planned.build(self.campaign.config.device, validate=False)
         self.current, self.takers = {case.name: case}, {case.name: planned.backends}
         self.drawn += 1
         return case
 
     def _batch(self, bucket: list[PlannedCase]) -> Batch:
-        batch = merge([self._built(planned) for planned in bucket])
+        batch = merge(build_together(bucket, self.campaign.config.device))
         self.current = {case.name: case for case in batch.members}
         self.takers = {batch.case.name: bucket[0].backends}
         self.drawn += len(bucket)
@@ -322,7 +321,13 @@ def _logits(planned: PlannedCase) -> int:
 
 def _pool_bytes(planned: PlannedCase) -> int:
     """The planned case's paged cache: keys and scales, at most."""
-    return estimate_bytes(planned.spec).pool_bytes
+    return _spec_pool_bytes(planned.spec)
+
+
+@functools.lru_cache(maxsize=4096)
+def _spec_pool_bytes(spec: CaseSpec) -> int:
+    # A round repeats a few dozen specs with new seeds; estimating one walks every row's limit.
+    return estimate_bytes(spec).pool_bytes
 
 
 def _shape(planned: PlannedCase) -> str:
