@@ -24,6 +24,11 @@ if [ -d .whl ] && mkdir /tmp/site/.wheels 2>/dev/null; then
 fi
 # No `pip install -e .` there (no network): PYTEST_PLUGINS loads the plugin that the pytest11 entry
 # point would, in every pytest process, pytester's inline runs and xdist workers included.
+# The device image sets PYTHONDONTWRITEBYTECODE: every process, the workers' fork server included, then
+# compiles torch's Python from source on import (about 9 s of a campaign's start there). An installed
+# torch comes with its bytecode; caching it under /tmp gives the scripts' processes the same start.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX=/tmp/pycache
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTEST_PLUGINS=difftest_pytest.plugin
 dt="python3 -m difftest.cli"
 
