@@ -159,7 +159,7 @@ def fuzz(campaign: Campaign) -> CampaignOutcome:
     stream = ResultStream(campaign.stream, flush_seconds=STREAM_FLUSH_SECONDS) if campaign.stream else None
     try:
         results = run(backends, state.items(start), campaign.config, on_result=state.heard(stream),
-                      takes=state.takes)
+                      takes=state.takes, on_done=state.finished)
     finally:
         if stream:
             stream.close()
@@ -203,12 +203,14 @@ class _Bucket:
 
 
 class _State:
-    """What the campaign knows while it runs: the cases of the item being run, the signatures found so far."""
+    """What the campaign knows while it runs: the cases of the items being run, the signatures found so far."""
 
     def __init__(self, campaign: Campaign, backends: list[Loaded]) -> None:
         self.campaign, self.backends = campaign, {b.name: b for b in backends}
         self.target = Target.probe(Device(campaign.config.device))
-        self.current: dict[str, Case] = {}  # the item being run: its cases (a batch's members) by name
+        # The items drawn and not yet finished (the runner draws a batch's successor while it runs):
+        # their cases (a batch's members) by name, and who takes each.
+        self.current: dict[str, Case] = {}
         self.takers: dict[str, frozenset[str] | None] = {}
         self.found: dict[Signature, Found] = {}
         self.diverged: list[CaseResult] = []
@@ -231,12 +233,7 @@ class _State:
             bucket = buckets.setdefault(key, _Bucket())
             bucket.add(planned)
             if bucket.full():
-                batch = self._batch(buckets.pop(key).cases)
-                yield batch
-                # Filled in by the runner while it ran the batch: the merged case is a case too.
-                self.diverged += batch.diverged
-                for result in batch.whole.values():
-                    self._record(result, batch.case)
+                yield self._batch(buckets.pop(key).cases)
 
     def _bucket(self, planned: PlannedCase) -> tuple[BatchKey, frozenset[str] | None] | None:
         """Which batches `planned` may join; None when it runs alone (large, or a backend not batchable)."""
@@ -252,14 +249,14 @@ class _State:
     def _single(self, planned: PlannedCase) -> Case:
         # Not validated here: the runner validates what it runs (a batch's members through its merged case).
         case = planned.build(self.campaign.config.device, validate=False)
-        self.current, self.takers = {case.name: case}, {case.name: planned.backends}
+        self.current[case.name], self.takers[case.name] = case, planned.backends
         self.drawn += 1
         return case
 
     def _batch(self, bucket: list[PlannedCase]) -> Batch:
         batch = merge(build_together(bucket, self.campaign.config.device))
-        self.current = {case.name: case for case in batch.members}
-        self.takers = {batch.case.name: bucket[0].backends}
+        self.current.update((case.name, case) for case in batch.members)
+        self.takers[batch.case.name] = bucket[0].backends
         self.drawn += len(bucket)
         self.batched += len(bucket)
         self.launches += 1
@@ -273,6 +270,17 @@ class _State:
     def takes(self, backend: str, case: Case) -> bool:
         chosen = self.takers.get(case.name)
         return chosen is None or backend in chosen
+
+    def finished(self, item: Case | Batch) -> None:
+        """`item`'s results are all in: a batch's merged case is a case too, where the runner found it
+        failing (batch.whole)."""
+        if isinstance(item, Batch):
+            self.diverged += item.diverged
+            for result in item.whole.values():
+                self._record(result, item.case)
+        for case in item.members if isinstance(item, Batch) else (item,):
+            self.current.pop(case.name, None)
+        self.takers.pop(item.case.name if isinstance(item, Batch) else item.name, None)
 
     def heard(self, stream: ResultStream | None) -> Callable[[CaseResult], None]:
         def on_result(result: CaseResult) -> None:

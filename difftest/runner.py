@@ -159,7 +159,7 @@ def _judge(execution: Execution, ref: Reference, contract: Contract, base: dict[
 
 def run(backends: list[Backend], cases: Iterable[Case | Batch], config: RunConfig,
         on_result: Callable[[CaseResult], None] | None = None, done: Done | None = None,
-        takes: Takes | None = None) -> list[CaseResult]:
+        takes: Takes | None = None, on_done: Callable[[Case | Batch], None] | None = None) -> list[CaseResult]:
     """Every backend on every case (every pair `takes` allows: the others give no result); results
     in (case, backend) order.
 
@@ -167,34 +167,66 @@ def run(backends: list[Backend], cases: Iterable[Case | Batch], config: RunConfi
     run again and do not reach `on_result`; their results take their place in the list. A backend
     runs in a worker (under isolation) rebuilt from the origin it was loaded from
     (difftest.backends.Loaded); one loaded otherwise has its origin found once, here. A
-    difftest.batch.Batch among the cases runs as one launch per backend, its results per member.
+    difftest.batch.Batch among the cases runs as one launch per backend, its results per member;
+    once its launches are submitted, the next item is taken from `cases` before their answers are
+    awaited, so an iterator that draws its cases on demand draws the next one while the workers
+    compute. `on_done` hears each item once all its results are in.
     """
     loaded = _checked(backends, config)
     results: list[CaseResult] = []
+    items = iter(cases)
     with _executors(loaded, config) as executors:
-        for case in cases:
-            require(isinstance(case, (Case, Batch)), "cases", type(case).__name__,
-                    "difftest.Case objects (or difftest.batch.Batch)")
-            whole = case.case if isinstance(case, Batch) else case
+        item = _next_item(items)
+        while item is not None:
+            whole = item.case if isinstance(item, Batch) else item
             chosen = [i for i, b in enumerate(loaded) if takes is None or takes(b.name, whole)]
             picked = [loaded[i] for i in chosen], [executors[i] for i in chosen]
-            results += _run_batch(*picked, case, config, on_result) if isinstance(case, Batch) else \
-                _run_case(*picked, case, config, on_result, done or {})
+            if isinstance(item, Batch):
+                finish = _started_batch(*picked, item, config, on_result)
+                following = _next_item(items, finish)  # drawn while the workers compute
+                results += finish()
+            else:
+                results += _run_case(*picked, item, config, on_result, done or {})
+                following = None  # a single case may be large: the next one is drawn after it, not beside it
+            if on_done:
+                on_done(item)
+            item = following if isinstance(item, Batch) else _next_item(items)
     return results
 
 
-def _run_batch(backends: list[Loaded], executors: list[Executor], batch: Batch, config: RunConfig,
-               on_result: Callable[[CaseResult], None] | None) -> list[CaseResult]:
-    """Every backend once on the batch's merged case, then each member judged on its own rows, in
-    (member, backend) order. A member that fails there is tried again (_retried), and the retry's
-    result is the one that counts; one that fails in the batch but passes when tried again is kept in
-    batch.diverged, and its backend's result on the merged case in batch.whole. A Batch is never a
-    resumed pair (`done`)."""
+def _next_item(items: Iterator[Case | Batch],
+               in_flight: Callable[[], list[CaseResult]] | None = None) -> Case | Batch | None:
+    """The next case or batch, None at the end. Should drawing it fail while a batch is in flight, that
+    batch is finished first (its results reach on_result) and the error goes on."""
+    try:
+        item = next(items, None)
+    except Exception:  # an interrupt goes on at once, as it does while a batch's answers are awaited
+        if in_flight is not None:
+            in_flight()
+        raise
+    require(item is None or isinstance(item, (Case, Batch)), "cases", type(item).__name__,
+            "difftest.Case objects (or difftest.batch.Batch)")
+    return item
+
+
+def _started_batch(backends: list[Loaded], executors: list[Executor], batch: Batch, config: RunConfig,
+                   on_result: Callable[[CaseResult], None] | None) -> Callable[[], list[CaseResult]]:
+    """Every backend's launch on the batch's merged case submitted and the oracle's answer made; what
+    finishes the batch: each member judged on its own rows, in (member, backend) order. A member that
+    fails there is tried again (_retried), and the retry's result is the one that counts; one that
+    fails in the batch but passes when tried again is kept in batch.diverged, and its backend's result
+    on the merged case in batch.whole. A Batch is never a resumed pair (`done`)."""
     merged = batch.case.validate().to(config.device)
     bases = [_identity(b, merged, config) for b in backends]
     pending = [_submit(b, merged, config, e, base) for b, e, base in zip(backends, executors, bases, strict=True)]
     ref = make_reference(merged, config.oracle_kind)  # while the workers compute
-    outcomes = [wait() for wait in pending]
+    return lambda: _finished_batch(backends, executors, batch, config, on_result, [wait() for wait in pending],
+                                   ref, bases)
+
+
+def _finished_batch(backends: list[Loaded], executors: list[Executor], batch: Batch, config: RunConfig,
+                    on_result: Callable[[CaseResult], None] | None, outcomes: list[Outcome | CaseResult],
+                    ref: Reference, bases: list[dict[str, Any]]) -> list[CaseResult]:
     shares = [batch.reference_of(ref, index) for index in range(len(batch.members))]
     in_batch = [_members_judged(backend, executor, outcome, batch, ref, config)
                 for backend, executor, outcome in zip(backends, executors, outcomes, strict=True)]

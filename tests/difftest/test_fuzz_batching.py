@@ -189,3 +189,37 @@ def test_a_member_still_spoiled_in_the_second_launch_is_run_alone_and_a_real_fai
     assert [r.case for r in batch.diverged] == [cases[1].name, cases[2].name]
     # the batch; m1, m2, m3 together (m1 passes); m2 and m3 together (m2 passes); m3 alone
     assert executor.rows == [batch.case.rows, 12, 8, 4]
+
+
+def test_the_next_item_is_drawn_while_a_batchs_launch_runs_and_each_item_is_done_once_its_results_are_in(
+        monkeypatch):
+    executor = _Queueing()
+    monkeypatch.setattr(runner, "InProcess", lambda: executor)
+    items = [merge(_members(2)), merge(_neighbours([(5, 3), (4, 4)])), _neighbours([(6, 2)])[0]]
+    heard: list = []
+
+    def drawn():
+        for index, item in enumerate(items):
+            executor.log.append(("drawn", index))
+            yield item
+
+    results = run(get_backends(["torch"]), drawn(), RunConfig(), on_result=heard.append,
+                  on_done=lambda item: executor.log.append(("done", items.index(item))))
+    log = executor.log
+    # batch 0's call is sent, batch 1 drawn, then batch 0's answer asked for and batch 0 done
+    assert log.index(("sent", 0)) < log.index(("drawn", 1)) < log.index(("asked", 0)) < log.index(("done", 0))
+    assert log.index(("drawn", 2)) < log.index(("asked", 1)) < log.index(("done", 1)) < log.index(("done", 2))
+    assert [r.case for r in results] == [r.case for r in heard] and len(results) == 4 + 2 + 1
+
+
+def test_a_drawing_error_while_a_batch_runs_finishes_that_batch_first():
+    members = _members(2)
+    heard: list = []
+
+    def drawn():
+        yield merge(members)
+        raise RuntimeError("drawing failed")
+
+    with pytest.raises(RuntimeError, match="drawing failed"):
+        run(get_backends(["torch"]), drawn(), RunConfig(), on_result=heard.append)
+    assert [r.case for r in heard] == [m.name for m in members], "the batch's results came before the error"
