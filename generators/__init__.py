@@ -14,7 +14,8 @@ _EXPORTS = {
     "CaseSpec": "difftest.generators.spec", "LengthDist": "difftest.generators.spec",
     "Stale": "difftest.generators.spec", "Values": "difftest.generators.spec", "case_name": "difftest.generators.spec",
     "default_specs": "difftest.generators.cases", "edge_cases": "difftest.generators.cases",
-    "build_case": "difftest.generators.tensors", "random_cases": "difftest.generators.tensors",
+    "build_case": "difftest.generators.tensors", "build_cases": "difftest.generators.tensors",
+    "random_cases": "difftest.generators.tensors",
 }
 
 __all__ = sorted(_EXPORTS)
