@@ -42,6 +42,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
@@ -277,6 +278,7 @@ class Worker:
         # When the last answer came: a call sent while another was in flight starts no earlier, and its
         # timeout counts from then.
         self.answered_at = 0.0
+        self.starting: threading.Thread | None = None  # start_soon's thread, until joined
 
     @property
     def queues(self) -> bool:
@@ -301,8 +303,27 @@ class Worker:
         child_conn.close()  # so the parent sees EOF when the child dies
         self.conn, self.ready = parent_conn, False
 
+    def start_soon(self) -> None:
+        """start() in a thread: with a fork server, starting the first worker waits for the server to
+        import torch (seconds), while the run could already draw its first cases. Whatever touches the
+        process next waits for that thread first."""
+        self.starting = threading.Thread(target=self._start_quietly, name="difftest-worker-start", daemon=True)
+        self.starting.start()
+
+    def _start_quietly(self) -> None:
+        try:
+            self.start()
+        except Exception:  # left unstarted: submit starts it again, and its error is raised there
+            self.process, self.conn = None, None
+
+    def _started_soon(self) -> None:
+        if self.starting is not None:
+            self.starting.join()
+            self.starting = None
+
     def submit(self, backend: Backend, inputs: KernelInputs, launch: Launch) -> Pending:
         """Send the call to the worker (started, or replaced, first); what waits for the answer."""
+        self._started_soon()
         if self.process is None:
             self.start()
         fault = self._await_ready()
@@ -388,12 +409,14 @@ class Worker:
 
     def kill(self) -> None:
         """SIGKILL the process (a hung kernel ignores anything gentler) and forget it."""
+        self._started_soon()
         if self.process is not None and self.process.is_alive():
             self.process.kill()
         self.stop()
 
     def stop(self) -> None:
         """Close the pipe (a live worker exits on EOF), reap the process, forget both."""
+        self._started_soon()
         if self.conn is not None:
             self.conn.close()
         if self.process is not None:
@@ -463,10 +486,10 @@ class WorkerPool:
         return Worker(backend.origin, device, timeout, self.log_dir / str(index), startup_timeout)
 
     def __enter__(self) -> WorkerPool:
-        # Started together, so the backends' imports overlap.
+        # Started together, so the backends' imports overlap, and while this process goes on.
         for executor in self.executors:
             if isinstance(executor, Worker):
-                executor.start()
+                executor.start_soon()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,

@@ -102,6 +102,30 @@ def test_worker_gives_the_same_bits_as_in_process(tmp_path):
     assert torch.equal(isolated.outputs[0].view(torch.int64), local.outputs[0].view(torch.int64))
 
 
+def test_a_worker_started_soon_answers_as_one_started_at_once(tmp_path):
+    case = build_case(CASE_SPEC, 0)
+    worker = Worker(Origin("torch", registered=True), "cpu", 30.0, tmp_path)
+    worker.start_soon()
+    try:
+        isolated = _call(worker, TorchBackend(), case)
+    finally:
+        worker.stop()
+    assert isinstance(isolated, Execution) and worker.starting is None and worker.started == 1, f"{isolated=}"
+
+
+def test_a_worker_that_cannot_start_in_the_background_raises_where_it_is_used(tmp_path, monkeypatch, capfd):
+    def no_process(self):
+        raise OSError("no processes left")
+
+    monkeypatch.setattr(Worker, "start", no_process)
+    worker = Worker(Origin("torch", registered=True), "cpu", 30.0, tmp_path)
+    worker.start_soon()
+    with pytest.raises(OSError, match="no processes left"):
+        _call(worker, TorchBackend(), build_case(CASE_SPEC, 0))
+    worker.stop()
+    assert "Traceback" not in capfd.readouterr().err, "the thread's failure printed nothing of its own"
+
+
 @pytest.mark.parametrize("device, env, transport", [
     ("cpu", None, Transport.COPY), ("cpu", "cuda-ipc", Transport.COPY),  # no GPU memory to hand over on the CPU
     ("cuda", None, Transport.CUDA_IPC), ("cuda", "copy", Transport.COPY), ("cuda", "cuda-ipc", Transport.CUDA_IPC)])
