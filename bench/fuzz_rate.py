@@ -112,7 +112,8 @@ def measure(args: argparse.Namespace) -> Iterator[tuple[str, dict]]:
     names = args.backends.split(",")
     backends = get_backends(names)
     config = RunConfig(device=args.device, isolate=not args.smoke)
-    for name, (gpu, cpu, goal) in REGIMES.items():
+    for name in args.regimes.split(","):
+        gpu, cpu, goal = REGIMES[name]
         regime = gpu if args.device == "cuda" else cpu
         if args.warmup:
             campaign(names, regime, config, args.warmup, seed=args.seed)
@@ -144,9 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="per measurement (default: 20)")
     parser.add_argument("--warmup", type=float, default=15.0, help="warm-up campaign per regime, seconds (default: 15)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--regimes", default=",".join(REGIMES), help=f"comma-separated, of {list(REGIMES)} "
+                        "(default: all)")
     parser.add_argument("--smoke", action="store_true", help="CPU, torch, 0.5 s each, no warm-up, in-process")
     parser.add_argument("--out", type=Path, required=True, help="folder for fuzz_rate.json and fuzz_rate.md")
     args = parser.parse_args(argv)
+    if unknown := sorted(set(args.regimes.split(",")) - set(REGIMES)):
+        parser.error(f"--regimes: {','.join(unknown)} is not one of {list(REGIMES)}")
     if args.smoke:
         args.device, args.seconds, args.warmup = "cpu", 0.5, 0.0
     args.backends = args.backends or ("torch,deepgemm" if args.device == "cuda" else "torch")

@@ -15,7 +15,7 @@ step 00-gpu-tests python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/orac
   tests/generators/test_tensors.py tests/difftest/test_isolate.py tests/difftest/backends/test_deep_gemm.py
 step 01-fused python3 bench/fused_oracle.py ${SWEEP:+--sweep} --out "$out/fused-oracle"
 step 02-breakdown python3 bench/fuzz_breakdown.py --device cuda --backends torch,deepgemm --out "$out/breakdown"
-step 03-fuzz-rate python3 bench/fuzz_rate.py --device cuda --backends torch,deepgemm --seconds "${RATE_SECONDS:-30}" \
+step 03-fuzz-rate python3 bench/fuzz_rate.py --device cuda --backends torch,deepgemm --seconds "${RATE_SECONDS:-30}" --regimes "${REGIMES:-small,large}" \
   --warmup "${WARMUP:-60}" --out "$out/fuzz-rate"
 # Where a warm small-regime campaign's time goes: the bench's own campaign (seed 0), whose sizes its warm-up compiled.
 step 04-fuzz-profile python3 -m cProfile -o "$out/fuzz-profile.pstats" -m difftest.cli fuzz --device cuda \
