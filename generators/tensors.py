@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -166,7 +167,7 @@ def random_cases(spec: CaseSpec, seed: int, count: int, device: str | torch.devi
 def draw_lengths(spec: CaseSpec, gen: torch.Generator, device: str | torch.device) -> torch.Tensor:
     """(B + padding,) int64 sequence lengths; padding requests come last with L = 0."""
     if spec.lengths is not None:
-        real = torch.tensor(spec.lengths, dtype=torch.int64, device=device)
+        real = _on_device(tuple(spec.lengths), str(device))
     elif spec.length_dist == LengthDist.FULL:
         real = torch.full((spec.batch,), spec.max_model_len, dtype=torch.int64, device=device)
     else:
@@ -174,8 +175,15 @@ def draw_lengths(spec: CaseSpec, gen: torch.Generator, device: str | torch.devic
         count = choices if isinstance(choices, int) else len(choices)
         real = torch.randint(0, count, (spec.batch,), generator=gen, device=device)
         if not isinstance(choices, int):
-            real = torch.tensor(choices, dtype=torch.int64, device=device)[real]
+            real = _on_device(tuple(choices), str(device))[real]
     return torch.cat([real, torch.zeros(spec.padding, dtype=torch.int64, device=device)])
+
+
+@functools.lru_cache(maxsize=256)
+def _on_device(values: tuple[int, ...], device: str) -> torch.Tensor:
+    """An int64 tensor of `values` on `device`, made once: a copy to a GPU waits for all the work queued
+    before it, and a campaign asks for the same few lists thousands of times. Never written into."""
+    return torch.tensor(values, dtype=torch.int64, device=device)
 
 
 def _length_choices(spec: CaseSpec) -> int | list[int]:
