@@ -65,12 +65,6 @@ from difftest.verdict import Verdict
 DEFAULT_TIMEOUT = 600.0  # seconds one case may take in a worker when the run sets no --timeout
 UNIX_SOCKET_PATH_MAX = 107  # bytes of a socket path: sun_path holds 108 on Linux, its terminating NUL included
 STARTUP_TIMEOUT = 600.0  # seconds a worker may take to import and build its backend (a JIT library)
-# Over CUDA IPC a worker reaches the memory pool its call's inputs were copied into, never the parent's
-# own tensors. Calls whose inputs take at most this many bytes share one pool per worker (a new pool
-# cost 2.4 ms a call on the H200, more than a small case's kernel); a larger call gets a pool of its own,
-# released with it: pools kept per worker held every worker's largest inputs at once (out of memory on
-# 256K-context batches, seven backends).
-SHARED_POOL_BYTES = 64 << 20
 _STDERR_LINES = 4  # last lines of a dead worker's stderr quoted when faulthandler said nothing
 
 
@@ -184,10 +178,6 @@ def _outputs_moved(outcome: Outcome, device: str | torch.device, copy: bool = Fa
     return outcome
 
 
-def _tensor_bytes(inputs: KernelInputs) -> int:
-    return sum(t.nbytes for f in dataclasses.fields(inputs) if isinstance(t := getattr(inputs, f.name), torch.Tensor))
-
-
 def _shipped(inputs: KernelInputs, pool: Any) -> KernelInputs:
     """Copies of `inputs`' tensors allocated from `pool` (a torch.cuda.MemPool): what a worker may reach."""
     with torch.cuda.use_mem_pool(pool):
@@ -289,7 +279,6 @@ class Worker:
         # timeout counts from then.
         self.answered_at = 0.0
         self.starting: threading.Thread | None = None  # start_soon's thread, until joined
-        self.small_calls_pool: Any = None  # a torch.cuda.MemPool, made at the first small call over IPC
 
     @property
     def queues(self) -> bool:
@@ -342,33 +331,31 @@ class Worker:
             return lambda: fault
         assert self.conn is not None
         start = time.perf_counter()
-        # Kept referenced until the answer is in: over IPC the worker reads this very memory.
-        own_pool = self.transport == Transport.CUDA_IPC and _tensor_bytes(inputs) > SHARED_POOL_BYTES
-        if self.transport == Transport.CUDA_IPC:
-            shipped = _shipped(inputs, torch.cuda.MemPool() if own_pool else self._small_calls_pool())
-        else:
-            shipped = _moved(inputs, "cpu")
+        # Kept referenced until the answer is in: over IPC the worker reads this very memory. A pool of
+        # its own per call (the only parent memory a worker can reach is that call's inputs), released
+        # with it: pools kept per worker held every worker's largest inputs at once (out of memory on
+        # 256K-context batches, seven backends).
+        shipped = _shipped(inputs, torch.cuda.MemPool()) if self.transport == Transport.CUDA_IPC else \
+            _moved(inputs, "cpu")
         try:
             self.conn.send_bytes(_dumps((shipped, launch), self.transport))
         except OSError:
             died = self._died(time.perf_counter() - start)
             return lambda: died
         sent_to = self.started
-        return lambda: self._answered(sent_to, start, shipped, (backend, inputs, launch), own_pool)
-
-    def _small_calls_pool(self) -> Any:
-        if self.small_calls_pool is None:
-            self.small_calls_pool = torch.cuda.MemPool()
-        return self.small_calls_pool
+        return lambda: self._answered(sent_to, start, shipped, (backend, inputs, launch))
 
     def _answered(self, sent_to: int, start: float, shipped: KernelInputs,
-                  call: tuple[Backend, KernelInputs, Launch], own_pool: bool) -> Outcome:
+                  call: tuple[Backend, KernelInputs, Launch]) -> Outcome:
         """The call's outcome. One sent while another was in flight went down with the process if that
         one crashed or hung: it is sent again, to the new worker."""
         if self.conn is None or self.started != sent_to:
             return self.submit(*call)()
-        outcome = self._answer(start, shipped)
-        if own_pool:  # what pools of one call no longer hold goes back to the device
+        return self._released(self._answer(start, shipped))
+
+    def _released(self, outcome: Outcome) -> Outcome:
+        """`outcome`, once the call's inputs (and their pool) are gone from the device."""
+        if self.transport == Transport.CUDA_IPC:
             torch.cuda.empty_cache()
         return outcome
 
