@@ -253,8 +253,8 @@ def _finished_batch(backends: list[Loaded], executors: list[Executor], batch: Ba
 # those that still fail are run alone. A kernel whose answer depends on its neighbours in the launch
 # (DeepGEMM's row after an empty request: a member ending in empty requests spoils the next member's
 # first one) fails about a third of a campaign's members in their batch; one launch for all of them,
-# each after a member that can separate it from the others (_retry_order), replaces most of their
-# one-by-one re-runs. The same rule as the first batch: a member that passes in a batch counts as passing.
+# where most have other neighbours, replaces most of their one-by-one re-runs. The same rule as the
+# first batch: a member that passes in a batch counts as passing.
 REBATCH_ROUNDS = 2
 
 
@@ -285,29 +285,12 @@ def _retried(backend: Loaded, executor: Executor, batch: Batch, shares: list[Ref
 def _rebatched(backend: Loaded, executor: Executor, batch: Batch, chosen: list[int],
                config: RunConfig) -> list[CaseResult | None]:
     """`backend`'s result on each chosen member (already validated with the batch), in one launch of
-    those members together, each after a separator (_retry_order) (None: that launch gave no result)."""
-    order = _retry_order(batch, chosen)
-    again = merge([batch.members[index] for index in order])
+    those members alone together (None: that launch gave no result)."""
+    again = merge([batch.members[index] for index in chosen])
     case = again.case.to(config.device)
     pending = _submit(backend, case, config, executor, _identity(backend, case, config))
     ref = make_reference(case, config.oracle_kind)  # while the worker computes
-    judged = _members_judged(backend, executor, pending(), again, ref, config)
-    return [judged[order.index(index)] for index in chosen]
-
-
-def _retry_order(batch: Batch, chosen: list[int]) -> list[int]:
-    """The members of a launch that tries `chosen` again: each chosen member right after a separator, a
-    member not chosen whose last request is not empty, while there are separators; their results there
-    are not counted. The best-known way a kernel's answer depends on its neighbours is the request right
-    after an empty one (docs/reference/bug-classes.md): chosen members launched next to each other
-    would often spoil each other again, and each would then be run alone."""
-    separators = iter(index for index, member in enumerate(batch.members)
-                      if index not in chosen and member.batch and member.lengths[-1] > 0)
-    order: list[int] = []
-    for index in chosen:
-        order += [separator] if (separator := next(separators, None)) is not None else []
-        order.append(index)
-    return order
+    return _members_judged(backend, executor, pending(), again, ref, config)
 
 
 def _each_alone(backend: Loaded, executor: Executor, members: list[tuple[Case, Reference]],

@@ -141,9 +141,8 @@ def _neighbours(lengths: list[tuple[int, ...]]) -> list:
 
 
 def test_members_a_neighbour_spoiled_in_the_batch_pass_together_in_one_more_launch(monkeypatch):
-    # m1 follows m0's empty request and m3 follows m2's: both fail in the batch; launched again, m1 after
-    # m4 (the one member that passed and ends in a non-empty request) and m3 after m1, neither follows
-    # an empty request, so no member is run alone
+    # m1 follows m0's empty request and m3 follows m2's: both fail in the batch, and neither follows an
+    # empty request once they are launched together, so no member is run alone
     cases = _neighbours([(5, 0), (7, 9), (3, 0), (8, 4), (6, 6)])
     backends = get_backends([PLANTED_AFTER_EMPTY])
     alone = run(backends, cases, RunConfig())
@@ -153,29 +152,12 @@ def test_members_a_neighbour_spoiled_in_the_batch_pass_together_in_one_more_laun
     batched = run(backends, [batch], RunConfig())
     assert _summary(batched) == _summary(alone) and {r.verdict for r in alone} == {Verdict.PASS}
     assert [r.case for r in batch.diverged] == [cases[1].name, cases[3].name]
-    assert executor.rows == [batch.case.rows, 12], "the batch, then m4, m1 and m3 together"
-
-
-def test_each_member_tried_again_follows_a_separator_so_none_spoils_the_next(monkeypatch):
-    # m1 (after m0's empty request) and m2 (after m1's) fail in the batch. Launched again next to each
-    # other, m2 would still follow m1's empty request; each after a member that passed and ends in a
-    # non-empty request (m3, m4), both pass in that one launch and nothing is run alone.
-    cases = _neighbours([(5, 0), (7, 0), (8, 4), (6, 6), (9, 9)])
-    backends = get_backends([PLANTED_AFTER_EMPTY])
-    alone = run(backends, cases, RunConfig())
-    executor = _Queueing()
-    monkeypatch.setattr(runner, "InProcess", lambda: executor)
-    batch = merge(cases)
-    batched = run(backends, [batch], RunConfig())
-    assert _summary(batched) == _summary(alone) and {r.verdict for r in alone} == {Verdict.PASS}
-    assert [r.case for r in batch.diverged] == [cases[1].name, cases[2].name]
-    assert executor.rows == [batch.case.rows, 16], "the batch, then m3, m1, m4, m2 together"
+    assert executor.rows == [batch.case.rows, 8], "the batch, then m1 and m3 together"
 
 
 def test_a_member_still_spoiled_in_the_second_launch_is_run_alone_and_a_real_failure_stays_one(monkeypatch):
-    # m1 (after m0's empty request) and m2 (after m1's) fail in the batch; no member that passed ends
-    # in a non-empty request (none can separate them), so launched with m3, m2 still follows m1's
-    # empty request, and passes only in the second round. m3's own second request follows
+    # m1 (after m0's empty request) and m2 (after m1's) fail in the batch; launched with m3, m2 still
+    # follows m1's empty request, and passes only in the second round. m3's own second request follows
     # its empty first one: it fails in every launch, and alone.
     cases = _neighbours([(5, 0), (7, 0), (8, 4), (0, 6)])
     backends = get_backends([PLANTED_AFTER_EMPTY])
