@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -294,21 +295,65 @@ def _rebatched(backend: Loaded, executor: Executor, batch: Batch, chosen: list[i
 
 
 def _each_alone(backend: Loaded, executor: Executor, members: list[tuple[Case, Reference]],
-                config: RunConfig) -> Iterator[CaseResult]:
-    """`backend` on each member alone, in order; where the executor queues, each call is sent before
-    the one before it is judged, so its worker computes while this process judges."""
-    queued: tuple[Case, Callable[[], CaseResult]] | None = None
-    for member, share in members:
-        case = member.validate().to(config.device)
-        if queued is not None and not executor.queues:
-            yield _sanitized(queued[1](), backend, queued[0], config)
-            queued = None
-        started = case, start_backend(backend, case, share, config, executor)
-        if queued is not None:
-            yield _sanitized(queued[1](), backend, queued[0], config)
-        queued = started
-    if queued is not None:
-        yield _sanitized(queued[1](), backend, queued[0], config)
+                config: RunConfig) -> list[CaseResult]:
+    """`backend` on each member alone, in order. Where the executor queues, each call is sent before the
+    one before it is awaited. Their first launches' outputs are compared in one pass, laid end to end
+    (_compared_together); a member that fails there is compared again alone, for its full comparison."""
+    cases = [member.validate().to(config.device) for member, _share in members]
+    bases = [_identity(backend, case, config) for case in cases]
+    outcomes = list(_outcomes_in_turn(backend, executor, cases, bases, config))
+    shares = [share for _member, share in members]
+    compared = _compared_together(backend, cases, shares, outcomes)
+    return [_sanitized(_finished(outcome, share, backend.contract, config, executor, base, comparison), backend,
+                       case, config)
+            for case, share, outcome, base, comparison in zip(cases, shares, outcomes, bases, compared, strict=True)]
+
+
+def _outcomes_in_turn(backend: Loaded, executor: Executor, cases: list[Case], bases: list[dict[str, Any]],
+                      config: RunConfig) -> Iterator[Outcome | CaseResult]:
+    """The outcome of `backend` on each case, in order; where the executor queues, each call is sent
+    before the outcome of the one before it is awaited, so the worker computes while this process waits
+    on the pipe (at most two calls in flight: a call's message and its answer stay small)."""
+    pending: Callable[[], Outcome | CaseResult] | None = None
+    for case, base in zip(cases, bases, strict=True):
+        if pending is not None and not executor.queues:
+            yield pending()
+            pending = None
+        started = _submit(backend, case, config, executor, base)
+        if pending is not None:
+            yield pending()
+        pending = started
+    if pending is not None:
+        yield pending()
+
+
+def _compared_together(backend: Loaded, cases: list[Case], shares: list[Reference],
+                       outcomes: list[Outcome | CaseResult]) -> list[Comparison | None]:
+    """The comparison of each case's first output, made in one compare_spans pass over the outputs and
+    oracle answers laid end to end (padded with -inf to the widest max_model_len: past a case's own
+    width nothing is inside a window, and -inf is what every mask convention allows there); None where
+    a case fails there (compare it alone, for its full comparison) or cannot be laid out with the others
+    (no output, or an output of another shape, dtype or device)."""
+    firsts = [o.outputs[0] if isinstance(o, Execution) else None for o in outcomes]
+    fits = [i for i, (case, out) in enumerate(zip(cases, firsts, strict=True))
+            if out is not None and tuple(out.shape) == (case.rows, case.max_model_len)]
+    if len({(firsts[i].dtype, firsts[i].device) for i in fits}) != 1 or len(fits) < 2:  # type: ignore[union-attr]
+        return [None] * len(cases)
+    width = max(cases[i].max_model_len for i in fits)
+    spans = list(zip(itertools.accumulate((cases[i].rows for i in fits[:-1]), initial=0),
+                     (cases[i].rows for i in fits), strict=True))
+    expected = torch.cat([_padded(shares[i].logits, width) for i in fits])
+    got = torch.cat([_padded(firsts[i], width) for i in fits])  # type: ignore[arg-type]
+    together = compare_spans(expected, got, torch.cat([shares[i].row_lens for i in fits]), backend.contract,
+                             torch.cat([shares[i].bound for i in fits]), spans)
+    compared: list[Comparison | None] = [None] * len(cases)
+    for index, comparison in zip(fits, together, strict=True):
+        compared[index] = comparison if comparison is not None and not comparison.verdict.failed else None
+    return compared
+
+
+def _padded(logits: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.nn.functional.pad(logits, (0, width - logits.shape[1]), value=float("-inf"))
 
 
 def _members_judged(backend: Loaded, executor: Executor, outcome: Outcome | CaseResult, batch: Batch,

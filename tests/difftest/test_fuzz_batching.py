@@ -11,6 +11,7 @@ import torch
 from difftest import runner
 from difftest.backends import get_backends
 from difftest.batch import merge
+from difftest.comparison import compare
 from difftest.config import RunConfig
 from difftest.generators.spec import CaseSpec, LengthDist
 from difftest.generators.tensors import build_case
@@ -205,3 +206,23 @@ def test_a_drawing_error_while_a_batch_runs_finishes_that_batch_first():
     with pytest.raises(RuntimeError, match="drawing failed"):
         run(get_backends(["torch"]), drawn(), RunConfig(), on_result=heard.append)
     assert [r.case for r in heard] == [m.name for m in members], "the batch's results came before the error"
+
+
+def test_members_run_alone_are_compared_in_one_pass_with_the_comparisons_they_get_alone(monkeypatch):
+    # Each member ends in an empty request: in every launch of several, each spoils the next one's first
+    # request. m1 passes in the first retry launch, m2 in the second; m3, m4 and m5 are run alone, pass,
+    # and get their comparisons from one pass over their outputs laid end to end, not one compare() each.
+    cases = _neighbours([(5, 0), (7, 0), (8, 0), (6, 0), (4, 0), (9, 0)])
+    backends = get_backends([PLANTED_AFTER_EMPTY])
+    alone = run(backends, cases, RunConfig())
+    executor = _Queueing()
+    monkeypatch.setattr(runner, "InProcess", lambda: executor)
+    compared_alone: list = []
+    monkeypatch.setattr(runner, "compare", lambda *args, **kwargs: compared_alone.append(args) or compare(*args,
+                                                                                                          **kwargs))
+    batch = merge(cases)
+    batched = run(backends, [batch], RunConfig())
+    assert _summary(batched) == _summary(alone) and {r.verdict for r in alone} == {Verdict.PASS}
+    assert executor.rows == [batch.case.rows, 20, 16, 4, 4, 4], "the batch, m1-m5, m2-m5, then m3, m4, m5 alone"
+    # compare() ran once: for the merged case itself, the failure kept in batch.whole
+    assert [args[0].shape[0] for args in compared_alone] == [batch.case.rows], "no member was compared on its own"
