@@ -22,7 +22,6 @@ buffered writes (at most STREAM_FLUSH_SECONDS of them lost if the campaign is ki
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import json
 import shlex
@@ -37,7 +36,6 @@ from difftest.case import Case
 from difftest.config import RunConfig
 from difftest.errors import SpecError, require
 from difftest.generators.envelope import Target, estimate_bytes
-from difftest.generators.spec import CaseSpec
 from difftest.kinds import Device
 from difftest.plan import PlannedCase, build_together, envelope_plan
 from difftest.regime import Regime
@@ -329,13 +327,7 @@ def _logits(planned: PlannedCase) -> int:
 
 def _pool_bytes(planned: PlannedCase) -> int:
     """The planned case's paged cache: keys and scales, at most."""
-    return _spec_pool_bytes(planned.spec)
-
-
-@functools.lru_cache(maxsize=4096)
-def _spec_pool_bytes(spec: CaseSpec) -> int:
-    # A round repeats a few dozen specs with new seeds; estimating one walks every row's limit.
-    return estimate_bytes(spec).pool_bytes
+    return estimate_bytes(planned.spec).pool_bytes
 
 
 def _shape(planned: PlannedCase) -> str:

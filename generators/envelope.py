@@ -294,9 +294,16 @@ def _longest(spec: CaseSpec) -> int:
 
 
 def _key_reads(spec: CaseSpec) -> int:
-    """The sum of every row's limit, drawn lengths counted at their longest."""
-    lengths = spec.lengths if spec.lengths is not None else (_longest(spec),) * spec.batch
-    return sum(max(n - spec.next_n + j + 1, 0) for n in lengths for j in range(spec.next_n))
+    """The sum of every row's limit, drawn lengths counted at their longest (all equal: one sum, times the
+    batch; a fuzz campaign asks this of every case it plans)."""
+    if spec.lengths is not None:
+        return sum(_limits_sum(n, spec.next_n) for n in spec.lengths)
+    return spec.batch * _limits_sum(_longest(spec), spec.next_n)
+
+
+def _limits_sum(length: int, next_n: int) -> int:
+    """The sum of the limits of one request's next_n rows."""
+    return sum(max(length - next_n + j + 1, 0) for j in range(next_n))
 
 
 def _torch_oracle_bytes(spec: CaseSpec, key_bytes: int) -> int:
