@@ -334,16 +334,16 @@ def _compared_together(backend: Loaded, cases: list[Case], shares: list[Referenc
     width nothing is inside a window, and -inf is what every mask convention allows there); None where
     a case fails there (compare it alone, for its full comparison) or cannot be laid out with the others
     (no output, or an output of another shape, dtype or device)."""
-    firsts = [o.outputs[0] if isinstance(o, Execution) else None for o in outcomes]
-    fits = [i for i, (case, out) in enumerate(zip(cases, firsts, strict=True))
-            if out is not None and tuple(out.shape) == (case.rows, case.max_model_len)]
-    if len({(firsts[i].dtype, firsts[i].device) for i in fits}) != 1 or len(fits) < 2:  # type: ignore[union-attr]
+    firsts = {i: o.outputs[0] for i, (case, o) in enumerate(zip(cases, outcomes, strict=True))
+              if isinstance(o, Execution) and tuple(o.outputs[0].shape) == (case.rows, case.max_model_len)}
+    fits = list(firsts)
+    if len({(out.dtype, out.device) for out in firsts.values()}) != 1 or len(fits) < 2:
         return [None] * len(cases)
     width = max(cases[i].max_model_len for i in fits)
     spans = list(zip(itertools.accumulate((cases[i].rows for i in fits[:-1]), initial=0),
                      (cases[i].rows for i in fits), strict=True))
     expected = torch.cat([_padded(shares[i].logits, width) for i in fits])
-    got = torch.cat([_padded(firsts[i], width) for i in fits])  # type: ignore[arg-type]
+    got = torch.cat([_padded(firsts[i], width) for i in fits])
     together = compare_spans(expected, got, torch.cat([shares[i].row_lens for i in fits]), backend.contract,
                              torch.cat([shares[i].bound for i in fits]), spans)
     compared: list[Comparison | None] = [None] * len(cases)
