@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import torch
+
 from difftest.backends import Loaded, get_backends
 from difftest.batch import Batch, BatchKey, batch_key, merge
 from difftest.bundle import write_bundle
@@ -38,6 +40,7 @@ from difftest.errors import SpecError, require
 from difftest.generators.envelope import Target, estimate_bytes
 from difftest.kinds import Device
 from difftest.plan import PlannedCase, build_together, envelope_plan
+from difftest.prefetch import Prefetched
 from difftest.regime import Regime
 from difftest.result import CaseResult
 from difftest.runner import run
@@ -59,6 +62,9 @@ BATCH_LOGITS = 1 << 24
 SMALL_POOL = 64 << 20
 BATCH_POOL = 1 << 30
 STREAM_FLUSH_SECONDS = 1.0
+# Batches drawn ahead of the runner, which itself takes the next item while a batch is in flight: with
+# one here, at most three batches are drawn and not finished (a few MiB each in the small regime).
+PREFETCH_DEPTH = 1
 DIVERGED_SHOWN = 5  # batch-only failures the campaign's end lists one by one
 
 
@@ -218,20 +224,35 @@ class _State:
     def items(self, start: float) -> Iterator[Case | Batch]:
         """The planned cases, built: a small one waits in the bucket of its shape and backends until the
         bucket makes a full batch, any other goes alone. Ends at the budget or the failure count (cases
-        still waiting in buckets are dropped)."""
+        still waiting in buckets are dropped).
+
+        Batches are planned and drawn in a thread, PREFETCH_DEPTH ahead (difftest.prefetch), while this
+        thread waits on the workers or judges; a case that goes alone is drawn here, when its turn
+        comes, since it may be large. What the campaign counts, it counts as an item is handed out."""
+        setup = _same_device(self.campaign.config.device)
+        with Prefetched(self._jobs(), self._drawn_ahead, PREFETCH_DEPTH, setup) as ahead:
+            for job, batch in ahead:
+                if self._done(start):
+                    return
+                yield self._single(job) if batch is None else self._handed(job, batch)
+
+    def _jobs(self) -> Iterator[PlannedCase | list[PlannedCase]]:
+        """What each item will be: a planned case that goes alone, or a full bucket's planned cases."""
         buckets: dict[tuple[BatchKey, frozenset[str] | None], _Bucket] = {}
         for planned in planned_cases(list(self.backends.values()), self.target, self.campaign.regime,
                                      self.campaign.seed):
-            if self._done(start):
-                return
             key = self._bucket(planned)
             if key is None:
-                yield self._single(planned)
+                yield planned
                 continue
             bucket = buckets.setdefault(key, _Bucket())
             bucket.add(planned)
             if bucket.full():
-                yield self._batch(buckets.pop(key).cases)
+                yield buckets.pop(key).cases
+
+    def _drawn_ahead(self, job: PlannedCase | list[PlannedCase]) -> Batch | None:
+        """A bucket's batch, drawn and merged; None for a case that goes alone."""
+        return merge(build_together(job, self.campaign.config.device)) if isinstance(job, list) else None
 
     def _bucket(self, planned: PlannedCase) -> tuple[BatchKey, frozenset[str] | None] | None:
         """Which batches `planned` may join; None when it runs alone (large, or a backend not batchable)."""
@@ -251,8 +272,7 @@ class _State:
         self.drawn += 1
         return case
 
-    def _batch(self, bucket: list[PlannedCase]) -> Batch:
-        batch = merge(build_together(bucket, self.campaign.config.device))
+    def _handed(self, bucket: list[PlannedCase], batch: Batch) -> Batch:
         self.current.update((case.name, case) for case in batch.members)
         self.takers[batch.case.name] = bucket[0].backends
         self.drawn += len(bucket)
@@ -385,3 +405,11 @@ def repro_line(found: Found) -> str:
     if found.bundle is not None:
         return shlex.join(["difftest", "replay", str(found.bundle), "--trust-bundle"])
     return found.case.describe()
+
+
+def _same_device(device: str) -> Callable[[], None] | None:
+    """What makes the drawing thread's current GPU this thread's (each thread has its own)."""
+    if device != "cuda":
+        return None
+    index = torch.cuda.current_device()
+    return lambda: torch.cuda.set_device(index)

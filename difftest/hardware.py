@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import os
 from typing import Any
 
@@ -96,7 +97,16 @@ def gpu_description(device: Any) -> str | None:
     import torch  # deferred: torch is heavy
 
     index = torch.cuda.current_device() if device.index is None else device.index
-    return describe_gpu(index, torch.cuda.get_device_properties(index), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return _described(index, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+@functools.cache
+def _described(index: int, visible: str | None) -> str:
+    """describe_gpu of a device index under one CUDA_VISIBLE_DEVICES: every result carries it (a fuzz
+    campaign asked for it 20,000 times in 30 s)."""
+    import torch  # deferred: torch is heavy
+
+    return describe_gpu(index, torch.cuda.get_device_properties(index), visible)
 
 
 @dataclasses.dataclass(frozen=True)
