@@ -13,6 +13,7 @@ compute-sanitizer (difftest.sanitize) from a bundle of the case (difftest.bundle
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import itertools
@@ -257,6 +258,10 @@ def _finished_batch(backends: list[Loaded], executors: list[Executor], batch: Ba
 # where most have other neighbours, replaces most of their one-by-one re-runs. The same rule as the
 # first batch: a member that passes in a batch counts as passing.
 REBATCH_ROUNDS = 2
+# A batch's members run alone that are in flight at once, where the executor queues (a worker over CUDA
+# IPC: a call's message is a few handles). Members are small cases (the batch caps), so their shipped
+# inputs stay small; one call at a time, the worker waited for this process to take each answer.
+RERUNS_IN_FLIGHT = 8
 
 
 def _retried(backend: Loaded, executor: Executor, batch: Batch, shares: list[Reference],
@@ -296,8 +301,8 @@ def _rebatched(backend: Loaded, executor: Executor, batch: Batch, chosen: list[i
 
 def _each_alone(backend: Loaded, executor: Executor, members: list[tuple[Case, Reference]],
                 config: RunConfig) -> list[CaseResult]:
-    """`backend` on each member alone, in order. Where the executor queues, each call is sent before the
-    one before it is awaited. Their first launches' outputs are compared in one pass, laid end to end
+    """`backend` on each member alone, in order. Where the executor queues, several calls are in flight at
+    once (_outcomes_in_turn). Their first launches' outputs are compared in one pass, laid end to end
     (_compared_together); a member that fails there is compared again alone, for its full comparison."""
     cases = [member.validate().to(config.device) for member, _share in members]
     bases = [_identity(backend, case, config) for case in cases]
@@ -311,20 +316,17 @@ def _each_alone(backend: Loaded, executor: Executor, members: list[tuple[Case, R
 
 def _outcomes_in_turn(backend: Loaded, executor: Executor, cases: list[Case], bases: list[dict[str, Any]],
                       config: RunConfig) -> Iterator[Outcome | CaseResult]:
-    """The outcome of `backend` on each case, in order; where the executor queues, each call is sent
-    before the outcome of the one before it is awaited, so the worker computes while this process waits
-    on the pipe (at most two calls in flight: a call's message and its answer stay small)."""
-    pending: Callable[[], Outcome | CaseResult] | None = None
+    """The outcome of `backend` on each case, in order; where the executor queues, up to RERUNS_IN_FLIGHT
+    calls are sent before the first of them is awaited, so the worker goes from one call to the next
+    while this process takes the answers."""
+    window = RERUNS_IN_FLIGHT if executor.queues else 1
+    in_flight: collections.deque[Callable[[], Outcome | CaseResult]] = collections.deque()
     for case, base in zip(cases, bases, strict=True):
-        if pending is not None and not executor.queues:
-            yield pending()
-            pending = None
-        started = _submit(backend, case, config, executor, base)
-        if pending is not None:
-            yield pending()
-        pending = started
-    if pending is not None:
-        yield pending()
+        if len(in_flight) == window:
+            yield in_flight.popleft()()
+        in_flight.append(_submit(backend, case, config, executor, base))
+    while in_flight:
+        yield in_flight.popleft()()
 
 
 def _compared_together(backend: Loaded, cases: list[Case], shares: list[Reference],

@@ -114,7 +114,7 @@ class _Queueing(InProcess):
         return lambda: (self.log.append(("asked", call)), wait())[1]
 
 
-def test_where_an_executor_queues_a_batchs_reruns_are_sent_one_ahead_with_the_same_results(monkeypatch):
+def test_where_an_executor_queues_a_batchs_reruns_are_sent_ahead_with_the_same_results(monkeypatch):
     cases = _members(2)
     backends = get_backends([PLANTED_ALWAYS])
     plain = run(backends, [merge(cases)], RunConfig())
@@ -125,12 +125,17 @@ def test_where_an_executor_queues_a_batchs_reruns_are_sent_one_ahead_with_the_sa
     reruns = sum(r.verdict.failed for r in plain)
     assert reruns >= 2, "the planted bug fails at least two members, each re-run alone"
     # call 0 is the batch, call 1 the failed members together (they fail there too: no second round),
-    # then one call per member alone; each is sent before the previous one's outcome is asked for
+    # then one call per member alone: up to RERUNS_IN_FLIGHT of them are sent before the first one's
+    # outcome is asked for, and each later one before the outcome of the one that many before it
     order = executor.log
     calls = [call for event, call in order if event == "sent"]
     assert len(calls) == 2 + reruns, f"{order=}"
+    window = runner.RERUNS_IN_FLIGHT
     for k in range(3, 2 + reruns):
+        asked_before = max(2, k - window)
+        assert order.index(("sent", k)) < order.index(("asked", asked_before)) or k - window >= 2, f"{order=}"
         assert order.index(("sent", k)) < order.index(("asked", k - 1)), f"{order=}"
+    assert all(order.index(("sent", k)) < order.index(("asked", 2)) for k in range(2, min(2 + reruns, 2 + window)))
 
 
 PLANTED_AFTER_EMPTY = "tests.planted:wrong_after_empty_request"
