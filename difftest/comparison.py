@@ -91,14 +91,14 @@ def compare_spans(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Ten
                         contract, None if bound is None else bound[first:first + step])
              for first, step in _chunks(*expected.shape)]
     kinds, differing, abs_err, rel_err, active = (torch.cat([s[i] for s in stats], dim=-1) for i in range(5))
-    fractions = torch.cat([s[5] for s in stats])  # one per active row, in row order
+    fractions = torch.cat([s[5] for s in stats]).tolist()  # one per active row, in row order
     before = torch.cumsum(active, 0).tolist()  # active rows up to and including each row
     kinds, differing, abs_err, rel_err = kinds.tolist(), differing.tolist(), abs_err.tolist(), rel_err.tolist()
     out: list[Comparison] = []
     for first, rows in spans:
         lo, hi = (before[first - 1] if first else 0), (before[first + rows - 1] if rows else 0)
-        # A fresh tensor of the span's fractions, summed as compare() sums its own: the same float.
-        overlap = (float(fractions[lo:hi].clone().sum()) if hi > lo else 0.0, hi - lo)
+        # Correctly rounded, as compare() sums its own: the same float, whatever the order.
+        overlap = (math.fsum(fractions[lo:hi]), hi - lo)
         bad_rows = {kind: [r for r in range(rows) if flags[first + r]]
                     for kind, flags in zip(_KINDS, kinds, strict=True)}
         part = _Part(bad_rows, sum(differing[first:first + rows]), max(abs_err[first:first + rows], default=0.0),
@@ -334,7 +334,8 @@ def topk_overlap(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tens
 def _topk_hits(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor) -> tuple[float, int]:
     """(sum over rows with a window of their top-k overlap, the number of such rows)."""
     fractions, active = _topk_fractions(expected, got, row_lens)
-    return (float(fractions.sum()), int(active.sum())) if fractions.numel() else (0.0, 0)
+    # fsum: correctly rounded, so a member's sum in a batch (compare_spans) is the same float as alone.
+    return (math.fsum(fractions.tolist()), int(active.sum())) if fractions.numel() else (0.0, 0)
 
 
 def _topk_fractions(expected: torch.Tensor, got: torch.Tensor,
