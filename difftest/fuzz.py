@@ -62,9 +62,10 @@ BATCH_LOGITS = 1 << 24
 SMALL_POOL = 64 << 20
 BATCH_POOL = 1 << 30
 STREAM_FLUSH_SECONDS = 1.0
-# Batches drawn ahead of the runner, which itself takes the next item while a batch is in flight: with
-# one here, at most three batches are drawn and not finished (a few MiB each in the small regime).
-PREFETCH_DEPTH = 1
+# Batches drawn ahead of the runner, which itself takes the next item while a batch is in flight: at
+# most PREFETCH_DEPTH + 2 batches are drawn and not finished (a few MiB each in the small regime). Two,
+# so that the drawing thread can bank a batch during a long wait (a batch with many reruns).
+PREFETCH_DEPTH = 2
 DIVERGED_SHOWN = 5  # batch-only failures the campaign's end lists one by one
 
 
