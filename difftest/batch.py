@@ -68,6 +68,35 @@ class Batch:
         outputs = tuple(out[rows, :columns] if tuple(out.shape) == merged else out for out in execution.outputs)
         return dataclasses.replace(execution, outputs=outputs)
 
+    def validate(self) -> Batch:
+        """Check the merged case and every member, as each member's own validate() would, in one pass
+        over the merged tensors; SpecError names the first impossible field of the first bad member.
+
+        What the merged case's checks cannot see of a member (a length within the batch's max_model_len
+        but past its own; a block id inside the merged pool but outside its own blocks; the width of its
+        own table) is checked against each request's own bounds at once; only when something fails are
+        the members validated one by one, for the error each would raise."""
+        for member in self.members:
+            member.validate_layout()
+        self.case.validate()
+        if not bool(self._members_within_bounds()):
+            for member in self.members:
+                member.validate()
+        return self
+
+    def _members_within_bounds(self) -> torch.Tensor:
+        """Whether every request stays inside its own member's max_model_len, table width and blocks."""
+        case, device = self.case, self.case.device
+        per_request = [(m.max_model_len, m.block_table.shape[1], offset, m.k_pool.shape[0])
+                       for m, offset in zip(self.members, _pool_offsets(self.members), strict=True)
+                       for _ in range(m.batch)]
+        max_len, columns, first, blocks = torch.tensor(per_request, dtype=torch.int64, device=device).unbind(1)
+        lens = case.seq_lens.to(torch.int64)
+        table = case.block_table.to(torch.int64)
+        used = torch.arange(table.shape[1], device=device)[None, :] < case.used_blocks()[:, None]
+        own = (table >= first[:, None]) & (table < (first + blocks)[:, None])
+        return (lens <= max_len).all() & (lens <= columns * case.block_size).all() & (own | ~used).all()
+
     def _cut(self, index: int) -> tuple[slice, int]:
         member = self.members[index]
         first = self.first_rows[index]
@@ -77,7 +106,7 @@ class Batch:
 def merge(members: list[Case]) -> Batch:
     """One case holding every member's requests, in order; members must share batch_key's fields."""
     first = members[0]
-    offsets = list(itertools.accumulate((m.k_pool.shape[0] for m in members[:-1]), initial=0))
+    offsets = _pool_offsets(members)
     width = max(m.block_table.shape[1] for m in members)
     tables = [_widened(m.block_table + offset, width) for m, offset in zip(members, offsets, strict=True)]
     case = Case(name=f"batch-{first.name}+{len(members) - 1}", q=torch.cat([m.q for m in members]),
@@ -88,6 +117,11 @@ def merge(members: list[Case]) -> Batch:
                 meta={"families": sorted({f for m in members for f in m.meta.get("families", ())})})
     first_rows = tuple(itertools.accumulate((m.rows for m in members[:-1]), initial=0))
     return Batch(tuple(members), case, first_rows)
+
+
+def _pool_offsets(members: tuple[Case, ...] | list[Case]) -> list[int]:
+    """The merged pool's first block of each member's pool."""
+    return list(itertools.accumulate((m.k_pool.shape[0] for m in members[:-1]), initial=0))
 
 
 def _widened(table: torch.Tensor, width: int) -> torch.Tensor:

@@ -136,14 +136,19 @@ class Case:
 
     def validate(self) -> Case:
         """Check every field against the others; SpecError names the first one that is impossible."""
-        _validate_types(self)
-        _validate_shapes(self)
-        require(self.max_model_len >= 1, "max_model_len", self.max_model_len, "an integer >= 1")
+        self.validate_layout()
         checks = _value_checks(self)
         # Read back from the device at once (on a GPU each check read back alone was a host wait).
         for holds, (_, fail) in zip(torch.stack([held for held, _ in checks]).tolist(), checks, strict=True):
             if not holds:
                 fail()
+        return self
+
+    def validate_layout(self) -> Case:
+        """validate()'s checks that read no tensor's values (types, devices, shapes, dtypes): host work only."""
+        _validate_types(self)
+        _validate_shapes(self)
+        require(self.max_model_len >= 1, "max_model_len", self.max_model_len, "an integer >= 1")
         return self
 
     def save(self, path: str | Path) -> Path:

@@ -218,7 +218,7 @@ def _started_batch(backends: list[Loaded], executors: list[Executor], batch: Bat
     fails there is tried again (_retried), and the retry's result is the one that counts; one that
     fails in the batch but passes when tried again is kept in batch.diverged, and its backend's result
     on the merged case in batch.whole. A Batch is never a resumed pair (`done`)."""
-    merged = batch.case.validate().to(config.device)
+    merged = batch.validate().case.to(config.device)
     bases = [_identity(b, merged, config) for b in backends]
     pending = [_submit(b, merged, config, e, base) for b, e, base in zip(backends, executors, bases, strict=True)]
     ref = make_reference(merged, config.oracle_kind)  # while the workers compute
@@ -304,7 +304,7 @@ def _each_alone(backend: Loaded, executor: Executor, members: list[tuple[Case, R
     """`backend` on each member alone, in order. Where the executor queues, several calls are in flight at
     once (_outcomes_in_turn). Their first launches' outputs are compared in one pass, laid end to end
     (_compared_together); a member that fails there is compared again alone, for its full comparison."""
-    cases = [member.validate().to(config.device) for member, _share in members]
+    cases = [member.to(config.device) for member, _share in members]  # validated with their batch
     bases = [_identity(backend, case, config) for case in cases]
     outcomes = list(_outcomes_in_turn(backend, executor, cases, bases, config))
     shares = [share for _member, share in members]

@@ -1,0 +1,73 @@
+"""Batch.validate: the merged case and every member, in one pass, with the errors each member's own
+validate() raises."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from difftest.batch import merge
+from difftest.errors import SpecError
+from difftest.generators.spec import CaseSpec
+from difftest.generators.tensors import build_case
+
+SHAPE = dict(heads=4, head_dim=16, block_size=4, next_n=2)
+
+
+def _pair() -> list:
+    """A short member and a longer one: the batch's max_model_len and table width are the second's."""
+    return [build_case(CaseSpec(name="short", batch=2, max_model_len=12, lengths=(5, 12), **SHAPE), 0),
+            build_case(CaseSpec(name="long", batch=2, max_model_len=40, lengths=(33, 40), **SHAPE), 1)]
+
+
+def _member_error(case) -> str:
+    with pytest.raises(SpecError) as alone:
+        case.validate()
+    return str(alone.value)
+
+
+def test_a_batch_of_valid_members_validates():
+    batch = merge(_pair())
+    assert batch.validate() is batch
+
+
+def test_a_length_past_its_own_max_model_len_is_refused_though_the_batch_allows_it():
+    short, long = _pair()
+    bad = dataclasses.replace(short, max_model_len=10)  # its longest request is 12; the batch's limit is 40
+    with pytest.raises(SpecError) as caught:
+        merge([bad, long]).validate()
+    assert str(caught.value) == _member_error(bad)
+    assert "max_model_len = 10" in str(caught.value)
+
+
+def test_a_block_id_in_the_next_members_pool_is_refused_though_the_merged_pool_has_it():
+    short, long = _pair()
+    stray = short.block_table.clone()
+    stray[0, 0] = short.k_pool.shape[0]  # one past its own pool: the long member's first block once merged
+    bad = dataclasses.replace(short, block_table=stray)
+    with pytest.raises(SpecError) as caught:
+        merge([bad, long]).validate()
+    assert str(caught.value) == _member_error(bad)
+    assert caught.value.field == "block_table"
+
+
+def test_a_table_too_narrow_for_its_own_lengths_is_refused_though_the_widened_one_is_wide_enough():
+    short, long = _pair()
+    bad = dataclasses.replace(short, block_table=short.block_table[:, :2])  # 8 positions for a length of 12
+    with pytest.raises(SpecError) as caught:
+        merge([bad, long]).validate()
+    assert str(caught.value) == _member_error(bad)
+    assert caught.value.field == "block_table.shape"
+
+
+def test_member_shapes_that_only_add_up_in_the_batch_are_refused():
+    short, long = _pair()
+    # One weights row moved from the long member to the short one: the merged weights have the right rows.
+    moved = torch.cat([short.weights, long.weights[:1]]), long.weights[1:]
+    bad = dataclasses.replace(short, weights=moved[0])
+    with pytest.raises(SpecError) as caught:
+        merge([bad, dataclasses.replace(long, weights=moved[1])]).validate()
+    assert str(caught.value) == _member_error(bad)
+    assert caught.value.field == "weights.shape"
