@@ -137,6 +137,22 @@ def markdown(rows: dict[str, dict], header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def summary(folders: list[Path]) -> str:
+    """The rows of earlier runs (each folder's fuzz_rate.json), in the order given, each campaign rate
+    also relative to the same regime's in the folder before it (scripts/h200_ab.sh alternates two engines)."""
+    lines = [f"| run | regime | {BASELINE} | difftest fuzz | ratio | fuzz / the run before |",
+             "|---|---|---|---|---|---|"]
+    before: dict[str, float] = {}
+    for folder in folders:
+        rows = json.loads((folder / "fuzz_rate.json").read_text())["rows"]
+        for name, row in rows.items():
+            relative = f"{row['fuzz_rate'] / before[name]:.2f}x" if before.get(name) else ""
+            lines.append(f"| {folder.name} | {name} | {row['baseline_rate']:.1f} | {row['fuzz_rate']:.1f} | "
+                         f"{row['ratio']:.1f}x | {relative} |")
+            before[name] = row["fuzz_rate"]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -148,8 +164,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--regimes", default=",".join(REGIMES), help=f"comma-separated, of {list(REGIMES)} "
                         "(default: all)")
     parser.add_argument("--smoke", action="store_true", help="CPU, torch, 0.5 s each, no warm-up, in-process")
-    parser.add_argument("--out", type=Path, required=True, help="folder for fuzz_rate.json and fuzz_rate.md")
+    parser.add_argument("--out", type=Path, help="folder for fuzz_rate.json and fuzz_rate.md (required to measure)")
+    parser.add_argument("--summarize", type=Path, nargs="+", metavar="FOLDER",
+                        help="measure nothing: print the rows of earlier runs' --out folders, in order")
     args = parser.parse_args(argv)
+    if args.summarize:
+        print(summary(args.summarize), end="")
+        return 0
+    if args.out is None:
+        parser.error("--out is required to measure")
     if unknown := sorted(set(args.regimes.split(",")) - set(REGIMES)):
         parser.error(f"--regimes: {','.join(unknown)} is not one of {list(REGIMES)}")
     if args.smoke:

@@ -86,6 +86,18 @@ def test_the_rate_bench_smoke_run_writes_its_table(tmp_path):
     assert bench.BASELINE in (tmp_path / "fuzz_rate.md").read_text()
 
 
+def test_the_rate_bench_summarizes_runs_each_against_the_one_before(tmp_path, capsys):
+    bench = importlib.import_module("bench.fuzz_rate")
+    for name, rate in (("a", 100.0), ("b", 150.0)):
+        (tmp_path / name).mkdir()
+        row = {"baseline_rate": 10.0, "fuzz_rate": rate, "ratio": rate / 10.0}
+        (tmp_path / name / "fuzz_rate.json").write_text(json.dumps({"rows": {"small": row}}))
+    assert bench.main(["--summarize", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == "| a | small | 10.0 | 100.0 | 10.0x |  |"
+    assert lines[3] == "| b | small | 10.0 | 150.0 | 15.0x | 1.50x |"
+
+
 def test_a_buffered_stream_holds_lines_until_its_interval_or_close(tmp_path):
     path = tmp_path / "s.jsonl"
     stream = ResultStream(path, flush_seconds=3600.0)
