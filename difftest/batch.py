@@ -119,6 +119,21 @@ def merge(members: list[Case]) -> Batch:
     return Batch(tuple(members), case, first_rows)
 
 
+def joined(shares: list[Reference], width: int) -> Reference:
+    """The oracle's answer for cases merged in this order, from each case's own answer: their rows laid
+    end to end, each padded with -inf to `width` (the merged max_model_len; past a case's own width
+    nothing is inside its windows, and -inf is what the oracle writes outside them)."""
+    first = shares[0]
+    return dataclasses.replace(first, logits=torch.cat([padded(share.logits, width) for share in shares]),
+                               row_lens=torch.cat([share.row_lens for share in shares]),
+                               bound=torch.cat([share.bound for share in shares]))
+
+
+def padded(logits: torch.Tensor, width: int) -> torch.Tensor:
+    """`logits` [rows, w <= width] widened to `width` columns of -inf."""
+    return torch.nn.functional.pad(logits, (0, width - logits.shape[1]), value=float("-inf"))
+
+
 def _pool_offsets(members: tuple[Case, ...] | list[Case]) -> list[int]:
     """The merged pool's first block of each member's pool."""
     return list(itertools.accumulate((m.k_pool.shape[0] for m in members[:-1]), initial=0))

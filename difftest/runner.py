@@ -25,7 +25,7 @@ import torch
 
 from difftest import hardware
 from difftest.backends import Backend, Loaded, as_loaded
-from difftest.batch import Batch, merge
+from difftest.batch import Batch, joined, merge, padded
 from difftest.bundle import write_bundle
 from difftest.case import Case
 from difftest.comparison import Comparison, compare, compare_spans
@@ -276,7 +276,7 @@ def _retried(backend: Loaded, executor: Executor, batch: Batch, shares: list[Ref
     for _ in range(REBATCH_ROUNDS):
         if len(failing) < 2:
             break
-        again = dict(zip(failing, _rebatched(backend, executor, batch, failing, config), strict=True))
+        again = dict(zip(failing, _rebatched(backend, executor, batch, shares, failing, config), strict=True))
         still = [index for index in failing if again[index] is None or again[index].verdict.failed]
         settled.update((index, again[index]) for index in failing if index not in still)
         if len(still) == len(failing):
@@ -288,14 +288,15 @@ def _retried(backend: Loaded, executor: Executor, batch: Batch, shares: list[Ref
     return settled
 
 
-def _rebatched(backend: Loaded, executor: Executor, batch: Batch, chosen: list[int],
+def _rebatched(backend: Loaded, executor: Executor, batch: Batch, shares: list[Reference], chosen: list[int],
                config: RunConfig) -> list[CaseResult | None]:
     """`backend`'s result on each chosen member (already validated with the batch), in one launch of
-    those members alone together (None: that launch gave no result)."""
+    those members alone together (None: that launch gave no result). The oracle is not run again: its
+    answer for them is their shares of the batch's answer, laid end to end (batch.joined)."""
     again = merge([batch.members[index] for index in chosen])
     case = again.case.to(config.device)
     pending = _submit(backend, case, config, executor, _identity(backend, case, config))
-    ref = make_reference(case, config.oracle_kind)  # while the worker computes
+    ref = joined([shares[index] for index in chosen], case.max_model_len)
     return _members_judged(backend, executor, pending(), again, ref, config)
 
 
@@ -344,18 +345,14 @@ def _compared_together(backend: Loaded, cases: list[Case], shares: list[Referenc
     width = max(cases[i].max_model_len for i in fits)
     spans = list(zip(itertools.accumulate((cases[i].rows for i in fits[:-1]), initial=0),
                      (cases[i].rows for i in fits), strict=True))
-    expected = torch.cat([_padded(shares[i].logits, width) for i in fits])
-    got = torch.cat([_padded(firsts[i], width) for i in fits])
+    expected = torch.cat([padded(shares[i].logits, width) for i in fits])
+    got = torch.cat([padded(firsts[i], width) for i in fits])
     together = compare_spans(expected, got, torch.cat([shares[i].row_lens for i in fits]), backend.contract,
                              torch.cat([shares[i].bound for i in fits]), spans)
     compared: list[Comparison | None] = [None] * len(cases)
     for index, comparison in zip(fits, together, strict=True):
         compared[index] = comparison if comparison is not None and not comparison.verdict.failed else None
     return compared
-
-
-def _padded(logits: torch.Tensor, width: int) -> torch.Tensor:
-    return torch.nn.functional.pad(logits, (0, width - logits.shape[1]), value=float("-inf"))
 
 
 def _members_judged(backend: Loaded, executor: Executor, outcome: Outcome | CaseResult, batch: Batch,

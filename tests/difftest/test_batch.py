@@ -1,5 +1,5 @@
 """Batch.validate: the merged case and every member, in one pass, with the errors each member's own
-validate() raises."""
+validate() raises; joined: members' oracle shares laid end to end are the oracle's answer for them merged."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import dataclasses
 import pytest
 import torch
 
-from difftest.batch import merge
+from difftest.batch import joined, merge
 from difftest.errors import SpecError
 from difftest.generators.spec import CaseSpec
 from difftest.generators.tensors import build_case
+from difftest.kinds import OracleKind
+from difftest.reference import make_reference
 
 SHAPE = dict(heads=4, head_dim=16, block_size=4, next_n=2)
 
@@ -71,3 +73,17 @@ def test_member_shapes_that_only_add_up_in_the_batch_are_refused():
         merge([bad, dataclasses.replace(long, weights=moved[1])]).validate()
     assert str(caught.value) == _member_error(bad)
     assert caught.value.field == "weights.shape"
+
+
+@pytest.mark.parametrize("oracle", [OracleKind.EXACT, OracleKind.FAST])
+def test_members_shares_joined_are_the_oracles_answer_for_those_members_merged(oracle):
+    members = [*_pair(), build_case(CaseSpec(name="mid", batch=3, max_model_len=20, lengths=(0, 20, 7), **SHAPE), 2)]
+    batch = merge(members)
+    ref = make_reference(batch.case, oracle)
+    chosen = [2, 0]  # not in batch order: a retry launch takes the failures in any order
+    again = merge([members[i] for i in chosen]).case
+    got = joined([batch.reference_of(ref, i) for i in chosen], again.max_model_len)
+    want = make_reference(again, oracle)
+    assert got.logits.shape == want.logits.shape == (again.rows, 20)
+    assert torch.equal(got.logits, want.logits) and torch.equal(got.row_lens, want.row_lens)
+    assert torch.equal(got.bound, want.bound) and (got.oracle, got.next_n) == (want.oracle, want.next_n)
