@@ -90,7 +90,8 @@ class Batch:
         per_request = [(m.max_model_len, m.block_table.shape[1], offset, m.k_pool.shape[0])
                        for m, offset in zip(self.members, _pool_offsets(self.members), strict=True)
                        for _ in range(m.batch)]
-        max_len, columns, first, blocks = torch.tensor(per_request, dtype=torch.int64, device=device).unbind(1)
+        bounds = torch.tensor(per_request, dtype=torch.int64, device=device).reshape(-1, 4)  # (B, 4), B may be 0
+        max_len, columns, first, blocks = bounds.unbind(1)
         lens = case.seq_lens.to(torch.int64)
         table = case.block_table.to(torch.int64)
         used = torch.arange(table.shape[1], device=device)[None, :] < case.used_blocks()[:, None]
