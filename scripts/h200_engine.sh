@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Device visit for the GPU engine (issue 12): its GPU tests, the fused oracle against DeepGEMM (SWEEP=1: and
 # its tile sweep), where a small-regime fuzz batch spends its time (bench/fuzz_breakdown.py), the fuzz rate
-# bench (RATE_SECONDS, WARMUP), and a profile of a warm campaign. On the device, from the repo root
-# (carry .device-deps and .whl):
+# bench (RATE_SECONDS, WARMUP), and profiles of a warm campaign (cProfile; the main thread alone, pyinstrument).
+# On the device, from the repo root (carry .device-deps and .whl):
 #   bash scripts/h200_engine.sh OUTDIR          (ONLY=regex picks steps, as in the other scripts)
 set -uo pipefail
 out=${1:?usage: h200_engine.sh OUTDIR}
@@ -23,3 +23,8 @@ step 04-fuzz-profile python3 -m cProfile -o "$out/fuzz-profile.pstats" -m diffte
   --shrink-seconds 0 --seed 0 --budget 30s
 step 05-fuzz-profile-summary python3 -c "import pstats, sys; s = pstats.Stats(sys.argv[1]); \
 s.sort_stats('cumulative').print_stats(50); s.sort_stats('tottime').print_stats(30)" "$out/fuzz-profile.pstats"
+# The same campaign, the main thread alone (pyinstrument samples one thread; Python 3.12's cProfile hears
+# every thread, the drawing thread's time mixed in): where the runner's own time goes.
+step 06-fuzz-main-thread python3 -m pyinstrument -r text -o "$out/fuzz-main-thread.txt" -m difftest.cli fuzz \
+  --device cuda --backends torch,deepgemm --max-batch 16 --max-context 8192 --heads 64 --head-dim 128 --block-size 64 \
+  --shrink-seconds 0 --seed 0 --budget 30s
