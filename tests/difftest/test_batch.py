@@ -24,10 +24,14 @@ def _pair() -> list:
             build_case(CaseSpec(name="long", batch=2, max_model_len=40, lengths=(33, 40), **SHAPE), 1)]
 
 
-def _member_error(case) -> str:
+def _refused_as_alone(bad, *others) -> SpecError:
+    """The SpecError of validating `bad` merged with `others`: the one `bad` raises alone."""
     with pytest.raises(SpecError) as alone:
-        case.validate()
-    return str(alone.value)
+        bad.validate()
+    with pytest.raises(SpecError) as caught:
+        merge([bad, *others]).validate()
+    assert str(caught.value) == str(alone.value)
+    return caught.value
 
 
 def test_a_batch_of_valid_members_validates():
@@ -38,41 +42,27 @@ def test_a_batch_of_valid_members_validates():
 def test_a_length_past_its_own_max_model_len_is_refused_though_the_batch_allows_it():
     short, long = _pair()
     bad = dataclasses.replace(short, max_model_len=10)  # its longest request is 12; the batch's limit is 40
-    with pytest.raises(SpecError) as caught:
-        merge([bad, long]).validate()
-    assert str(caught.value) == _member_error(bad)
-    assert "max_model_len = 10" in str(caught.value)
+    assert "max_model_len = 10" in str(_refused_as_alone(bad, long))
 
 
 def test_a_block_id_in_the_next_members_pool_is_refused_though_the_merged_pool_has_it():
     short, long = _pair()
     stray = short.block_table.clone()
     stray[0, 0] = short.k_pool.shape[0]  # one past its own pool: the long member's first block once merged
-    bad = dataclasses.replace(short, block_table=stray)
-    with pytest.raises(SpecError) as caught:
-        merge([bad, long]).validate()
-    assert str(caught.value) == _member_error(bad)
-    assert caught.value.field == "block_table"
+    assert _refused_as_alone(dataclasses.replace(short, block_table=stray), long).field == "block_table"
 
 
 def test_a_table_too_narrow_for_its_own_lengths_is_refused_though_the_widened_one_is_wide_enough():
     short, long = _pair()
-    bad = dataclasses.replace(short, block_table=short.block_table[:, :2])  # 8 positions for a length of 12
-    with pytest.raises(SpecError) as caught:
-        merge([bad, long]).validate()
-    assert str(caught.value) == _member_error(bad)
-    assert caught.value.field == "block_table.shape"
+    narrow = dataclasses.replace(short, block_table=short.block_table[:, :2])  # 8 positions for a length of 12
+    assert _refused_as_alone(narrow, long).field == "block_table.shape"
 
 
 def test_member_shapes_that_only_add_up_in_the_batch_are_refused():
     short, long = _pair()
     # One weights row moved from the long member to the short one: the merged weights have the right rows.
-    moved = torch.cat([short.weights, long.weights[:1]]), long.weights[1:]
-    bad = dataclasses.replace(short, weights=moved[0])
-    with pytest.raises(SpecError) as caught:
-        merge([bad, dataclasses.replace(long, weights=moved[1])]).validate()
-    assert str(caught.value) == _member_error(bad)
-    assert caught.value.field == "weights.shape"
+    bad = dataclasses.replace(short, weights=torch.cat([short.weights, long.weights[:1]]))
+    assert _refused_as_alone(bad, dataclasses.replace(long, weights=long.weights[1:])).field == "weights.shape"
 
 
 @pytest.mark.parametrize("oracle", [OracleKind.EXACT, OracleKind.FAST])
