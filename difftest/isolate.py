@@ -67,8 +67,9 @@ UNIX_SOCKET_PATH_MAX = 107  # bytes of a socket path: sun_path holds 108 on Linu
 STARTUP_TIMEOUT = 600.0  # seconds a worker may take to import and build its backend (a JIT library)
 _STDERR_LINES = 4  # last lines of a dead worker's stderr quoted when faulthandler said nothing
 # Device memory a process keeps cached, free, between calls before it gives it back. Giving it back
-# (empty_cache) frees segments, which waits for the device: after every call that was 0.3-1 ms in
-# each process, most of it for a few MiB, on the thousands of small calls of a fuzz campaign.
+# (empty_cache) frees segments, which waits for the device: after every call that was 0.3-0.4 ms of the
+# run's own time (H200 profiles, reports/h200/session9), most of it for a few MiB, on the thousands of
+# small calls of a fuzz campaign; the workers paid it too.
 CACHE_KEPT_BYTES = 512 << 20
 
 

@@ -260,7 +260,7 @@ def _finished_batch(backends: list[Loaded], executors: list[Executor], batch: Ba
 REBATCH_ROUNDS = 2
 # A batch's members run alone that are in flight at once, where the executor queues (a worker over CUDA
 # IPC: a call's message is a few handles). Members are small cases (the batch caps), so their shipped
-# inputs stay small; one call at a time, the worker waited for this process to take each answer.
+# inputs stay small; with two in flight, the worker waited for this process to take each answer.
 RERUNS_IN_FLIGHT = 8
 
 
