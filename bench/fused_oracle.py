@@ -34,7 +34,7 @@ import torch  # after the path: a plain checkout needs it
 
 from difftest.case import Case
 from difftest.generators import CaseSpec, build_case
-from difftest.oracles.fused import KernelConfig, default_config, fused_reference
+from difftest.oracles.fused import KernelConfig, default_config, fused_reference, launch_tiles
 from difftest.oracles.paged_mqa_logits import reference
 
 SHAPES = ((40, 2, 120_000), (16, 4, 32_768), (64, 1, 8_192))  # (B, next_n, context)
@@ -143,7 +143,8 @@ def bench_shape(batch: int, next_n: int, context: int, args: argparse.Namespace)
     gemm, why = deepgemm_call(case)
     row: dict[str, object] = {
         "shape": f"B={batch} next_n={next_n} ctx={context}", "rows": case.rows, "logits_mb": logits_bytes / 2**20,
-        "config": dataclasses.asdict(default_config(case, interpret=False)), "err_over_bound": margin,
+        "config": dataclasses.asdict(default_config(case, interpret=False)), "tiles": launch_tiles(case),
+        "err_over_bound": margin,
         "fused": measure("fused", lambda: fused_reference(case), "", logits_bytes, args.warmup, args.repeats),
         "fused_gpu": measure("fused", lambda: fused_reference(case), "", logits_bytes, args.warmup, args.repeats,
                              graph=True),
@@ -158,19 +159,19 @@ def bench_shape(batch: int, next_n: int, context: int, args: argparse.Namespace)
     return row
 
 
-def sweep_configs(case: Case) -> list[KernelConfig]:
-    """The default, then programs per sequence and register caps around it (the two knobs that
+def sweep_configs(case: Case, chunks: list[int]) -> list[KernelConfig]:
+    """The default, then tiles per program (`chunks`) and register caps around it (the two knobs that
     measured differently per shape; reports/h200/fused-oracle/README.md lists the ones that lost)."""
     base = default_config(case, interpret=False)
-    chunks = [dataclasses.replace(base, chunk_tiles=c) for c in (8, 16, 32, 64)]
+    sized = [dataclasses.replace(base, chunk_tiles=c) for c in chunks]
     caps = [dataclasses.replace(base, maxnreg=r) for r in (None, 128, 168, 200) if r != base.maxnreg]
-    return [base, *chunks, *caps]
+    return [base, *sized, *caps]
 
 
 def sweep(case: Case, args: argparse.Namespace) -> list[dict[str, object]]:
     """GPU time (graph replay) of each config; each one's logits checked against the default's."""
     rows, baseline = [], fused_reference(case)
-    for config in sweep_configs(case):
+    for config in sweep_configs(case, args.chunks):
         try:
             other = fused_reference(case, config)
             diff = float((other.logits - baseline.logits).nan_to_num(0.0).abs().amax())
@@ -202,7 +203,8 @@ def markdown(rows: list[dict[str, object]], device: str) -> str:
                  else f"n/a ({gemm.note})")
         extra = r["fused"].extra_mb
         memory = "n/a" if extra is None else f"{extra:.2f} / {r['logits_mb']:.1f} ({extra / r['logits_mb']:.3f}x)"
-        lines.append(f"| {r['shape']} | {r['fused'].cell()} | {fused.cell()} | {r['deepgemm'].cell()} | "
+        lines.append(f"| {r['shape']} ({r['tiles']} tiles a program) | {r['fused'].cell()} | {fused.cell()} | "
+                     f"{r['deepgemm'].cell()} | "
                      f"{gemm.cell()} | {ratio} | {r['torch_fp32'].cell()} | {r['torch_fp64'].cell()} | {memory} | "
                      f"{r['err_over_bound']:.3g} |")
     return "\n".join(lines) + "\n"
@@ -219,6 +221,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--slow-repeats", type=int, default=3, help="repeats of the torch oracles")
     parser.add_argument("--sweep", action="store_true", help="also time alternative fused-kernel configs")
+    parser.add_argument("--chunks", type=lambda text: [int(c) for c in text.split(",")], default=[8, 16, 32, 64],
+                        help="comma-separated tiles per program the sweep times")
     parser.add_argument("--shapes", default=",".join(f"{b}x{n}x{c}" for b, n, c in SHAPES),
                         help="comma-separated BxNEXT_NxCONTEXT")
     args = parser.parse_args()

@@ -1,4 +1,5 @@
-"""Hardware facts, asked in one place: is there a GPU (and if not, why), its arch, SMs and memory.
+"""Hardware facts, asked in one place: is there a GPU (and if not, why), its arch, SMs, memory and
+what one SM holds at once.
 
 Backends, the runner, the planner and the pytest markers all ask here, so a reason reads the same
 wherever it is printed. torch is imported inside each function: the plugin and `difftest --help`
@@ -67,6 +68,40 @@ def sm_count(index: int | None = None) -> int:
 
     index = torch.cuda.current_device() if index is None else index
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+@dataclasses.dataclass(frozen=True)
+class SmLimits:
+    """What one SM holds at once: the limits that decide how many blocks of a kernel run side by side."""
+
+    registers: int  # 32-bit registers
+    shared_bytes: int
+    threads: int
+    blocks: int = 32  # resident blocks, whatever their size (sm80 and later)
+    register_unit: int = 256  # registers are given to a warp in units of this many
+    reserved_shared_bytes: int = 1024  # shared memory the driver keeps per block (sm80 and later)
+
+    @classmethod
+    def of(cls, index: int | None = None) -> SmLimits | None:
+        """The limits of a CUDA GPU (current device by default); None on ROCm, whose units differ."""
+        import torch  # deferred: torch is heavy
+
+        if is_rocm():
+            return None
+        props = torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index)
+        return cls(registers=int(props.regs_per_multiprocessor),
+                   shared_bytes=int(props.shared_memory_per_multiprocessor),
+                   threads=int(props.max_threads_per_multi_processor))
+
+    def resident_blocks(self, threads: int, registers_per_thread: int, shared_bytes: int) -> int:
+        """Blocks of `threads` threads, each thread holding `registers_per_thread` registers and each
+        block `shared_bytes` of shared memory, that one SM runs at once (at least 1: a launch that fits
+        at all runs one)."""
+        warps = -(-threads // 32)
+        per_warp = -(-registers_per_thread * 32 // self.register_unit) * self.register_unit
+        by_registers = (self.registers // per_warp) // warps if per_warp else self.blocks
+        by_shared = self.shared_bytes // (shared_bytes + self.reserved_shared_bytes)
+        return max(1, min(self.blocks, self.threads // (warps * 32), by_registers, by_shared))
 
 
 def free_memory(index: int | None = None) -> int:

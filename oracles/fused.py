@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +51,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from difftest import hardware
 from difftest.case import Case
 from difftest.kinds import Fp8Flavour
 from difftest.triton_interpret import interpreter_compat, load_kernel_module
@@ -139,17 +141,19 @@ def bound_factor(heads: int, head_dim: int) -> float:
 
 def fused_reference(case: Case, config: KernelConfig | None = None) -> FusedReference:
     """Logits and per-row bound of `case`, on the case's device (interpreted when it is the CPU)."""
-    interpret = case.device.type == "cpu"
-    config = config or default_config(case, interpret)
-    shape = _Shape.of(case)
-    kernels = load_kernel_module(KERNEL_FILE, "difftest_fused_oracle", interpret)
     logits = torch.empty((case.rows, case.max_model_len), dtype=torch.float32, device=case.device)
     peaks = torch.zeros(case.rows, dtype=torch.int32, device=case.device)  # float32 bits, >= 0
-    device_guard = contextlib.nullcontext() if interpret else torch.cuda.device(case.device)
-    with device_guard, interpreter_compat() if interpret else contextlib.nullcontext():
-        _launch(kernels, case, shape, config, logits, peaks, interpret)
+    with _Launch.of(case, config, logits, peaks) as launch:
+        launch.run()
     # One rounding (fp32 multiply) covered by bound_factor's slack: the bound stays an upper bound.
     return FusedReference(logits=logits, bound=peaks.view(torch.float32) * bound_factor(case.heads, case.head_dim))
+
+
+def launch_tiles(case: Case, config: KernelConfig | None = None) -> int:
+    """Key tiles per program of fused_reference(case, config) (on a GPU this compiles its kernel)."""
+    nowhere = torch.empty(0, dtype=torch.float32, device=case.device)
+    with _Launch.of(case, config, nowhere, nowhere.view(torch.int32)) as launch:
+        return launch.tiles()
 
 
 # --------------------------------------------------------------------------- shapes and configs
@@ -189,44 +193,108 @@ def default_config(case: Case, interpret: bool) -> KernelConfig:
     return KernelConfig(block_p=64, num_warps=4, num_stages=3, maxnreg=168 if columns == 128 else None)
 
 
-def _chunk_tiles(case: Case, config: KernelConfig, interpret: bool) -> int:
-    """Tiles per program: enough programs to fill the GPU a few times, each reusing its q tile.
-
-    About four programs per SM (two to three run at once): on the H200, 8 per SM was 10-20 % slower
-    at 8K and 32K contexts, where each program then had only 7 tiles to amortize its prologue. Rounded
-    up to a power of two, which divides the usual power-of-two contexts into whole chunks: 15 tiles a
-    program left a short tail program per row and took 0.059 ms at (B 64, next_n 1, 8K) where 16 took
-    0.048 ms, and 0.149 ms at (16, 4, 32K) where 16 took 0.116 (reports/h200/fused-oracle/chunks).
-    """
+def _chunk_tiles(case: Case, config: KernelConfig, interpret: bool, slots: Callable[[], int]) -> int:
+    """Tiles per program: the config's, the whole row when interpreted, else what fills whole waves
+    of the `slots()` programs the GPU runs at once (_wave_tiles)."""
     tiles_per_row = triton.cdiv(case.max_model_len, config.block_p)
     if config.chunk_tiles is not None:
         return max(1, min(config.chunk_tiles, tiles_per_row))
     if interpret:
         return tiles_per_row
-    sms = torch.cuda.get_device_properties(case.device).multi_processor_count
-    wanted = max(1, min(MAX_DEFAULT_CHUNK_TILES, case.batch * tiles_per_row // (4 * sms)))
-    return min(triton.next_power_of_2(wanted), tiles_per_row)
+    return _wave_tiles(tiles_per_row, case.batch, slots())
+
+
+# A program's fixed cost (loading and folding its q tile, the -inf tail, the peak's atomics) in tiles.
+PROLOGUE_TILES = 2
+
+
+def _wave_tiles(tiles_per_row: int, sequences: int, slots: int) -> int:
+    """Tiles per program (at most MAX_DEFAULT_CHUNK_TILES) that end the launch soonest, counting each
+    program as its tiles plus PROLOGUE_TILES and the launch as whole waves of `slots` programs (the
+    ones that fit on the GPU at once). Ties go to fewer, longer programs.
+
+    Programs of one launch run about equally long, so a last wave with few programs costs nearly as
+    much as a full one: at B 40, 120K on the H200 (1920 tiles a row, 3 programs an SM, 396 at once)
+    32 tiles a program made 2400 programs, 6.06 waves, and 28 tiles make 2760, 6.97 waves.
+    """
+    def tile_times(tiles: int) -> int:
+        waves = triton.cdiv(sequences * triton.cdiv(tiles_per_row, tiles), slots)
+        return waves * (tiles + PROLOGUE_TILES)
+
+    return min(range(min(MAX_DEFAULT_CHUNK_TILES, tiles_per_row), 0, -1), key=tile_times)
 
 
 # --------------------------------------------------------------------------- launches
 
-def _launch(kernels: object, case: Case, shape: _Shape, config: KernelConfig, logits: torch.Tensor,
-            peaks: torch.Tensor, interpret: bool) -> None:
-    tiles = _chunk_tiles(case, config, interpret)
-    chunk = tiles * config.block_p
-    grid = (triton.cdiv(case.max_model_len, chunk), case.batch)
-    table = case.block_table.contiguous()
-    tma = config.uses_tma(case)
-    keys, scales = _pool_sources(case, config.block_p, tma)
-    kernels.logits_kernel[grid](
-        case.q.contiguous(), keys, scales, case.weights.contiguous(),
-        table, case.seq_lens.contiguous(), logits, peaks,
-        table.shape[1], case.max_model_len, case.k_pool.shape[0], chunk,
-        NEXT_N=case.next_n, H=case.heads, D=case.head_dim, BS=case.block_size,
-        NEXT_N_PAD=shape.next_n_pad, H_PAD=shape.h_pad, D_PAD=shape.d_pad, NF=shape.nf,
-        BLOCK_P=config.block_p, TMA=tma, FNUZ=case.fp8 == Fp8Flavour.E4M3FNUZ, FIX_NAN=interpret,
-        NUM_STAGES=config.num_stages, IDS=_ids_width(tiles, interpret), num_warps=config.num_warps,
-        **({"maxnreg": config.maxnreg} if config.maxnreg and not interpret else {}))
+@dataclasses.dataclass
+class _Launch:
+    """One launch of the logits kernel on a case, into `logits` and `peaks`."""
+
+    kernels: object
+    case: Case
+    config: KernelConfig
+    logits: torch.Tensor
+    peaks: torch.Tensor
+    interpret: bool
+
+    @classmethod
+    @contextlib.contextmanager
+    def of(cls, case: Case, config: KernelConfig | None, logits: torch.Tensor,
+           peaks: torch.Tensor) -> Iterator[_Launch]:
+        """The launch, inside the context its kernels run in (the case's GPU, or the interpreter)."""
+        interpret = case.device.type == "cpu"
+        kernels = load_kernel_module(KERNEL_FILE, "difftest_fused_oracle", interpret)
+        context = interpreter_compat() if interpret else torch.cuda.device(case.device)
+        with context:
+            yield cls(kernels, case, config or default_config(case, interpret), logits, peaks, interpret)
+
+    def run(self) -> None:
+        tiles = self.tiles()
+        grid = (triton.cdiv(self.case.max_model_len, tiles * self.config.block_p), self.case.batch)
+        self.kernels.logits_kernel[grid](*self._arguments(tiles), **self._constants(tiles))
+
+    def tiles(self) -> int:
+        return _chunk_tiles(self.case, self.config, self.interpret, self._resident)
+
+    def _resident(self) -> int:
+        """Programs of the kernel the GPU runs at once: per SM by its registers, shared memory and
+        threads, times the SMs; four an SM where the GPU does not say (ROCm). The chunk is a plain
+        argument: every default chunk (<= MAX_DEFAULT_CHUNK_TILES tiles) shares one compiled kernel."""
+        constants = self._constants(MAX_DEFAULT_CHUNK_TILES)
+        device = self.case.device
+        index = torch.cuda.current_device() if device.index is None else device.index
+        key = (index, tuple(sorted(constants.items())))
+        if key not in _RESIDENT:
+            compiled = self.kernels.logits_kernel.warmup(*self._arguments(MAX_DEFAULT_CHUNK_TILES), grid=(1,),
+                                                         **constants)
+            _ = compiled.run  # loads the binary: its register count is known from then on
+            limits = hardware.SmLimits.of(index)
+            per_sm = 4 if limits is None else limits.resident_blocks(
+                compiled.metadata.num_warps * 32, compiled.n_regs, compiled.metadata.shared)
+            _RESIDENT[key] = per_sm * hardware.sm_count(index)
+        return _RESIDENT[key]
+
+    def _arguments(self, tiles: int) -> tuple[object, ...]:
+        case, config = self.case, self.config
+        table = case.block_table.contiguous()
+        keys, scales = _pool_sources(case, config.block_p, config.uses_tma(case))
+        return (case.q.contiguous(), keys, scales, case.weights.contiguous(), table, case.seq_lens.contiguous(),
+                self.logits, self.peaks, table.shape[1], case.max_model_len, case.k_pool.shape[0],
+                tiles * config.block_p)
+
+    def _constants(self, tiles: int) -> dict[str, object]:
+        case, config, shape = self.case, self.config, _Shape.of(self.case)
+        return dict(
+            NEXT_N=case.next_n, H=case.heads, D=case.head_dim, BS=case.block_size,
+            NEXT_N_PAD=shape.next_n_pad, H_PAD=shape.h_pad, D_PAD=shape.d_pad, NF=shape.nf,
+            BLOCK_P=config.block_p, TMA=config.uses_tma(case), FNUZ=case.fp8 == Fp8Flavour.E4M3FNUZ,
+            FIX_NAN=self.interpret, NUM_STAGES=config.num_stages, IDS=_ids_width(tiles, self.interpret),
+            num_warps=config.num_warps,
+            **({"maxnreg": config.maxnreg} if config.maxnreg and not self.interpret else {}))
+
+
+# (device index, the kernel's constants) -> programs of it the GPU runs at once
+_RESIDENT: dict[tuple[int, tuple[tuple[str, object], ...]], int] = {}
 
 
 def _ids_width(tiles: int, interpret: bool) -> int:

@@ -21,7 +21,7 @@ from difftest.case import Case
 from difftest.generators import CaseSpec, LengthDist, Stale, Values, build_case, edge_cases
 from difftest.generators.strategies import cases
 from difftest.kinds import Fp8Flavour
-from difftest.oracles.fused import FusedReference, KernelConfig, bound_gamma, fused_reference
+from difftest.oracles.fused import FusedReference, KernelConfig, _wave_tiles, bound_gamma, fused_reference, launch_tiles
 from difftest.oracles.paged_mqa_logits import fp32_error_bound, reference
 from tests.support import TINY_SPECS, golden_params
 
@@ -297,3 +297,22 @@ def test_gpu_peak_memory_under_half_the_logits(batch: int, next_n: int, context:
     extra = torch.cuda.max_memory_allocated() - before - logits_bytes
     assert extra < 0.5 * logits_bytes, f"extra {extra} bytes vs logits {logits_bytes}"
 
+
+
+@pytest.mark.parametrize(("tiles_per_row", "sequences", "slots", "tiles"), [
+    # B 40, 120K on 132 SMs x 3: 32 tiles a program would make 6.06 waves, 28 make 6.97
+    (1920, 40, 396, 28),
+    # B 16, 32K on 132 SMs x 2: one wave of 256 programs beats two of 512
+    (512, 16, 264, 32),
+    # one short sequence: as many one-tile programs as it has tiles, all in the first wave
+    (128, 1, 396, 1),
+    # more programs than the GPU holds whatever the chunk: the longest chunk, the fewest prologues
+    (10_000, 1000, 16, 32),
+])
+def test_programs_fill_whole_waves(tiles_per_row: int, sequences: int, slots: int, tiles: int) -> None:
+    assert _wave_tiles(tiles_per_row, sequences, slots) == tiles
+
+
+def test_launch_tiles_is_the_whole_row_when_interpreted() -> None:
+    case = build_case(CaseSpec(name="row", lengths=(300,), max_model_len=300, block_size=16), 0)
+    assert launch_tiles(case) == 2  # 300 keys in the interpreter's tiles of 256 (few, wide programs)
