@@ -34,7 +34,7 @@ import torch  # after the path: a plain checkout needs it
 
 from difftest.case import Case
 from difftest.generators import CaseSpec, build_case
-from difftest.oracles.fused import KernelConfig, default_config, fused_reference, launch_tiles
+from difftest.oracles.fused import KernelConfig, default_config, fused_reference, launch_plan
 from difftest.oracles.paged_mqa_logits import reference
 
 SHAPES = ((40, 2, 120_000), (16, 4, 32_768), (64, 1, 8_192))  # (B, next_n, context)
@@ -143,8 +143,8 @@ def bench_shape(batch: int, next_n: int, context: int, args: argparse.Namespace)
     gemm, why = deepgemm_call(case)
     row: dict[str, object] = {
         "shape": f"B={batch} next_n={next_n} ctx={context}", "rows": case.rows, "logits_mb": logits_bytes / 2**20,
-        "config": dataclasses.asdict(default_config(case, interpret=False)), "tiles": launch_tiles(case),
-        "err_over_bound": margin,
+        "config": dataclasses.asdict(default_config(case, interpret=False)),
+        "plan": dataclasses.asdict(launch_plan(case)), "err_over_bound": margin,
         "fused": measure("fused", lambda: fused_reference(case), "", logits_bytes, args.warmup, args.repeats),
         "fused_gpu": measure("fused", lambda: fused_reference(case), "", logits_bytes, args.warmup, args.repeats,
                              graph=True),
@@ -203,7 +203,8 @@ def markdown(rows: list[dict[str, object]], device: str) -> str:
                  else f"n/a ({gemm.note})")
         extra = r["fused"].extra_mb
         memory = "n/a" if extra is None else f"{extra:.2f} / {r['logits_mb']:.1f} ({extra / r['logits_mb']:.3f}x)"
-        lines.append(f"| {r['shape']} ({r['tiles']} tiles a program) | {r['fused'].cell()} | {fused.cell()} | "
+        plan = f"{r['plan']['tiles']} tiles a program, {r['plan']['at_once']} at once"
+        lines.append(f"| {r['shape']} ({plan}) | {r['fused'].cell()} | {fused.cell()} | "
                      f"{r['deepgemm'].cell()} | "
                      f"{gemm.cell()} | {ratio} | {r['torch_fp32'].cell()} | {r['torch_fp64'].cell()} | {memory} | "
                      f"{r['err_over_bound']:.3g} |")

@@ -149,11 +149,20 @@ def fused_reference(case: Case, config: KernelConfig | None = None) -> FusedRefe
     return FusedReference(logits=logits, bound=peaks.view(torch.float32) * bound_factor(case.heads, case.head_dim))
 
 
-def launch_tiles(case: Case, config: KernelConfig | None = None) -> int:
-    """Key tiles per program of fused_reference(case, config) (on a GPU this compiles its kernel)."""
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+    """How fused_reference splits a case into programs."""
+
+    tiles: int  # key tiles per program
+    at_once: int | None  # programs the GPU runs at once (None: interpreted, or a config's own chunk)
+
+
+def launch_plan(case: Case, config: KernelConfig | None = None) -> LaunchPlan:
+    """How fused_reference(case, config) splits the case (on a GPU this compiles its kernel)."""
     nowhere = torch.empty(0, dtype=torch.float32, device=case.device)
     with _Launch.of(case, config, nowhere, nowhere.view(torch.int32)) as launch:
-        return launch.tiles()
+        wave_sized = not launch.interpret and launch.config.chunk_tiles is None
+        return LaunchPlan(launch.tiles(), launch.resident() if wave_sized else None)
 
 
 # --------------------------------------------------------------------------- shapes and configs
@@ -214,8 +223,10 @@ def _wave_tiles(tiles_per_row: int, sequences: int, slots: int) -> int:
     ones that fit on the GPU at once). Ties go to fewer, longer programs.
 
     Programs of one launch run about equally long, so a last wave with few programs costs nearly as
-    much as a full one: at B 40, 120K on the H200 (1920 tiles a row, 3 programs an SM, 396 at once)
-    32 tiles a program made 2400 programs, 6.06 waves, and 28 tiles make 2760, 6.97 waves.
+    much as a full one. On the H200 at B 16, next_n 4, 32K (512 tiles a row, 2 programs an SM): 32
+    tiles a program, one wave of 256 programs, 0.089 ms; 16 tiles, two waves of 512, 0.098 ms; 31
+    tiles, 272 programs, 0.113 ms. Many waves blur the tail: at B 40, 120K, 28 tiles (6.97 waves of 3
+    programs an SM) were no faster than 32 (6.06), 0.391 against 0.380 ms (reports/h200/session10).
     """
     def tile_times(tiles: int) -> int:
         waves = triton.cdiv(sequences * triton.cdiv(tiles_per_row, tiles), slots)
@@ -254,9 +265,9 @@ class _Launch:
         self.kernels.logits_kernel[grid](*self._arguments(tiles), **self._constants(tiles))
 
     def tiles(self) -> int:
-        return _chunk_tiles(self.case, self.config, self.interpret, self._resident)
+        return _chunk_tiles(self.case, self.config, self.interpret, self.resident)
 
-    def _resident(self) -> int:
+    def resident(self) -> int:
         """Programs of the kernel the GPU runs at once: per SM by its registers, shared memory and
         threads, times the SMs; four an SM where the GPU does not say (ROCm). The chunk is a plain
         argument: every default chunk (<= MAX_DEFAULT_CHUNK_TILES tiles) shares one compiled kernel."""

@@ -21,7 +21,15 @@ from difftest.case import Case
 from difftest.generators import CaseSpec, LengthDist, Stale, Values, build_case, edge_cases
 from difftest.generators.strategies import cases
 from difftest.kinds import Fp8Flavour
-from difftest.oracles.fused import FusedReference, KernelConfig, _wave_tiles, bound_gamma, fused_reference, launch_tiles
+from difftest.oracles.fused import (
+    FusedReference,
+    KernelConfig,
+    LaunchPlan,
+    _wave_tiles,
+    bound_gamma,
+    fused_reference,
+    launch_plan,
+)
 from difftest.oracles.paged_mqa_logits import fp32_error_bound, reference
 from tests.support import TINY_SPECS, golden_params
 
@@ -313,6 +321,7 @@ def test_programs_fill_whole_waves(tiles_per_row: int, sequences: int, slots: in
     assert _wave_tiles(tiles_per_row, sequences, slots) == tiles
 
 
-def test_launch_tiles_is_the_whole_row_when_interpreted() -> None:
+def test_an_interpreted_launch_takes_the_whole_row() -> None:
     case = build_case(CaseSpec(name="row", lengths=(300,), max_model_len=300, block_size=16), 0)
-    assert launch_tiles(case) == 2  # 300 keys in the interpreter's tiles of 256 (few, wide programs)
+    # 300 keys in the interpreter's tiles of 256 (few, wide programs)
+    assert launch_plan(case) == LaunchPlan(tiles=2, at_once=None)
