@@ -42,7 +42,7 @@ import torch  # after the path: a plain checkout needs it
 from difftest.backends import Loaded, get_backends
 from difftest.case import Case
 from difftest.config import RunConfig
-from difftest.fuzz import Campaign, fuzz, planned_cases
+from difftest.fuzz import Campaign, describe_retries, fuzz, planned_cases
 from difftest.generators.envelope import Target
 from difftest.generators.tensors import build_case
 from difftest.kinds import Device
@@ -68,6 +68,7 @@ class Rate:
     seconds: float
     warm_per_second: float  # after the first result: worker start-up and first compilations left out
     verdicts: dict[str, int]
+    tried_again: str = ""  # a campaign's re-runs of its batches' failed members (fuzz.describe_retries)
 
     @property
     def per_second(self) -> float:
@@ -104,7 +105,7 @@ def campaign(names: list[str], regime: Regime, config: RunConfig, seconds: float
     outcome = fuzz(Campaign(budget=seconds, backends=tuple(names), config=config, seed=seed, regime=regime,
                             shrink_seconds=0))
     return Rate(outcome.cases, outcome.seconds, outcome.warm_cases_per_second,
-                dict(Counter(r.verdict.value for r in outcome.results)))
+                dict(Counter(r.verdict.value for r in outcome.results)), describe_retries(outcome.retries))
 
 
 def measure(args: argparse.Namespace) -> Iterator[tuple[str, dict]]:

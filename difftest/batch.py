@@ -36,18 +36,30 @@ def batch_key(spec: CaseSpec) -> BatchKey:
 
 
 @dataclasses.dataclass(frozen=True)
+class Retry:
+    """One launch of a batch's failed members, tried again: `members` of them together (1: alone), of
+    which `failed` failed there too."""
+
+    backend: str
+    members: int
+    failed: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Batch:
     """Members merged into `case`; `first_rows[i]` is member i's first row in it.
 
     As the runner finds them: `diverged`, the results of members that failed in the batch but passed
-    alone (a kernel whose answer depends on what else is in the launch), and `whole`, per backend
-    with such a member, its result on the merged case itself: a valid case it gets wrong."""
+    alone (a kernel whose answer depends on what else is in the launch), `whole`, per backend with
+    such a member, its result on the merged case itself (a valid case it gets wrong), and `retries`,
+    the launches that tried failed members again."""
 
     members: tuple[Case, ...]
     case: Case
     first_rows: tuple[int, ...]
     diverged: list[CaseResult] = dataclasses.field(default_factory=list)
     whole: dict[str, CaseResult] = dataclasses.field(default_factory=dict)
+    retries: list[Retry] = dataclasses.field(default_factory=list)
 
     @property
     def spans(self) -> list[tuple[int, int]]:

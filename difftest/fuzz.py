@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from difftest.backends import Loaded, get_backends
-from difftest.batch import Batch, BatchKey, batch_key, merge
+from difftest.batch import Batch, BatchKey, Retry, batch_key, merge
 from difftest.bundle import write_bundle
 from difftest.case import Case
 from difftest.config import RunConfig
@@ -134,6 +134,7 @@ class CampaignOutcome:
     diverged: tuple[CaseResult, ...] = ()
     # (seconds, cases drawn) when the first result came: worker start-up and first compilations are before it
     warm: tuple[float, int] = (0.0, 0)
+    retries: tuple[Retry, ...] = ()  # the launches that tried batches' failed members again
 
     @property
     def warm_cases_per_second(self) -> float:
@@ -173,7 +174,7 @@ def fuzz(campaign: Campaign) -> CampaignOutcome:
         _keep(found, state.backends[found.signature.backend], campaign)
     warm = (state.warm[0] - start, state.warm[1]) if state.warm else (seconds, state.drawn)
     return CampaignOutcome(results, _merged(list(state.found.values())), state.drawn, seconds, state.batched,
-                           state.launches, tuple(state.diverged), warm)
+                           state.launches, tuple(state.diverged), warm, tuple(state.retries))
 
 
 def _merged(found: list[Found]) -> list[Found]:
@@ -219,6 +220,7 @@ class _State:
         self.takers: dict[str, frozenset[str] | None] = {}
         self.found: dict[Signature, Found] = {}
         self.diverged: list[CaseResult] = []
+        self.retries: list[Retry] = []
         self.drawn = self.batched = self.launches = 0
         self.warm: tuple[float, int] | None = None  # (time.monotonic(), cases drawn) at the first result
 
@@ -295,6 +297,7 @@ class _State:
         failing (batch.whole)."""
         if isinstance(item, Batch):
             self.diverged += item.diverged
+            self.retries += item.retries
             for result in item.whole.values():
                 self._record(result, item.case)
         for case in item.members if isinstance(item, Batch) else (item,):
@@ -380,6 +383,8 @@ def render_campaign(outcome: CampaignOutcome) -> str:
     if outcome.launches:
         lines.append(f"batched: {outcome.batched} of the cases in {outcome.launches} launches; a case that failed "
                      f"in a batch was tried again (with the other failures, then alone), and that result counts")
+    if outcome.retries:
+        lines.append(describe_retries(outcome.retries))
     if outcome.diverged:
         lines.append(f"{len(outcome.diverged)} results failed in a batch and passed when tried again (the "
                      f"kernel's answer depends on what else is in the launch: the batch's merged case is the "
@@ -393,6 +398,16 @@ def render_campaign(outcome: CampaignOutcome) -> str:
             lines.append(f"    shrunk: {found.shrunk.case.describe()}")
         lines.append(f"    repro: {repro_line(found)}")
     return "\n".join(lines)
+
+
+def describe_retries(retries: tuple[Retry, ...]) -> str:
+    """One line on the launches that tried batches' failed members again, together and alone."""
+    together = [r for r in retries if r.members > 1]
+    alone = [r for r in retries if r.members == 1]
+    members = sum(r.members for r in together)
+    passed = members - sum(r.failed for r in together)
+    return (f"tried again: {len(together)} launches of a batch's failed members together ({members} members, "
+            f"{passed} passing there), {len(alone)} members alone ({sum(r.failed for r in alone)} failing)")
 
 
 def repro_line(found: Found) -> str:

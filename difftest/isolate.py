@@ -28,6 +28,7 @@ in __main__, or configured after construction) runs in-process, and its results 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import faulthandler
@@ -125,7 +126,8 @@ class Executor(Protocol):
 
     @property
     def queues(self) -> bool:
-        """Whether a call may be submitted while another is in flight (answered in order)."""
+        """Whether a call may be submitted while another is in flight (its outcome may be asked for in
+        any order)."""
         ...
 
     def submit(self, backend: Backend, inputs: KernelInputs, launch: Launch) -> Pending: ...
@@ -273,6 +275,14 @@ def _redirect_output(log_path: str) -> None:
 
 # --------------------------------------------------------------------------- the parent's side
 
+@dataclasses.dataclass(eq=False)
+class _Call:
+    """A call sent to a worker: what reads its answer (in turn), then its outcome."""
+
+    answer: Callable[[], Outcome]
+    outcome: Outcome | None = None
+
+
 class Worker:
     """One backend's worker process, started on demand and replaced after it dies or hangs."""
 
@@ -291,6 +301,7 @@ class Worker:
         # timeout counts from then.
         self.answered_at = 0.0
         self.starting: threading.Thread | None = None  # start_soon's thread, until joined
+        self.unanswered: collections.deque[_Call] = collections.deque()  # sent, answer not yet read
 
     @property
     def queues(self) -> bool:
@@ -355,7 +366,17 @@ class Worker:
             died = self._died(time.perf_counter() - start)
             return lambda: died
         sent_to = self.started
-        return lambda: self._answered(sent_to, start, shipped, (backend, inputs, launch))
+        call = _Call(lambda: self._answered(sent_to, start, shipped, (backend, inputs, launch)))
+        self.unanswered.append(call)
+        return lambda: self._outcome_of(call)
+
+    def _outcome_of(self, call: _Call) -> Outcome:
+        """`call`'s outcome. Answers come back in the order the calls went out: the ones sent before it
+        and not yet asked for are taken first, and kept until asked for."""
+        while call.outcome is None:
+            earliest = self.unanswered.popleft()
+            earliest.outcome = earliest.answer()
+        return call.outcome
 
     def _answered(self, sent_to: int, start: float, shipped: KernelInputs,
                   call: tuple[Backend, KernelInputs, Launch]) -> Outcome:

@@ -25,7 +25,7 @@ import torch
 
 from difftest import hardware
 from difftest.backends import Backend, Loaded, as_loaded
-from difftest.batch import Batch, joined, merge, padded
+from difftest.batch import Batch, Retry, joined, merge, padded
 from difftest.bundle import write_bundle
 from difftest.case import Case
 from difftest.comparison import Comparison, compare, compare_spans
@@ -178,22 +178,46 @@ def run(backends: list[Backend], cases: Iterable[Case | Batch], config: RunConfi
     results: list[CaseResult] = []
     items = iter(cases)
     with _executors(loaded, config) as executors:
-        item = _next_item(items)
-        while item is not None:
+
+        def picked(item: Case | Batch) -> tuple[list[Loaded], list[Executor]]:
             whole = item.case if isinstance(item, Batch) else item
             chosen = [i for i, b in enumerate(loaded) if takes is None or takes(b.name, whole)]
-            picked = [loaded[i] for i in chosen], [executors[i] for i in chosen]
+            return [loaded[i] for i in chosen], [executors[i] for i in chosen]
+
+        item = _next_item(items)
+        started = None  # the item's launches, when they went out before the item before it was judged
+        while item is not None:
             if isinstance(item, Batch):
-                finish = _started_batch(*picked, item, config, on_result)
+                finish = started or _started_batch(*picked(item), item, config, on_result)
                 following = _next_item(items, finish)  # drawn while the workers compute
+                started = _started_ahead(following, picked, config, on_result, finish)
                 results += finish()
             else:
-                results += _run_case(*picked, item, config, on_result, done or {})
+                results += _run_case(*picked(item), item, config, on_result, done or {})
                 following = None  # a single case may be large: the next one is drawn after it, not beside it
             if on_done:
                 on_done(item)
             item = following if isinstance(item, Batch) else _next_item(items)
     return results
+
+
+def _started_ahead(item: Case | Batch | None, picked: Callable[[Case | Batch], tuple[list[Loaded], list[Executor]]],
+                   config: RunConfig, on_result: Callable[[CaseResult], None] | None,
+                   in_flight: Callable[[], list[CaseResult]]) -> Callable[[], list[CaseResult]] | None:
+    """The next batch's launches submitted while the one before it is still to be judged, where every
+    executor it goes to queues: the workers compute it while this process judges the one before (whose
+    re-runs queue behind it). None where it is not a batch or an executor would run it at once. Should
+    starting it fail, the batch in flight is finished first."""
+    if not isinstance(item, Batch):
+        return None
+    backends, executors = picked(item)
+    if not all(executor.queues for executor in executors):
+        return None
+    try:
+        return _started_batch(backends, executors, item, config, on_result)
+    except Exception:
+        in_flight()
+        raise
 
 
 def _next_item(items: Iterator[Case | Batch],
@@ -255,8 +279,9 @@ def _finished_batch(backends: list[Loaded], executors: list[Executor], batch: Ba
 # those that still fail are run alone. A kernel whose answer depends on its neighbours in the launch
 # (DeepGEMM's row after an empty request: a member ending in empty requests spoils the next member's
 # first one) fails about a third of a campaign's members in their batch; one launch for all of them,
-# where most have other neighbours, replaces most of their one-by-one re-runs. The same rule as the
-# first batch: a member that passes in a batch counts as passing.
+# where most have other neighbours, replaces most of their one-by-one re-runs. Each round launches them
+# in the reverse order of the round before, so that every member has other neighbours than in the last
+# launch. The same rule as the first batch: a member that passes in a batch counts as passing.
 REBATCH_ROUNDS = 2
 # A batch's members run alone that are in flight at once, where the executor queues (a worker over CUDA
 # IPC: a call's message is a few handles). Members are small cases (the batch caps), so their shipped
@@ -270,14 +295,16 @@ def _retried(backend: Loaded, executor: Executor, batch: Batch, shares: list[Ref
     result). Failed members go into a batch of their own while that leaves fewer failing (at most
     REBATCH_ROUNDS times); those still failing, and those without a result, are run alone. The oracle's
     rows do not depend on the rest of the batch (each row is its own sequence's logits): a member's
-    share of the batch's answer is its answer alone."""
+    share of the batch's answer is its answer alone. Each launch is recorded in batch.retries."""
     settled: dict[int, CaseResult] = {}
     failing = [index for index, result in enumerate(in_batch) if result is not None and result.verdict.failed]
-    for _ in range(REBATCH_ROUNDS):
+    for round_index in range(REBATCH_ROUNDS):
         if len(failing) < 2:
             break
-        again = dict(zip(failing, _rebatched(backend, executor, batch, shares, failing, config), strict=True))
+        order = failing[::-1] if round_index % 2 else failing
+        again = dict(zip(order, _rebatched(backend, executor, batch, shares, order, config), strict=True))
         still = [index for index in failing if again[index] is None or again[index].verdict.failed]
+        batch.retries.append(Retry(backend.name, len(failing), len(still)))
         settled.update((index, again[index]) for index in failing if index not in still)
         if len(still) == len(failing):
             break
@@ -285,6 +312,7 @@ def _retried(backend: Loaded, executor: Executor, batch: Batch, shares: list[Ref
     alone = sorted(failing + [index for index, result in enumerate(in_batch) if result is None])
     members = [(batch.members[index], shares[index]) for index in alone]
     settled.update(zip(alone, _each_alone(backend, executor, members, config), strict=True))
+    batch.retries.extend(Retry(backend.name, 1, int(settled[index].verdict.failed)) for index in alone)
     return settled
 
 

@@ -7,9 +7,10 @@ import shlex
 
 import pytest
 
+from difftest.batch import Retry
 from difftest.cli import main
 from difftest.errors import SpecError
-from difftest.fuzz import Campaign, fuzz, render_campaign, repro_line
+from difftest.fuzz import Campaign, describe_retries, fuzz, render_campaign, repro_line
 from difftest.kinds import ExitStatus
 from difftest.verdict import Verdict
 
@@ -55,3 +56,9 @@ def test_bad_campaigns_name_the_field(changes, field):
     with pytest.raises(SpecError) as info:
         Campaign(**{"budget": 1.0, **changes})
     assert info.value.field == field
+
+
+def test_the_retries_line_counts_launches_members_and_what_passed():
+    retries = (Retry("k", 5, 2), Retry("k", 2, 0), Retry("k", 1, 1), Retry("k", 1, 0))
+    assert describe_retries(retries) == ("tried again: 2 launches of a batch's failed members together (7 members, "
+                                         "5 passing there), 2 members alone (1 failing)")

@@ -10,7 +10,7 @@ import torch
 
 from difftest import runner
 from difftest.backends import get_backends
-from difftest.batch import merge
+from difftest.batch import Retry, merge
 from difftest.comparison import compare
 from difftest.config import RunConfig
 from difftest.generators.spec import CaseSpec, LengthDist
@@ -175,8 +175,10 @@ def test_a_member_still_spoiled_in_the_second_launch_is_run_alone_and_a_real_fai
     assert _summary(batched) == _summary(alone)
     assert [r.verdict for r in alone] == [Verdict.PASS] * 3 + [Verdict.FAIL_MASK]
     assert [r.case for r in batch.diverged] == [cases[1].name, cases[2].name]
-    # the batch; m1, m2, m3 together (m1 passes); m2 and m3 together (m2 passes); m3 alone
+    # the batch; m1, m2, m3 together (m1 passes); m3 and m2 together, in the reverse order (m2 passes); m3 alone
     assert executor.rows == [batch.case.rows, 12, 8, 4]
+    name = backends[0].name
+    assert batch.retries == [Retry(name, 3, 2), Retry(name, 2, 1), Retry(name, 1, 1)]
 
 
 def test_the_next_item_is_drawn_while_a_batchs_launch_runs_and_each_item_is_done_once_its_results_are_in(
@@ -215,8 +217,9 @@ def test_a_drawing_error_while_a_batch_runs_finishes_that_batch_first():
 
 def test_members_run_alone_are_compared_in_one_pass_with_the_comparisons_they_get_alone(monkeypatch):
     # Each member ends in an empty request: in every launch of several, each spoils the next one's first
-    # request. m1 passes in the first retry launch, m2 in the second; m3, m4 and m5 are run alone, pass,
-    # and get their comparisons from one pass over their outputs laid end to end, not one compare() each.
+    # request. m1 passes in the first retry launch; m5 in the second, which launches m2-m5 in the reverse
+    # order (m5 first); m2, m3 and m4 are run alone, pass, and get their comparisons from one pass over
+    # their outputs laid end to end, not one compare() each.
     cases = _neighbours([(5, 0), (7, 0), (8, 0), (6, 0), (4, 0), (9, 0)])
     backends = get_backends([PLANTED_AFTER_EMPTY])
     alone = run(backends, cases, RunConfig())
@@ -228,6 +231,22 @@ def test_members_run_alone_are_compared_in_one_pass_with_the_comparisons_they_ge
     batch = merge(cases)
     batched = run(backends, [batch], RunConfig())
     assert _summary(batched) == _summary(alone) and {r.verdict for r in alone} == {Verdict.PASS}
-    assert executor.rows == [batch.case.rows, 20, 16, 4, 4, 4], "the batch, m1-m5, m2-m5, then m3, m4, m5 alone"
+    assert executor.rows == [batch.case.rows, 20, 16, 4, 4, 4], "the batch, m1-m5, m5-m2, then m2, m3, m4 alone"
     # compare() ran once: for the merged case itself, the failure kept in batch.whole
     assert [args[0].shape[0] for args in compared_alone] == [batch.case.rows], "no member was compared on its own"
+
+
+def test_where_executors_queue_the_next_batch_goes_out_before_the_one_before_is_judged(monkeypatch):
+    # batch 0's m1 follows m0's empty request and fails there: its re-run queues behind batch 1's launch
+    first, second = _neighbours([(5, 0), (7, 9)]), _neighbours([(3, 4), (8, 4)])
+    backends = get_backends([PLANTED_AFTER_EMPTY])
+    plain = run(backends, [merge(first), merge(second)], RunConfig())
+    executor = _Queueing()
+    monkeypatch.setattr(runner, "InProcess", lambda: executor)
+    queued = run(backends, [merge(first), merge(second)], RunConfig())
+    assert _summary(queued) == _summary(plain) and {r.verdict for r in plain} == {Verdict.PASS}
+    rows = sum(c.rows for c in first), sum(c.rows for c in second), first[1].rows
+    assert executor.rows == list(rows), "batch 0, batch 1, then batch 0's m1 alone"
+    log = executor.log
+    assert log.index(("sent", 1)) < log.index(("asked", 0)), "batch 1 went out before batch 0 was judged"
+    assert log.index(("asked", 2)) < log.index(("asked", 1)), "batch 0 was finished first"

@@ -11,7 +11,7 @@ import pytest
 from difftest.cli import main
 from difftest.config import RunConfig
 from difftest.errors import SpecError
-from difftest.fuzz import Campaign, fuzz, render_campaign
+from difftest.fuzz import Campaign, describe_retries, fuzz, render_campaign
 from difftest.generators.spec import CaseSpec
 from difftest.kinds import ExitStatus
 from difftest.regime import Regime
@@ -70,6 +70,9 @@ def test_a_batch_only_failure_is_rerun_alone_and_its_merged_case_is_the_failure(
     assert found.bundle is not None and found.shrunk is not None
     assert found.shrunk.case.batch == 5, found.shrunk.case.describe()  # BATCH_LIMIT + 1: the planted bug
     assert "passes when tried again" in render_campaign(outcome)
+    alone = [r for r in outcome.retries if r.members == 1]
+    assert alone and not any(r.failed for r in alone), "every member passes alone"
+    assert describe_retries(outcome.retries) in render_campaign(outcome)
 
 
 def test_without_batching_no_case_is_batched():

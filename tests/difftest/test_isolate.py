@@ -183,15 +183,18 @@ def test_hung_worker_is_killed_at_the_timeout_and_replaced(tmp_path):
     assert fault.reason == "no answer within 0.5 s; the worker was killed" and worker.started == 2
 
 
-def test_calls_queued_to_one_worker_are_answered_in_order_and_one_behind_a_crash_is_sent_again(tmp_path):
+@pytest.mark.parametrize("last_first", [False, True], ids=["asked in order", "asked last first"])
+def test_calls_queued_to_one_worker_get_their_own_answers_and_one_behind_a_crash_is_sent_again(tmp_path, last_first):
     """A call sent while another is in flight goes down with the process when that one crashes: the
-    worker sends it again, to its replacement, and it gets its own verdict."""
+    worker sends it again, to its replacement, and it gets its own verdict. Outcomes asked for in any
+    order are each call's own (the answers before it are read first and kept)."""
     crashing, fine = build_case(CASE_SPEC, 0), build_case(TINY.replace(next_n=2, lengths=(7, 20)), 1)
     worker, backend_ = _worker("segfaults_on_three_requests", tmp_path), _fn(bb.segfaults_on_three_requests)
     calls = [(case, worker.submit(backend_, encode(case, backend_.contract), Launch(case.rows, case.max_model_len)))
              for case in (fine, crashing, fine, fine)]
     try:
-        outcomes = [wait() for _, wait in calls]
+        asked = {index: calls[index][1]() for index in (reversed(range(4)) if last_first else range(4))}
+        outcomes = [asked[index] for index in range(4)]
     finally:
         worker.stop()
     assert [type(o).__name__ for o in outcomes] == ["Execution", "Fault", "Execution", "Execution"], f"{outcomes=}"
