@@ -128,6 +128,8 @@ def merge(members: list[Case]) -> Batch:
                 seq_lens=torch.cat([m.seq_lens for m in members]),
                 max_model_len=max(m.max_model_len for m in members), fp8=first.fp8,
                 meta={"families": sorted({f for m in members for f in m.meta.get("families", ())})})
+    if all(m.known_lengths is not None for m in members):  # then the merged case's too, without a host wait
+        case.knowing_lengths([length for m in members for length in m.lengths])
     first_rows = tuple(itertools.accumulate((m.rows for m in members[:-1]), initial=0))
     return Batch(tuple(members), case, first_rows)
 

@@ -12,7 +12,7 @@ import functools
 import json
 import zipfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,10 +101,28 @@ class Case:
         return decode(self.k_pool, self.fp8, dtype)
 
     def to(self, device: str | torch.device) -> Case:
-        """The same case with every tensor on `device`."""
+        """The same case with every tensor on `device` (this case where they all are already)."""
         moved = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
                  if isinstance(getattr(self, f.name), torch.Tensor)}
-        return dataclasses.replace(self, **moved)
+        if all(tensor is getattr(self, name) for name, tensor in moved.items()):
+            return self
+        return self.lengths_to(dataclasses.replace(self, **moved))
+
+    def knowing_lengths(self, lengths: Sequence[int]) -> Case:
+        """This case, its `lengths` given by a caller that holds them on the host already (what drew them):
+        read back from a GPU, each case's own read is a host wait (a campaign's batch has 64 members)."""
+        object.__setattr__(self, "lengths", tuple(int(length) for length in lengths))  # cached_property's slot
+        return self
+
+    @property
+    def known_lengths(self) -> tuple[int, ...] | None:
+        """The lengths where they are on the host already (read back or given), else None: no host wait."""
+        return self.__dict__.get("lengths")
+
+    def lengths_to(self, other: Case) -> Case:
+        """`other` (a copy of this case), knowing this case's lengths where this one knows them."""
+        known = self.known_lengths
+        return other if known is None else other.knowing_lengths(known)
 
     def __repr__(self) -> str:
         # pytest prints fixture values of a failing test: a line, not megabytes of tensors.

@@ -59,7 +59,7 @@ def build_together(planned: Sequence[PlannedCase], device: str) -> list[Case]:
     from difftest.generators.tensors import build_cases  # deferred: the pytest plugin plans without torch
 
     cases = build_cases([(p.spec, p.seed) for p in planned], device, [p.name for p in planned])
-    return [dataclasses.replace(case, meta={**case.meta, "families": list(p.families)})
+    return [case.lengths_to(dataclasses.replace(case, meta={**case.meta, "families": list(p.families)}))
             for case, p in zip(cases, planned, strict=True)]
 
 

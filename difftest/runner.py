@@ -178,46 +178,22 @@ def run(backends: list[Backend], cases: Iterable[Case | Batch], config: RunConfi
     results: list[CaseResult] = []
     items = iter(cases)
     with _executors(loaded, config) as executors:
-
-        def picked(item: Case | Batch) -> tuple[list[Loaded], list[Executor]]:
+        item = _next_item(items)
+        while item is not None:
             whole = item.case if isinstance(item, Batch) else item
             chosen = [i for i, b in enumerate(loaded) if takes is None or takes(b.name, whole)]
-            return [loaded[i] for i in chosen], [executors[i] for i in chosen]
-
-        item = _next_item(items)
-        started = None  # the item's launches, when they went out before the item before it was judged
-        while item is not None:
+            picked = [loaded[i] for i in chosen], [executors[i] for i in chosen]
             if isinstance(item, Batch):
-                finish = started or _started_batch(*picked(item), item, config, on_result)
+                finish = _started_batch(*picked, item, config, on_result)
                 following = _next_item(items, finish)  # drawn while the workers compute
-                started = _started_ahead(following, picked, config, on_result, finish)
                 results += finish()
             else:
-                results += _run_case(*picked(item), item, config, on_result, done or {})
+                results += _run_case(*picked, item, config, on_result, done or {})
                 following = None  # a single case may be large: the next one is drawn after it, not beside it
             if on_done:
                 on_done(item)
             item = following if isinstance(item, Batch) else _next_item(items)
     return results
-
-
-def _started_ahead(item: Case | Batch | None, picked: Callable[[Case | Batch], tuple[list[Loaded], list[Executor]]],
-                   config: RunConfig, on_result: Callable[[CaseResult], None] | None,
-                   in_flight: Callable[[], list[CaseResult]]) -> Callable[[], list[CaseResult]] | None:
-    """The next batch's launches submitted while the one before it is still to be judged, where every
-    executor it goes to queues: the workers compute it while this process judges the one before (whose
-    re-runs queue behind it). None where it is not a batch or an executor would run it at once. Should
-    starting it fail, the batch in flight is finished first."""
-    if not isinstance(item, Batch):
-        return None
-    backends, executors = picked(item)
-    if not all(executor.queues for executor in executors):
-        return None
-    try:
-        return _started_batch(backends, executors, item, config, on_result)
-    except Exception:
-        in_flight()
-        raise
 
 
 def _next_item(items: Iterator[Case | Batch],

@@ -14,6 +14,7 @@ from difftest.generators.spec import CaseSpec
 from difftest.generators.tensors import build_case
 from difftest.kinds import OracleKind
 from difftest.reference import make_reference
+from tests.support import TINY
 
 SHAPE = dict(heads=4, head_dim=16, block_size=4, next_n=2)
 
@@ -77,3 +78,11 @@ def test_members_shares_joined_are_the_oracles_answer_for_those_members_merged(o
     assert got.logits.shape == want.logits.shape == (again.rows, 20)
     assert torch.equal(got.logits, want.logits) and torch.equal(got.row_lens, want.row_lens)
     assert torch.equal(got.bound, want.bound) and (got.oracle, got.next_n) == (want.oracle, want.next_n)
+
+
+def test_a_merged_case_knows_the_lengths_its_members_know():
+    members = [build_case(TINY.replace(batch=len(lens), lengths=lens), seed)
+               for seed, lens in enumerate([(3, 0), (9,), (0, 5, 1)])]
+    assert merge(members).case.known_lengths == (3, 0, 9, 0, 5, 1)
+    unread = [dataclasses.replace(m, name=f"u{i}") for i, m in enumerate(members)]
+    assert merge(unread).case.known_lengths is None

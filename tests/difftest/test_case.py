@@ -184,3 +184,14 @@ def test_to_moves_every_tensor_and_keeps_values():
     moved = case.to("cpu")
     for name, tensor in _tensor_fields(case).items():
         assert torch.equal(bits(getattr(moved, name)), bits(tensor)), name
+
+
+def test_a_drawn_case_knows_its_lengths_and_its_copies_keep_them():
+    drawn = build_case(TINY.replace(lengths=(7, 0, 20)), 0)
+    assert drawn.known_lengths == (7, 0, 20) == tuple(drawn.seq_lens.tolist())
+    assert drawn.to("cpu") is drawn, "already there: the case itself"
+    copied = drawn.lengths_to(dataclasses.replace(drawn, name="copy"))
+    assert copied.known_lengths == (7, 0, 20)
+    read_on_demand = dataclasses.replace(drawn, name="fresh")
+    assert read_on_demand.known_lengths is None and read_on_demand.lengths == (7, 0, 20)
+    assert read_on_demand.known_lengths == (7, 0, 20), "read once, then known"

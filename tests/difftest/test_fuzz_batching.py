@@ -235,18 +235,3 @@ def test_members_run_alone_are_compared_in_one_pass_with_the_comparisons_they_ge
     # compare() ran once: for the merged case itself, the failure kept in batch.whole
     assert [args[0].shape[0] for args in compared_alone] == [batch.case.rows], "no member was compared on its own"
 
-
-def test_where_executors_queue_the_next_batch_goes_out_before_the_one_before_is_judged(monkeypatch):
-    # batch 0's m1 follows m0's empty request and fails there: its re-run queues behind batch 1's launch
-    first, second = _neighbours([(5, 0), (7, 9)]), _neighbours([(3, 4), (8, 4)])
-    backends = get_backends([PLANTED_AFTER_EMPTY])
-    plain = run(backends, [merge(first), merge(second)], RunConfig())
-    executor = _Queueing()
-    monkeypatch.setattr(runner, "InProcess", lambda: executor)
-    queued = run(backends, [merge(first), merge(second)], RunConfig())
-    assert _summary(queued) == _summary(plain) and {r.verdict for r in plain} == {Verdict.PASS}
-    rows = sum(c.rows for c in first), sum(c.rows for c in second), first[1].rows
-    assert executor.rows == list(rows), "batch 0, batch 1, then batch 0's m1 alone"
-    log = executor.log
-    assert log.index(("sent", 1)) < log.index(("asked", 0)), "batch 1 went out before batch 0 was judged"
-    assert log.index(("asked", 2)) < log.index(("asked", 1)), "batch 0 was finished first"
