@@ -225,8 +225,8 @@ def _wave_tiles(tiles_per_row: int, sequences: int, slots: int) -> int:
     Programs of one launch run about equally long, so a last wave with few programs costs nearly as
     much as a full one. On the H200 at B 16, next_n 4, 32K (512 tiles a row, 2 programs an SM): 32
     tiles a program, one wave of 256 programs, 0.089 ms; 16 tiles, two waves of 512, 0.098 ms; 31
-    tiles, 272 programs, 0.113 ms. Many waves blur the tail: at B 40, 120K, 28 tiles (6.97 waves of 3
-    programs an SM) were no faster than 32 (6.06), 0.391 against 0.380 ms (reports/h200/session10).
+    tiles, 272 programs, 0.113 ms. At B 40, 120000 (1875 tiles a row, 3 programs an SM): 32 tiles, 5.96
+    waves, 0.380 ms; 28 tiles, 6.77 waves, 0.391 ms (reports/h200/session10).
     """
     def tile_times(tiles: int) -> int:
         waves = triton.cdiv(sequences * triton.cdiv(tiles_per_row, tiles), slots)
