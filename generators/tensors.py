@@ -144,7 +144,7 @@ def _assembled(specs: list[CaseSpec], seeds: list[int], names: Sequence[str | No
                  weights=weights[rows[i]:rows[i + 1]],
                  block_table=tables[entries[i]:entries[i + 1]].view(drawn[i].table_index.shape),
                  seq_lens=seq_lens[requests[i]:requests[i + 1]], max_model_len=spec.max_model_len, fp8=fp8,
-                 meta={"seed": seed, "spec": spec.to_json()})
+                 meta={"seed": seed, "spec": spec.to_json()}).knowing_lengths(drawn[i].lengths)
             for i, (spec, seed, name) in enumerate(zip(specs, seeds, names, strict=True))]
 
 
