@@ -213,7 +213,9 @@ def _chunk_tiles(case: Case, config: KernelConfig, interpret: bool, slots: Calla
     return _wave_tiles(tiles_per_row, case.batch, slots())
 
 
-# A program's fixed cost (loading and folding its q tile, the -inf tail, the peak's atomics) in tiles.
+# A program's fixed cost (loading and folding its q tile, the -inf tail, the peak's atomics) in tiles: an
+# estimate. The H200 sweep at B 40 (reports/h200/session10, 16 and 20 tiles a program against 32) puts it
+# between 1 and 4 tiles; every value in that range picks the same chunks at the bench's three shapes.
 PROLOGUE_TILES = 2
 
 
