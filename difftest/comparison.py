@@ -159,11 +159,10 @@ def _row_stats(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor
     positions, the largest absolute and relative error, whether its window is non-empty; and the
     top-k overlap of each row with a window."""
     s = _Slice.of(expected, got, row_lens, contract, bound)
-    expected, got, errors = s.expected, s.got, s.errors
-    relative = errors / _row_scale(expected, s.inside)[:, None]
-    fractions, active = _topk_fractions(expected, got, row_lens)
+    fractions, active = _topk_fractions(expected, got, row_lens)  # ranked in their own types
+    relative = s.errors / _row_scale(s.expected, s.inside)[:, None]
     wrong = torch.stack([s.kinds[kind] for kind in _KINDS])
-    return (wrong.any(dim=2), wrong.any(dim=0).sum(dim=1), errors.amax(dim=1), relative.amax(dim=1), active,
+    return (wrong.any(dim=2), wrong.any(dim=0).sum(dim=1), s.errors.amax(dim=1), relative.amax(dim=1), active,
             fractions)
 
 
@@ -184,6 +183,7 @@ class _Part:
 def _compare_rows(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, contract: Contract,
                   bound: torch.Tensor | None, first: int) -> _Part:
     s = _Slice.of(expected, got, row_lens, contract, bound)
+    overlap = _topk_hits(expected, got, row_lens)  # ranked in their own types
     expected, got, poison, kinds, errors = s.expected, s.got, s.poison, s.kinds, s.errors
     scale = _row_scale(expected, s.inside)
     any_bad = torch.stack(list(kinds.values())).any(dim=0)
@@ -194,7 +194,7 @@ def _compare_rows(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Ten
     return _Part(bad_rows={kind: [first + r for r in _rows_with(mask)] for kind, mask in kinds.items()},
                  positions_differing=int(any_bad.sum()), max_abs_err=float(errors.max()) if errors.numel() else 0.0,
                  max_rel_err=float((errors / scale[:, None]).max()) if errors.numel() else 0.0,
-                 overlap=_topk_hits(expected, got, row_lens),
+                 overlap=overlap,
                  first_mismatch=dataclasses.replace(mismatch, row=mismatch.row + first) if mismatch else None,
                  mask_limits=[(row + first, oracle, apparent) for row, oracle, apparent in limits], mask_strip=strip)
 
@@ -354,21 +354,48 @@ def _topk_hits(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor
 
 def _topk_fractions(expected: torch.Tensor, got: torch.Tensor,
                     row_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the top-k overlap of each row with a window, in row order; which rows have one)."""
-    lens = row_lens.to(expected.device)
+    """(the top-k overlap of each row with a window, in row order; which rows have one).
+
+    Ranked in each side's own float type (float32 -> float64 keeps every value and its order, so the
+    ranking is the same, at half the memory traffic). A window of at most TOPK positions is its own
+    top k, so only longer windows are ranked (torch.topk, unsorted): on a GPU the ranking was most of
+    a batch's comparison. The k-th largest expected value ranks NaN above everything, as torch.topk does."""
+    device = expected.device
+    lens = row_lens.to(device)
     active = lens > 0
-    if not bool(active.any()):
-        return torch.zeros(0, dtype=torch.float64, device=expected.device), active
-    exp, out, lens = expected[active], got[active], lens[active]
-    k_max = min(TOPK, int(lens.max()))
-    inside = torch.arange(exp.shape[1], device=exp.device)[None, :] < lens[:, None]
+    counts = torch.stack([active.sum(), (lens > TOPK).sum()]).tolist()  # one host wait for both
+    if not counts[0]:
+        return torch.zeros(0, dtype=torch.float64, device=device), active
+    exp, out, lens = _rankable(expected)[active], _rankable(got.to(device))[active], lens[active]
+    inside = torch.arange(exp.shape[1], device=device)[None, :] < lens[:, None]
+    exp_nan = torch.isnan(exp)
     ranked_exp = torch.where(inside, exp, -math.inf)
     ranked_got = torch.where(inside & ~torch.isnan(out), out, -math.inf)
     ks = lens.clamp(max=TOPK)
-    kth = ranked_exp.topk(k_max, dim=1).values.gather(1, (ks - 1)[:, None])  # (rows, 1)
-    picked = ranked_got.topk(k_max, dim=1).indices  # (rows, k_max)
-    counted = torch.arange(k_max, device=exp.device)[None, :] < ks[:, None]
+    nans = (inside & exp_nan).sum(dim=1)
+    # The k-th largest of a short window: its smallest value that is not NaN (NaN ranks first).
+    kth = torch.where(inside & ~exp_nan, exp, math.inf).amin(dim=1)
+    # In a short window every position the backend scored (not -inf, not NaN) is one of its top k.
+    hits = (inside & (ranked_got > -math.inf) & (ranked_exp >= kth[:, None])).sum(dim=1)
+    if counts[1]:
+        hits, kth = _long_hits(ranked_exp, ranked_got, lens > TOPK, hits, kth)
+    hits = torch.where(nans >= ks, 0, hits)  # the k-th largest is NaN: nothing compares >= it
+    return hits.double() / ks.double(), active
+
+
+def _long_hits(ranked_exp: torch.Tensor, ranked_got: torch.Tensor, long: torch.Tensor, hits: torch.Tensor,
+               kth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`hits` and `kth` with the rows of windows longer than TOPK ranked: the k-th largest expected value
+    is the smallest (not NaN) of the top TOPK, and the hits are the backend's top TOPK picks at or above it."""
+    top = ranked_exp[long].topk(TOPK, dim=1, sorted=False).values
+    long_kth = torch.where(torch.isnan(top), math.inf, top).amin(dim=1)
+    picked = ranked_got[long].topk(TOPK, dim=1, sorted=False).indices
     # A pick the backend scored -inf or NaN is no hit, whichever -inf tie torch.topk happened to take.
-    hits = (ranked_exp.gather(1, picked) >= kth) & counted & inside.gather(1, picked) \
-        & (ranked_got.gather(1, picked) > -math.inf)
-    return hits.sum(dim=1).double() / ks.double(), active
+    long_hits = ((ranked_exp[long].gather(1, picked) >= long_kth[:, None])
+                 & (ranked_got[long].gather(1, picked) > -math.inf)).sum(dim=1)
+    return hits.masked_scatter(long, long_hits), kth.masked_scatter(long, long_kth)
+
+
+def _rankable(values: torch.Tensor) -> torch.Tensor:
+    """`values` as a float type whose order is theirs: their own when floating, else float64."""
+    return values if values.is_floating_point() else values.double()
