@@ -330,3 +330,38 @@ def test_a_spans_comparison_is_compares_alone_or_a_failing_one_keeps_its_rows_an
                    "max_abs_err", "max_rel_err")
         assert {f: getattr(got_span, f) for f in carried} == {f: getattr(alone, f) for f in carried}
         assert alone.verdict.failed and got_span.first_mismatch is None
+
+
+def _overlap_by_definition(expected: torch.Tensor, got: torch.Tensor, lens: torch.Tensor) -> float:
+    """The docstring's definition, row by row in float64 Python: the got's top k positions (NaN and -inf
+    last) that are at or above the k-th largest expected value (NaN largest), over k."""
+    fractions = []
+    for exp_row, got_row, length in zip(expected.double().tolist(), got.double().tolist(), lens.tolist(), strict=True):
+        if length == 0:
+            continue
+        k = min(TOPK, length)
+        window = exp_row[:length]
+        kth = sorted(window, key=lambda v: (1, 0.0) if math.isnan(v) else (0, v), reverse=True)[k - 1]  # NaN first
+        scored = [(v, p) for p, v in enumerate(got_row[:length]) if not math.isnan(v) and v > -math.inf]
+        picked = [p for _v, p in sorted(scored, reverse=True)[:k]]
+        fractions.append(sum(window[p] >= kth for p in picked) / k)
+    return sum(fractions) / len(fractions) if fractions else 1.0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_topk_overlap_is_its_definition_for_short_and_long_windows_nan_and_neg_inf(seed):
+    gen = torch.Generator().manual_seed(seed)
+    rows, width = 5, TOPK + 700
+    lens = torch.randint(0, width + 1, (rows,), generator=gen)
+    lens[0], lens[1] = width, 3  # one long window, one short one, whatever the draw
+    expected = torch.randn(rows, width, generator=gen)
+    if seed % 2:
+        expected = torch.randint(-4, 5, (rows, width), generator=gen).float()  # ties in expected
+    got = expected + 1e-3 * torch.randn(rows, width, generator=gen)  # no ties in got
+    got[torch.rand(rows, width, generator=gen) < 0.05] = -math.inf
+    got[torch.rand(rows, width, generator=gen) < 0.02] = math.nan
+    expected[torch.rand(rows, width, generator=gen) < (0.4 if seed == 5 else 0.01)] = math.nan
+    expected = torch.where(torch.arange(width)[None, :] < lens[:, None], expected, -math.inf)
+    want = _overlap_by_definition(expected, got, lens)
+    assert topk_overlap(expected, got, lens) == pytest.approx(want, rel=1e-12)
+    assert topk_overlap(expected.double(), got.double(), lens) == pytest.approx(want, rel=1e-12)
