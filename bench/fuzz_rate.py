@@ -6,12 +6,13 @@ The regimes are issue 12's (on a GPU: H 64, D 128, block 64):
 * large: B <= 32, max_model_len <= 128K (goal: 20 cases/s).
 
 On the CPU the same bounds apply at the toy shape (H 32, D 64, block 16; contexts up to 128 and 1024).
-Each regime is measured twice, for --seconds each, isolated (one worker process per backend):
+Each regime is measured twice (more with --jobs), for --seconds each, isolated (one worker process per backend):
 
 * baseline, "runner.run, one case at a time": the regime's planned cases (difftest.fuzz.planned_cases,
   the same rounds a campaign draws) built one by one and handed to one difftest.runner.run, as
   `difftest fuzz` did before batching;
-* fuzz: difftest.fuzz.fuzz(Campaign(budget=--seconds, regime=...)), batching on, no shrinking.
+* fuzz: difftest.fuzz.fuzz(Campaign(budget=--seconds, regime=...)), batching on, no shrinking;
+* with --jobs N,...: the same campaign with N jobs side by side (Campaign.jobs), each against fuzz.
 
 Both rates count from the start of the run to its end, so each includes one worker start-up. Before
 any timing, the measured campaign itself (same seed) runs for --warmup seconds per regime, to compile
@@ -100,10 +101,10 @@ def baseline(backends: list[Loaded], regime: Regime, config: RunConfig, seconds:
     return Rate(len({r.case for r in results}), elapsed, warm, dict(Counter(r.verdict.value for r in results)))
 
 
-def campaign(names: list[str], regime: Regime, config: RunConfig, seconds: float, seed: int) -> Rate:
-    """`difftest fuzz` in the regime for `seconds`, batching on, nothing shrunk."""
+def campaign(names: list[str], regime: Regime, config: RunConfig, seconds: float, seed: int, jobs: int = 1) -> Rate:
+    """`difftest fuzz` in the regime for `seconds`, batching on, nothing shrunk, `jobs` campaigns side by side."""
     outcome = fuzz(Campaign(budget=seconds, backends=tuple(names), config=config, seed=seed, regime=regime,
-                            shrink_seconds=0))
+                            shrink_seconds=0, jobs=jobs))
     return Rate(outcome.cases, outcome.seconds, outcome.warm_cases_per_second,
                 dict(Counter(r.verdict.value for r in outcome.results)), describe_retries(outcome.retries))
 
@@ -120,21 +121,29 @@ def measure(args: argparse.Namespace) -> Iterator[tuple[str, dict]]:
             campaign(names, regime, config, args.warmup, seed=args.seed)
         before = baseline(backends, regime, config, args.seconds, args.seed)
         after = campaign(names, regime, config, args.seconds, args.seed)
+        side_by_side = {jobs: campaign(names, regime, config, args.seconds, args.seed, jobs) for jobs in args.jobs}
         yield name, {"regime": dataclasses.asdict(regime), "goal": goal, BASELINE: dataclasses.asdict(before),
                      "difftest fuzz": dataclasses.asdict(after), "baseline_rate": before.per_second,
                      "fuzz_rate": after.per_second, "ratio": after.per_second / max(before.per_second, 1e-9),
-                     "baseline_warm_rate": before.warm_per_second, "fuzz_warm_rate": after.warm_per_second}
+                     "baseline_warm_rate": before.warm_per_second, "fuzz_warm_rate": after.warm_per_second,
+                     "jobs": {str(jobs): {**dataclasses.asdict(rate), "rate": rate.per_second,
+                                          "warm_rate": rate.warm_per_second} for jobs, rate in side_by_side.items()}}
 
 
 def markdown(rows: dict[str, dict], header: str) -> str:
     """The table: one line per regime, both rates and their ratio."""
+    jobs = sorted({int(n) for row in rows.values() for n in row.get("jobs", {})})
     lines = [header, "", "cases/s over the whole measurement (after the first result: without worker start-up "
-             "and first compilations)", "",
-             f"| regime | bounds | {BASELINE} | difftest fuzz | ratio | goal (H200) |", "|---|---|---|---|---|---|"]
+             "and first compilations); --jobs N: N campaigns side by side, its ratio to difftest fuzz", "",
+             f"| regime | bounds | {BASELINE} | difftest fuzz | ratio | "
+             + "".join(f"--jobs {n} | " for n in jobs) + "goal (H200) |", "|---" * (6 + len(jobs)) + "|"]
     for name, row in rows.items():
         bounds = ", ".join(f"{k} {v}" for k, v in row["regime"].items() if v is not None)
+        side = "".join(f"{r['rate']:.1f} ({r['warm_rate']:.1f}), {r['rate'] / max(row['fuzz_rate'], 1e-9):.2f}x | "
+                       for r in (row["jobs"][str(n)] for n in jobs))
         lines.append(f"| {name} | {bounds} | {row['baseline_rate']:.1f} ({row['baseline_warm_rate']:.1f}) | "
-                     f"{row['fuzz_rate']:.1f} ({row['fuzz_warm_rate']:.1f}) | {row['ratio']:.1f}x | {row['goal']} |")
+                     f"{row['fuzz_rate']:.1f} ({row['fuzz_warm_rate']:.1f}) | {row['ratio']:.1f}x | {side}"
+                     f"{row['goal']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -164,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--regimes", default=",".join(REGIMES), help=f"comma-separated, of {list(REGIMES)} "
                         "(default: all)")
+    parser.add_argument("--jobs", type=lambda text: [int(n) for n in text.split(",") if n], default=[],
+                        metavar="N,...", help="also measure `difftest fuzz --jobs N` for each N (e.g. 2,3), after "
+                        "difftest fuzz itself, each against it")
     parser.add_argument("--smoke", action="store_true", help="CPU, torch, 0.5 s each, no warm-up, in-process")
     parser.add_argument("--out", type=Path, help="folder for fuzz_rate.json and fuzz_rate.md (required to measure)")
     parser.add_argument("--summarize", type=Path, nargs="+", metavar="FOLDER",

@@ -252,6 +252,9 @@ def _add_fuzz(commands: argparse._SubParsersAction) -> None:
     regime.add_argument("--heads", type=int, help="only cases with this many heads")
     regime.add_argument("--head-dim", type=int, help="only cases of this head dim")
     regime.add_argument("--block-size", type=int, help="only cases of this block size")
+    fuzz.add_argument("--jobs", type=int, default=1, metavar="N",
+                      help="N campaigns side by side, each in its own process with its own workers and its own "
+                      "share of the plan, their results joined (default: 1)")
     fuzz.add_argument("--batching", action=argparse.BooleanOptionalAction, default=True,
                       help="small cases of one shape in one launch where every backend allows it; a failure "
                       "is tried again, with the batch's other failures, then alone (default: on)")
@@ -671,7 +674,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                     head_dim=args.head_dim, block_size=args.block_size)
     campaign = fuzz.Campaign(budget=args.budget, backends=args.backends, until_failures=args.until_failures,
                              seed=args.seed, repro_dir=args.repro_dir, stream=args.stream,
-                             shrink_seconds=args.shrink_seconds, regime=regime, batching=args.batching,
+                             shrink_seconds=args.shrink_seconds, regime=regime, batching=args.batching, jobs=args.jobs,
                              config=RunConfig(device=args.device.value, isolate=args.isolate, oracle=args.oracle))
     outcome = fuzz.fuzz(campaign)
     if not args.quiet:  # quiet: the campaign's lines alone, its verdict and a repro line per failure

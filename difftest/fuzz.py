@@ -24,9 +24,17 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import multiprocessing
+import os
+import pickle
 import shlex
+import shutil
 import time
+import traceback
 from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 
 import torch
@@ -38,8 +46,10 @@ from difftest.case import Case
 from difftest.config import RunConfig
 from difftest.errors import SpecError, require
 from difftest.generators.envelope import Target, estimate_bytes
+from difftest.isolate import exit_description
 from difftest.kinds import Device
-from difftest.plan import PlannedCase, build_together, envelope_plan
+from difftest.lifetime import die_with_parent
+from difftest.plan import PlannedCase, Shard, build_together, envelope_plan
 from difftest.prefetch import Prefetched
 from difftest.regime import Regime
 from difftest.result import CaseResult
@@ -67,6 +77,11 @@ STREAM_FLUSH_SECONDS = 1.0
 # so that the drawing thread can bank a batch during a long wait (a batch with many reruns).
 PREFETCH_DEPTH = 2
 DIVERGED_SHOWN = 5  # batch-only failures the campaign's end lists one by one
+# A campaign's main thread is busy the whole time (launching, judging, re-running) while the GPU and the
+# workers mostly wait (reports/h200/session10): several campaigns side by side, each in its own process
+# with its own workers and its own share of the plan, draw cases that much faster. Each is one process
+# and a worker per backend.
+MAX_JOBS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +98,7 @@ class Campaign:
     shrink_seconds: float = 30.0  # per signature
     regime: Regime = dataclasses.field(default_factory=Regime)  # bounds on the drawn cases
     batching: bool = True  # small cases of one shape in one launch, where every backend allows it
+    jobs: int = 1  # campaigns side by side in child processes, each drawing its share of the plan
 
     def __post_init__(self) -> None:
         require(0 < self.budget <= 7 * 86400, "budget", self.budget, "seconds in (0, one week]")
@@ -91,6 +107,8 @@ class Campaign:
         require(0 <= self.shrink_seconds <= 3600, "shrink_seconds", self.shrink_seconds, "seconds in [0, 3600]")
         require(isinstance(self.regime, Regime), "regime", self.regime, "a difftest.regime.Regime")
         require(self.batching in (True, False), "batching", self.batching, "True or False")
+        require(type(self.jobs) is int and 1 <= self.jobs <= MAX_JOBS, "jobs", self.jobs,
+                f"an integer in [1, {MAX_JOBS}]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +153,8 @@ class CampaignOutcome:
     # (seconds, cases drawn) when the first result came: worker start-up and first compilations are before it
     warm: tuple[float, int] = (0.0, 0)
     retries: tuple[Retry, ...] = ()  # the launches that tried batches' failed members again
+    jobs: int = 1  # campaigns side by side that made it (Campaign.jobs)
+    lost_jobs: tuple[str, ...] = ()  # jobs that died before handing their results over, and how
 
     @property
     def warm_cases_per_second(self) -> float:
@@ -158,9 +178,21 @@ def signature(result: CaseResult, next_n: int) -> Signature:
 
 
 def fuzz(campaign: Campaign) -> CampaignOutcome:
-    """Run `campaign`: cases until its budget or failure count, then a bundle (shrunk) per signature."""
+    """Run `campaign`: cases until its budget or failure count (drawn by `jobs` campaigns side by side,
+    each its share of the plan, when jobs > 1), then a bundle (shrunk) per signature."""
     backends = get_backends(list(campaign.backends) if campaign.backends else None)
-    state = _State(campaign, backends)
+    drawn = _in_jobs(campaign, backends) if campaign.jobs > 1 else _drawn(campaign, backends)
+    by_name = {backend.name: backend for backend in backends}
+    for found in drawn.found:
+        _keep(found, by_name[found.signature.backend], campaign)
+    return dataclasses.replace(drawn, found=_merged(drawn.found))
+
+
+def _drawn(campaign: Campaign, backends: list[Loaded], job: Shard | None = None,
+           stop: EventType | None = None) -> CampaignOutcome:
+    """The campaign's cases, run until its budget or failure count (or `stop`), nothing kept yet; only
+    job's share of the plan when it is one of several (`stop`: set by whichever reaches the count)."""
+    state = _State(campaign, backends, job, stop)
     start = time.monotonic()
     stream = ResultStream(campaign.stream, flush_seconds=STREAM_FLUSH_SECONDS) if campaign.stream else None
     try:
@@ -170,10 +202,8 @@ def fuzz(campaign: Campaign) -> CampaignOutcome:
         if stream:
             stream.close()
     seconds = time.monotonic() - start
-    for found in state.found.values():
-        _keep(found, state.backends[found.signature.backend], campaign)
     warm = (state.warm[0] - start, state.warm[1]) if state.warm else (seconds, state.drawn)
-    return CampaignOutcome(results, _merged(list(state.found.values())), state.drawn, seconds, state.batched,
+    return CampaignOutcome(results, list(state.found.values()), state.drawn, seconds, state.batched,
                            state.launches, tuple(state.diverged), warm, tuple(state.retries))
 
 
@@ -187,6 +217,123 @@ def _merged(found: list[Found]) -> list[Found]:
         else:
             kept[key] = item
     return list(kept.values())
+
+
+# --------------------------------------------------------------------------- jobs side by side
+
+def _in_jobs(campaign: Campaign, backends: list[Loaded]) -> CampaignOutcome:
+    """The campaign drawn by campaign.jobs child processes side by side, each one job's share of the plan
+    (difftest.plan.Shard: planned case i goes to job i mod jobs) with its own workers, streaming into a
+    part of its own (`<stream>.job<i>`, joined into the stream at the end); their outcomes joined. The
+    first to reach the failure count stops them all. A job that dies costs only its own results (its
+    streamed part stays); one that raises raises here."""
+    _first_planned(campaign, backends)  # a regime no planned case fits: one SpecError here, not one per job
+    if campaign.stream is not None:
+        ResultStream(campaign.stream).close()  # an unwritable stream: one OutputError here, before any job
+    context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+    stop = context.Event()
+    start = time.monotonic()  # the campaign's clock: the jobs' start-up counts, as a worker's does
+    jobs = []
+    for index in range(campaign.jobs):
+        receive, send = context.Pipe(duplex=False)
+        process = context.Process(target=_job, args=(_job_campaign(campaign, index), Shard(index, campaign.jobs),
+                                                     stop, send, os.getpid()), name=f"difftest-fuzz-job-{index}")
+        process.start()
+        send.close()  # the child's end: EOF here when it dies
+        jobs.append((receive, process))
+    try:
+        outcomes, lost = [], []
+        for index, (receive, process) in enumerate(jobs):
+            outcome = _outcome_of(receive, process)
+            if isinstance(outcome, str):
+                lost.append(f"job {index} {outcome}")
+            else:
+                outcomes.append(outcome)
+    finally:
+        for _receive, process in jobs:  # all done, unless this process is being interrupted
+            if process.is_alive():
+                process.kill()
+            process.join()
+        _join_parts(campaign)
+    return _joined(outcomes, campaign, tuple(lost), start, time.monotonic() - start)
+
+
+def _first_planned(campaign: Campaign, backends: list[Loaded]) -> PlannedCase:
+    """The plan's first case; SpecError naming a regime bound no planned case fits."""
+    target = Target.probe(Device(campaign.config.device))
+    return next(iter(planned_cases(backends, target, campaign.regime, campaign.seed)))
+
+
+def _job_campaign(campaign: Campaign, index: int) -> Campaign:
+    """What job `index` runs: the campaign, streaming into its own part, one job, nothing kept."""
+    part = None if campaign.stream is None else _part(campaign.stream, index)
+    return dataclasses.replace(campaign, stream=part, jobs=1, repro_dir=None)
+
+
+def _part(stream: Path, index: int) -> Path:
+    return stream.with_name(f"{stream.name}.job{index}")
+
+
+def _job(campaign: Campaign, job: Shard, stop: EventType, send: Connection, parent: int) -> None:
+    """A job's main: its share of the campaign, then its outcome (found cases on the CPU) to the parent."""
+    die_with_parent(parent)
+    began = time.monotonic()  # one clock for every process of the machine (CLOCK_MONOTONIC)
+    try:
+        outcome = _drawn(campaign, get_backends(list(campaign.backends) if campaign.backends else None), job, stop)
+        found = [dataclasses.replace(f, case=f.case.to("cpu")) for f in outcome.found]
+        answer: tuple[str, object] = ("done", (dataclasses.replace(outcome, found=found), began))
+    except BaseException as exc:  # the parent raises it, named
+        answer = ("raised", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+    # Plain pickle: tensors by value. The connection's own pickler (torch's reductions) would hand over a
+    # file descriptor per tensor, served by this process, which exits now.
+    send.send_bytes(pickle.dumps(answer))
+
+
+def _outcome_of(receive: Connection, process: BaseProcess) -> tuple[CampaignOutcome, float] | str:
+    """A job's outcome and when it began (time.monotonic()), or how it died (a string); RuntimeError with its
+    traceback when it raised."""
+    try:
+        kind, payload = pickle.loads(receive.recv_bytes())  # frames from this module's own jobs
+    except EOFError:
+        process.join()
+        return f"died ({exit_description(process.exitcode)}) before handing its results over"
+    if kind == "raised":
+        raise RuntimeError(f"{process.name} raised {payload}")
+    return payload
+
+
+def _joined(outcomes: list[tuple[CampaignOutcome, float]], campaign: Campaign, lost: tuple[str, ...], start: float,
+            seconds: float) -> CampaignOutcome:
+    """One outcome of the jobs' (each with when it began): results in job order, each signature once (its
+    first job's first case, moved back to the campaign's device, and every job's count), `seconds` from
+    `start` (before the jobs were started) to the last answer."""
+    found: dict[Signature, Found] = {}
+    for item in (f for outcome, _began in outcomes for f in outcome.found):
+        if item.signature in found:
+            found[item.signature].seen += item.seen
+        else:
+            found[item.signature] = dataclasses.replace(item, case=item.case.to(campaign.config.device))
+    # Warm from the last job's first result on the campaign's clock, with every job's cases before its own.
+    warm = (max((began - start + o.warm[0] for o, began in outcomes), default=seconds),
+            sum(o.warm[1] for o, _began in outcomes))
+    runs = [outcome for outcome, _began in outcomes]
+    return CampaignOutcome([r for o in runs for r in o.results], list(found.values()), sum(o.cases for o in runs),
+                           seconds, sum(o.batched for o in runs), sum(o.launches for o in runs),
+                           tuple(r for o in runs for r in o.diverged), warm, tuple(r for o in runs for r in o.retries),
+                           campaign.jobs, lost)
+
+
+def _join_parts(campaign: Campaign) -> None:
+    """The jobs' streamed parts appended to the campaign's stream in job order, then removed."""
+    if campaign.stream is None:
+        return
+    with campaign.stream.open("wb") as joined:
+        for index in range(campaign.jobs):
+            part = _part(campaign.stream, index)
+            if part.exists():
+                with part.open("rb") as piece:
+                    shutil.copyfileobj(piece, joined)
+                part.unlink()
 
 
 @dataclasses.dataclass
@@ -211,9 +358,13 @@ class _Bucket:
 class _State:
     """What the campaign knows while it runs: the cases of the items being run, the signatures found so far."""
 
-    def __init__(self, campaign: Campaign, backends: list[Loaded]) -> None:
-        self.campaign, self.backends = campaign, {b.name: b for b in backends}
-        self.target = Target.probe(Device(campaign.config.device))
+    def __init__(self, campaign: Campaign, backends: list[Loaded], job: Shard | None = None,
+                 stop: EventType | None = None) -> None:
+        self.campaign, self.backends, self.job, self.stop = campaign, {b.name: b for b in backends}, job, stop
+        target = Target.probe(Device(campaign.config.device))
+        # Jobs side by side share the device's memory: each plans within its part of it.
+        self.target = target if job is None else dataclasses.replace(target,
+                                                                      memory_bytes=target.memory_bytes // job.count)
         # The items drawn and not yet finished (the runner draws a batch's successor while it runs):
         # their cases (a batch's members) by name, and who takes each.
         self.current: dict[str, Case] = {}
@@ -242,8 +393,10 @@ class _State:
     def _jobs(self) -> Iterator[PlannedCase | list[PlannedCase]]:
         """What each item will be: a planned case that goes alone, or a full bucket's planned cases."""
         buckets: dict[tuple[BatchKey, frozenset[str] | None], _Bucket] = {}
-        for planned in planned_cases(list(self.backends.values()), self.target, self.campaign.regime,
-                                     self.campaign.seed):
+        planned_all = planned_cases(list(self.backends.values()), self.target, self.campaign.regime,
+                                    self.campaign.seed)
+        share = planned_all if self.job is None else itertools.islice(planned_all, self.job.index, None, self.job.count)
+        for planned in share:
             key = self._bucket(planned)
             if key is None:
                 yield planned
@@ -286,6 +439,10 @@ class _State:
     def _done(self, start: float) -> bool:
         over = time.monotonic() - start > self.campaign.budget
         enough = self.campaign.until_failures is not None and len(self.found) >= self.campaign.until_failures
+        if self.stop is not None:
+            if enough:
+                self.stop.set()  # the other jobs stop too: the campaign has its failures
+            enough = enough or self.stop.is_set()
         return over or enough
 
     def takes(self, backend: str, case: Case) -> bool:
@@ -378,8 +535,10 @@ def _keep(found: Found, backend: Loaded, campaign: Campaign) -> None:
 
 def render_campaign(outcome: CampaignOutcome) -> str:
     """The campaign's end: its rate, then each distinct failure with its count and its repro line."""
-    lines = [f"{outcome.cases} cases in {outcome.seconds:.1f} s: {outcome.cases_per_second:.1f} cases/s; "
-             f"{len(outcome.found)} distinct failures"]
+    side_by_side = f" ({outcome.jobs} jobs side by side)" if outcome.jobs > 1 else ""
+    lines = [f"{outcome.cases} cases in {outcome.seconds:.1f} s{side_by_side}: {outcome.cases_per_second:.1f} "
+             f"cases/s; {len(outcome.found)} distinct failures"]
+    lines += [f"lost: {how}" for how in outcome.lost_jobs]
     if outcome.launches:
         lines.append(f"batched: {outcome.batched} of the cases in {outcome.launches} launches; a case that failed "
                      f"in a batch was tried again (with the other failures, then alone), and that result counts")

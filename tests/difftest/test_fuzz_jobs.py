@@ -1,0 +1,68 @@
+"""`difftest fuzz --jobs N`: campaigns side by side in child processes, each its share of the plan, their
+outcomes joined into one (one bundle per signature, one stream), the first to reach the failure count
+stopping all; a job that dies costs only its own results."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+
+import pytest
+
+from difftest.backends import get_backends
+from difftest.cli import main
+from difftest.errors import SpecError
+from difftest.fuzz import Campaign, _outcome_of, _State, fuzz, render_campaign
+from difftest.kinds import ExitStatus
+from difftest.plan import Shard
+from difftest.regime import Regime
+
+PLANTED = "tests.user_backends:window_one_short"
+SMALL = Regime(max_batch=4, max_context=64)
+
+
+def _shares(jobs: int, count: int) -> list[list[str]]:
+    """The first `count` case names each of `jobs` jobs plans (one at a time: no batching)."""
+    campaign = Campaign(budget=1.0, backends=("torch",), regime=SMALL, batching=False)
+    backends = get_backends(["torch"])
+    states = [_State(campaign, backends, Shard(index, jobs) if jobs > 1 else None) for index in range(jobs)]
+    return [[planned.name for planned, _ in zip(state._jobs(), range(count), strict=False)] for state in states]
+
+
+def test_jobs_plan_the_one_campaigns_cases_dealt_out_in_turn():
+    (alone,) = _shares(1, 12)
+    first, second = _shares(2, 6)
+    assert alone[0::2] == first and alone[1::2] == second, (alone, first, second)
+
+
+def test_two_jobs_find_the_planted_bug_stop_together_and_join_their_results(tmp_path):
+    stream, repro = tmp_path / "fuzz.jsonl", tmp_path / "repro"
+    outcome = fuzz(Campaign(budget=120.0, backends=("torch", PLANTED), until_failures=1, regime=SMALL, jobs=2,
+                            stream=stream, repro_dir=repro, shrink_seconds=0))
+    assert outcome.jobs == 2 and not outcome.lost_jobs
+    assert outcome.seconds < 60, "the first job to find a failure stopped both long before the budget"
+    assert {f.signature.backend for f in outcome.found} == {"window-one-short"}
+    assert all(f.bundle is not None and f.bundle.parent == repro for f in outcome.found)
+    pairs = [(r.backend, r.case) for r in outcome.results]
+    assert len(pairs) == len(set(pairs)), "the jobs drew no case twice"
+    lines = [json.loads(line) for line in stream.read_text().splitlines()]
+    assert sorted((line["result"]["backend"], line["result"]["case"]) for line in lines) == sorted(pairs)
+    assert not list(tmp_path.glob("fuzz.jsonl.job*")), "the parts were joined into the stream"
+    assert "(2 jobs side by side)" in render_campaign(outcome)
+
+
+def test_a_job_that_dies_is_named_with_how():
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=os._exit, args=(3,), name="difftest-fuzz-job-1")
+    process.start()
+    send.close()
+    assert _outcome_of(receive, process) == "died (exited with status 3) before handing its results over"
+
+
+def test_jobs_out_of_range_and_an_impossible_regime_are_one_line_each(capsys):
+    with pytest.raises(SpecError, match="jobs"):
+        Campaign(budget=1.0, jobs=0)
+    assert main(["fuzz", "--budget", "1", "--backends", "torch", "--jobs", "2", "--heads", "7"]) == ExitStatus.USAGE
+    assert "heads" in capsys.readouterr().err
