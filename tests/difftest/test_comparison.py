@@ -348,8 +348,13 @@ def _overlap_by_definition(expected: torch.Tensor, got: torch.Tensor, lens: torc
     return sum(fractions) / len(fractions) if fractions else 1.0
 
 
+NO_GPU = "needs a CUDA GPU: torch.cuda.is_available() is False"
+ON_GPU = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)])
+
+
+@pytest.mark.parametrize("device", ["cpu", ON_GPU])
 @pytest.mark.parametrize("seed", range(6))
-def test_topk_overlap_is_its_definition_for_short_and_long_windows_nan_and_neg_inf(seed):
+def test_topk_overlap_is_its_definition_for_short_and_long_windows_nan_and_neg_inf(seed, device):
     gen = torch.Generator().manual_seed(seed)
     rows, width = 5, TOPK + 700
     lens = torch.randint(0, width + 1, (rows,), generator=gen)
@@ -363,5 +368,6 @@ def test_topk_overlap_is_its_definition_for_short_and_long_windows_nan_and_neg_i
     expected[torch.rand(rows, width, generator=gen) < (0.4 if seed == 5 else 0.01)] = math.nan
     expected = torch.where(torch.arange(width)[None, :] < lens[:, None], expected, -math.inf)
     want = _overlap_by_definition(expected, got, lens)
+    expected, got, lens = expected.to(device), got.to(device), lens.to(device)
     assert topk_overlap(expected, got, lens) == pytest.approx(want, rel=1e-12)
     assert topk_overlap(expected.double(), got.double(), lens) == pytest.approx(want, rel=1e-12)

@@ -9,9 +9,11 @@ import multiprocessing
 import os
 
 import pytest
+import torch
 
 from difftest.backends import get_backends
 from difftest.cli import main
+from difftest.config import RunConfig
 from difftest.errors import SpecError
 from difftest.fuzz import Campaign, _outcome_of, _State, fuzz, render_campaign
 from difftest.kinds import ExitStatus
@@ -50,6 +52,17 @@ def test_two_jobs_find_the_planted_bug_stop_together_and_join_their_results(tmp_
     assert sorted((line["result"]["backend"], line["result"]["case"]) for line in lines) == sorted(pairs)
     assert not list(tmp_path.glob("fuzz.jsonl.job*")), "the parts were joined into the stream"
     assert "(2 jobs side by side)" in render_campaign(outcome)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: torch.cuda.is_available() is False")
+def test_two_jobs_on_the_gpu_each_with_their_own_workers_find_the_planted_bug(tmp_path):
+    outcome = fuzz(Campaign(budget=120.0, backends=("torch", PLANTED), until_failures=1, jobs=2, shrink_seconds=0,
+                            config=RunConfig(device="cuda"), regime=Regime(max_batch=4, max_context=4096)))
+    assert outcome.jobs == 2 and not outcome.lost_jobs and outcome.found, render_campaign(outcome)
+    assert {f.signature.backend for f in outcome.found} == {"window-one-short"}
+    assert all(f.case.device.type == "cuda" for f in outcome.found), "found cases back on the campaign's device"
+    assert {r.isolation is not None for r in outcome.results} == {True}, "isolated: each job ran its own workers"
 
 
 def test_a_job_that_dies_is_named_with_how():
