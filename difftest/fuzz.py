@@ -537,7 +537,8 @@ def render_campaign(outcome: CampaignOutcome) -> str:
     """The campaign's end: its rate, then each distinct failure with its count and its repro line."""
     side_by_side = f" ({outcome.jobs} jobs side by side)" if outcome.jobs > 1 else ""
     lines = [f"{outcome.cases} cases in {outcome.seconds:.1f} s{side_by_side}: {outcome.cases_per_second:.1f} "
-             f"cases/s; {len(outcome.found)} distinct failures"]
+             f"cases/s ({outcome.warm_cases_per_second:.1f} after the first result); {len(outcome.found)} distinct "
+             f"failures"]
     lines += [f"lost: {how}" for how in outcome.lost_jobs]
     if outcome.launches:
         lines.append(f"batched: {outcome.batched} of the cases in {outcome.launches} launches; a case that failed "
