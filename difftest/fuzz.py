@@ -33,9 +33,11 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as connection_wait
 from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -188,11 +190,10 @@ def fuzz(campaign: Campaign) -> CampaignOutcome:
     return dataclasses.replace(drawn, found=_merged(drawn.found))
 
 
-def _drawn(campaign: Campaign, backends: list[Loaded], job: Shard | None = None,
-           stop: EventType | None = None) -> CampaignOutcome:
-    """The campaign's cases, run until its budget or failure count (or `stop`), nothing kept yet; only
-    job's share of the plan when it is one of several (`stop`: set by whichever reaches the count)."""
-    state = _State(campaign, backends, job, stop)
+def _drawn(campaign: Campaign, backends: list[Loaded], link: _Link | None = None) -> CampaignOutcome:
+    """The campaign's cases, run until its budget or failure count, nothing kept yet; as one job of several
+    (`link`), its share of the plan, until the campaign's stop too."""
+    state = _State(campaign, backends, link)
     start = time.monotonic()
     stream = ResultStream(campaign.stream, flush_seconds=STREAM_FLUSH_SECONDS) if campaign.stream else None
     try:
@@ -224,38 +225,26 @@ def _merged(found: list[Found]) -> list[Found]:
 def _in_jobs(campaign: Campaign, backends: list[Loaded]) -> CampaignOutcome:
     """The campaign drawn by campaign.jobs child processes side by side, each one job's share of the plan
     (difftest.plan.Shard: planned case i goes to job i mod jobs) with its own workers, streaming into a
-    part of its own (`<stream>.job<i>`, joined into the stream at the end); their outcomes joined. The
-    first to reach the failure count stops them all. A job that dies costs only its own results (its
-    streamed part stays); one that raises raises here."""
+    part of its own (`<stream>.job<i>`, joined into the stream at the end); their outcomes joined. A
+    script that asks for jobs needs the `if __name__ == "__main__":` guard multiprocessing's spawn asks of
+    every program. A job that dies costs only its own results (its streamed part stays); one that raises
+    raises here."""
     _first_planned(campaign, backends)  # a regime no planned case fits: one SpecError here, not one per job
     if campaign.stream is not None:
         ResultStream(campaign.stream).close()  # an unwritable stream: one OutputError here, before any job
     context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
     stop = context.Event()
     start = time.monotonic()  # the campaign's clock: the jobs' start-up counts, as a worker's does
-    jobs = []
-    for index in range(campaign.jobs):
-        receive, send = context.Pipe(duplex=False)
-        process = context.Process(target=_job, args=(_job_campaign(campaign, index), Shard(index, campaign.jobs),
-                                                     stop, send, os.getpid()), name=f"difftest-fuzz-job-{index}")
-        process.start()
-        send.close()  # the child's end: EOF here when it dies
-        jobs.append((receive, process))
+    jobs = [_started(context, campaign, index, stop) for index in range(campaign.jobs)]
     try:
-        outcomes, lost = [], []
-        for index, (receive, process) in enumerate(jobs):
-            outcome = _outcome_of(receive, process)
-            if isinstance(outcome, str):
-                lost.append(f"job {index} {outcome}")
-            else:
-                outcomes.append(outcome)
+        outcomes, lost = _gathered(jobs, stop, campaign.until_failures)
     finally:
-        for _receive, process in jobs:  # all done, unless this process is being interrupted
+        for _receive, process in jobs:  # all done, unless one raised or this process is interrupted
             if process.is_alive():
                 process.kill()
             process.join()
         _join_parts(campaign)
-    return _joined(outcomes, campaign, tuple(lost), start, time.monotonic() - start)
+    return _joined(outcomes, campaign, lost, start, time.monotonic() - start)
 
 
 def _first_planned(campaign: Campaign, backends: list[Loaded]) -> PlannedCase:
@@ -264,42 +253,85 @@ def _first_planned(campaign: Campaign, backends: list[Loaded]) -> PlannedCase:
     return next(iter(planned_cases(backends, target, campaign.regime, campaign.seed)))
 
 
-def _job_campaign(campaign: Campaign, index: int) -> Campaign:
-    """What job `index` runs: the campaign, streaming into its own part, one job, nothing kept."""
+def _started(context: multiprocessing.context.SpawnContext, campaign: Campaign, index: int,
+             stop: EventType) -> tuple[Connection, BaseProcess]:
+    """Job `index`, started: the end of its pipe this process reads, and its process."""
+    receive, send = context.Pipe(duplex=False)
     part = None if campaign.stream is None else _part(campaign.stream, index)
-    return dataclasses.replace(campaign, stream=part, jobs=1, repro_dir=None)
+    # One job each, streaming into its own part, nothing kept: the parent keeps what they find.
+    job = dataclasses.replace(campaign, stream=part, jobs=1, repro_dir=None)
+    link = _Link(Shard(index, campaign.jobs), stop, send)
+    process = context.Process(target=_job, args=(job, link, os.getpid()), name=f"difftest-fuzz-job-{index}")
+    process.start()
+    send.close()  # the child's end, closed here: EOF here when it dies
+    return receive, process
 
 
 def _part(stream: Path, index: int) -> Path:
     return stream.with_name(f"{stream.name}.job{index}")
 
 
-def _job(campaign: Campaign, job: Shard, stop: EventType, send: Connection, parent: int) -> None:
+@dataclasses.dataclass(frozen=True)
+class _Link:
+    """What ties a job to its campaign: its share of the plan, the campaign's stop (set when the jobs'
+    signatures together reach the failure count), and the pipe its news goes up."""
+
+    shard: Shard
+    stop: EventType
+    send: Connection
+
+    def tell(self, message: tuple[str, object]) -> None:
+        """("found", signature) for each new signature; ("done", (outcome, began)) or ("raised", traceback) last."""
+        # Plain pickle: tensors by value. The connection's own pickler (torch's reductions) would hand over a
+        # file descriptor per tensor, served by this process, which exits after its last message.
+        self.send.send_bytes(pickle.dumps(message))
+
+
+def _job(campaign: Campaign, link: _Link, parent: int) -> None:
     """A job's main: its share of the campaign, then its outcome (found cases on the CPU) to the parent."""
     die_with_parent(parent)
     began = time.monotonic()  # one clock for every process of the machine (CLOCK_MONOTONIC)
     try:
-        outcome = _drawn(campaign, get_backends(list(campaign.backends) if campaign.backends else None), job, stop)
+        outcome = _drawn(campaign, get_backends(list(campaign.backends) if campaign.backends else None), link)
         found = [dataclasses.replace(f, case=f.case.to("cpu")) for f in outcome.found]
         answer: tuple[str, object] = ("done", (dataclasses.replace(outcome, found=found), began))
     except BaseException as exc:  # the parent raises it, named
         answer = ("raised", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-    # Plain pickle: tensors by value. The connection's own pickler (torch's reductions) would hand over a
-    # file descriptor per tensor, served by this process, which exits now.
-    send.send_bytes(pickle.dumps(answer))
+    link.tell(answer)
 
 
-def _outcome_of(receive: Connection, process: BaseProcess) -> tuple[CampaignOutcome, float] | str:
-    """A job's outcome and when it began (time.monotonic()), or how it died (a string); RuntimeError with its
-    traceback when it raised."""
+def _gathered(jobs: list[tuple[Connection, BaseProcess]], stop: EventType, until_failures: int | None
+              ) -> tuple[list[tuple[CampaignOutcome, float]], tuple[str, ...]]:
+    """Each job's outcome and when it began, in job order, and how each job that died did; `stop` set once
+    the signatures the jobs found, together, reach `until_failures`. RuntimeError when a job raised."""
+    answers: dict[int, tuple[CampaignOutcome, float] | str] = {}
+    signatures: set[Signature] = set()
+    waiting = {receive: index for index, (receive, _process) in enumerate(jobs)}
+    while waiting:
+        for receive in connection_wait(list(waiting)):
+            index = waiting[receive]
+            kind, payload = _message(receive, jobs[index][1])
+            if kind == "found":
+                signatures.add(payload)
+                if until_failures is not None and len(signatures) >= until_failures:
+                    stop.set()
+                continue
+            if kind == "raised":
+                raise RuntimeError(f"{jobs[index][1].name} raised {payload}")
+            answers[index] = payload
+            del waiting[receive]
+    outcomes = [answer for _index, answer in sorted(answers.items()) if not isinstance(answer, str)]
+    lost = tuple(f"job {index} {answer}" for index, answer in sorted(answers.items()) if isinstance(answer, str))
+    return outcomes, lost
+
+
+def _message(receive: Connection, process: BaseProcess) -> tuple[str, Any]:
+    """A job's next message (_Link.tell), or ("died", how) when its pipe ends without its outcome."""
     try:
-        kind, payload = pickle.loads(receive.recv_bytes())  # frames from this module's own jobs
+        return pickle.loads(receive.recv_bytes())  # frames from this module's own jobs
     except EOFError:
         process.join()
-        return f"died ({exit_description(process.exitcode)}) before handing its results over"
-    if kind == "raised":
-        raise RuntimeError(f"{process.name} raised {payload}")
-    return payload
+        return "died", f"died ({exit_description(process.exitcode)}) before handing its results over"
 
 
 def _joined(outcomes: list[tuple[CampaignOutcome, float]], campaign: Campaign, lost: tuple[str, ...], start: float,
@@ -358,13 +390,12 @@ class _Bucket:
 class _State:
     """What the campaign knows while it runs: the cases of the items being run, the signatures found so far."""
 
-    def __init__(self, campaign: Campaign, backends: list[Loaded], job: Shard | None = None,
-                 stop: EventType | None = None) -> None:
-        self.campaign, self.backends, self.job, self.stop = campaign, {b.name: b for b in backends}, job, stop
+    def __init__(self, campaign: Campaign, backends: list[Loaded], link: _Link | None = None) -> None:
+        self.campaign, self.backends, self.link = campaign, {b.name: b for b in backends}, link
         target = Target.probe(Device(campaign.config.device))
         # Jobs side by side share the device's memory: each plans within its part of it.
-        self.target = target if job is None else dataclasses.replace(target,
-                                                                      memory_bytes=target.memory_bytes // job.count)
+        self.target = target if link is None else dataclasses.replace(
+            target, memory_bytes=target.memory_bytes // link.shard.count)
         # The items drawn and not yet finished (the runner draws a batch's successor while it runs):
         # their cases (a batch's members) by name, and who takes each.
         self.current: dict[str, Case] = {}
@@ -395,7 +426,8 @@ class _State:
         buckets: dict[tuple[BatchKey, frozenset[str] | None], _Bucket] = {}
         planned_all = planned_cases(list(self.backends.values()), self.target, self.campaign.regime,
                                     self.campaign.seed)
-        share = planned_all if self.job is None else itertools.islice(planned_all, self.job.index, None, self.job.count)
+        share = planned_all if self.link is None else \
+            itertools.islice(planned_all, self.link.shard.index, None, self.link.shard.count)
         for planned in share:
             key = self._bucket(planned)
             if key is None:
@@ -439,11 +471,8 @@ class _State:
     def _done(self, start: float) -> bool:
         over = time.monotonic() - start > self.campaign.budget
         enough = self.campaign.until_failures is not None and len(self.found) >= self.campaign.until_failures
-        if self.stop is not None:
-            if enough:
-                self.stop.set()  # the other jobs stop too: the campaign has its failures
-            enough = enough or self.stop.is_set()
-        return over or enough
+        stopped = self.link is not None and self.link.stop.is_set()  # the jobs' failures together are enough
+        return over or enough or stopped
 
     def takes(self, backend: str, case: Case) -> bool:
         chosen = self.takers.get(case.name)
@@ -479,6 +508,8 @@ class _State:
         else:
             origin = self.backends[result.backend].origin
             self.found[key] = Found(key, case, result, origin.target or result.backend)
+            if self.link is not None:
+                self.link.tell(("found", key))
 
 
 def planned_cases(backends: list[Loaded], target: Target, regime: Regime, seed: int) -> Iterator[PlannedCase]:

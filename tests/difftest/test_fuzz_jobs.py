@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import time
 
 import pytest
 import torch
@@ -15,10 +16,11 @@ from difftest.backends import get_backends
 from difftest.cli import main
 from difftest.config import RunConfig
 from difftest.errors import SpecError
-from difftest.fuzz import Campaign, _outcome_of, _State, fuzz, render_campaign
+from difftest.fuzz import Campaign, CampaignOutcome, Signature, _gathered, _Link, _State, fuzz, render_campaign
 from difftest.kinds import ExitStatus
 from difftest.plan import Shard
 from difftest.regime import Regime
+from difftest.verdict import Verdict
 
 PLANTED = "tests.user_backends:window_one_short"
 SMALL = Regime(max_batch=4, max_context=64)
@@ -28,7 +30,10 @@ def _shares(jobs: int, count: int) -> list[list[str]]:
     """The first `count` case names each of `jobs` jobs plans (one at a time: no batching)."""
     campaign = Campaign(budget=1.0, backends=("torch",), regime=SMALL, batching=False)
     backends = get_backends(["torch"])
-    states = [_State(campaign, backends, Shard(index, jobs) if jobs > 1 else None) for index in range(jobs)]
+    context = multiprocessing.get_context("spawn")
+    _receive, send = context.Pipe(duplex=False)
+    links = [_Link(Shard(index, jobs), context.Event(), send) if jobs > 1 else None for index in range(jobs)]
+    states = [_State(campaign, backends, link) for link in links]
     return [[planned.name for planned, _ in zip(state._jobs(), range(count), strict=False)] for state in states]
 
 
@@ -65,13 +70,51 @@ def test_two_jobs_on_the_gpu_each_with_their_own_workers_find_the_planted_bug(tm
     assert {r.isolation is not None for r in outcome.results} == {True}, "isolated: each job ran its own workers"
 
 
-def test_a_job_that_dies_is_named_with_how():
+def _signs_then_waits(backend: str, stop, send) -> None:
+    """A job that finds one signature, then answers once the campaign's stop is set (or after 60 s, with
+    began -1: never stopped)."""
+    link = _Link(Shard(0, 2), stop, send)
+    link.tell(("found", Signature(backend, Verdict.FAIL_MASK, ("mask",), 0)))
+    stopped = stop.wait(60)
+    link.tell(("done", (CampaignOutcome([], [], 0, 0.0), time.monotonic() if stopped else -1.0)))
+
+
+def _job_pair(target, args_of) -> tuple[list, object]:
     context = multiprocessing.get_context("spawn")
-    receive, send = context.Pipe(duplex=False)
-    process = context.Process(target=os._exit, args=(3,), name="difftest-fuzz-job-1")
-    process.start()
-    send.close()
-    assert _outcome_of(receive, process) == "died (exited with status 3) before handing its results over"
+    stop, jobs = context.Event(), []
+    for index in range(2):
+        receive, send = context.Pipe(duplex=False)
+        process = context.Process(target=target, args=args_of(index, stop, send))
+        process.start()
+        send.close()
+        jobs.append((receive, process))
+    return jobs, stop
+
+
+def test_the_jobs_signatures_together_reach_the_failure_count_and_stop_them_all():
+    # each job alone found one signature: only the two together make the campaign's two
+    jobs, stop = _job_pair(_signs_then_waits, lambda index, stop, send: (f"backend-{index}", stop, send))
+    start = time.monotonic()
+    outcomes, lost = _gathered(jobs, stop, until_failures=2)
+    assert not lost and len(outcomes) == 2 and all(began > 0 for _outcome, began in outcomes)
+    assert time.monotonic() - start < 50, "stopped by the two signatures, not by the jobs' own 60-s wait"
+    for _receive, process in jobs:
+        process.join()
+
+
+def test_a_job_that_dies_is_named_with_how_and_the_others_outcomes_are_kept():
+    jobs, stop = _job_pair(_dies_or_signs, lambda index, stop, send: (index, stop, send))
+    outcomes, lost = _gathered(jobs, stop, until_failures=1)
+    assert lost == ("job 0 died (exited with status 3) before handing its results over",)
+    assert len(outcomes) == 1
+    for _receive, process in jobs:
+        process.join()
+
+
+def _dies_or_signs(index: int, stop, send) -> None:
+    if index == 0:
+        os._exit(3)
+    _signs_then_waits("backend-1", stop, send)
 
 
 def test_jobs_out_of_range_and_an_impossible_regime_are_one_line_each(capsys):
