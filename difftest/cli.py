@@ -683,7 +683,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if args.verbose:
         print("\n" + report.render_results(outcome.results))
     print(("" if args.quiet else "\n") + fuzz.render_campaign(outcome))
-    return ExitStatus.FAILED if outcome.found else ExitStatus.OK
+    return ExitStatus.FAILED if outcome.found or outcome.lost_jobs else ExitStatus.OK
 
 
 class _Progress:

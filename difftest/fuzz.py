@@ -30,7 +30,6 @@ import pickle
 import shlex
 import shutil
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as connection_wait
@@ -84,6 +83,9 @@ DIVERGED_SHOWN = 5  # batch-only failures the campaign's end lists one by one
 # with its own workers and its own share of the plan, draw cases that much faster. Each is one process
 # and a worker per backend.
 MAX_JOBS = 64
+# What each process of a job holds beyond what its cases need: a CUDA context (518 MiB on the H200,
+# reports/h200/session11/visit2) and the free memory its allocator keeps (isolate.CACHE_KEPT_BYTES).
+JOB_PROCESS_BYTES = 1 << 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,8 +229,8 @@ def _in_jobs(campaign: Campaign, backends: list[Loaded]) -> CampaignOutcome:
     (difftest.plan.Shard: planned case i goes to job i mod jobs) with its own workers, streaming into a
     part of its own (`<stream>.job<i>`, joined into the stream at the end); their outcomes joined. A
     script that asks for jobs needs the `if __name__ == "__main__":` guard multiprocessing's spawn asks of
-    every program. A job that dies costs only its own results (its streamed part stays); one that raises
-    raises here."""
+    every program. A job that dies or raises costs only its own results (its streamed part stays), and
+    the outcome says which and how (lost_jobs)."""
     _first_planned(campaign, backends)  # a regime no planned case fits: one SpecError here, not one per job
     if campaign.stream is not None:
         ResultStream(campaign.stream).close()  # an unwritable stream: one OutputError here, before any job
@@ -296,14 +298,14 @@ def _job(campaign: Campaign, link: _Link, parent: int) -> None:
         found = [dataclasses.replace(f, case=f.case.to("cpu")) for f in outcome.found]
         answer: tuple[str, object] = ("done", (dataclasses.replace(outcome, found=found), began))
     except BaseException as exc:  # the parent raises it, named
-        answer = ("raised", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        answer = ("raised", f"{type(exc).__name__}: {exc}")
     link.tell(answer)
 
 
 def _gathered(jobs: list[tuple[Connection, BaseProcess]], stop: EventType, until_failures: int | None
               ) -> tuple[list[tuple[CampaignOutcome, float]], tuple[str, ...]]:
-    """Each job's outcome and when it began, in job order, and how each job that died did; `stop` set once
-    the signatures the jobs found, together, reach `until_failures`. RuntimeError when a job raised."""
+    """Each job's outcome and when it began, in job order, and how each job that died or raised did (its
+    exception's first line); `stop` set once the signatures the jobs found, together, reach `until_failures`."""
     answers: dict[int, tuple[CampaignOutcome, float] | str] = {}
     signatures: set[Signature] = set()
     waiting = {receive: index for index, (receive, _process) in enumerate(jobs)}
@@ -316,9 +318,8 @@ def _gathered(jobs: list[tuple[Connection, BaseProcess]], stop: EventType, until
                 if until_failures is not None and len(signatures) >= until_failures:
                     stop.set()
                 continue
-            if kind == "raised":
-                raise RuntimeError(f"{jobs[index][1].name} raised {payload}")
-            answers[index] = payload
+            # A job that raised is lost like one that died: the other jobs' results are kept.
+            answers[index] = f"raised {payload.splitlines()[0]}" if kind == "raised" else payload
             del waiting[receive]
     outcomes = [answer for _index, answer in sorted(answers.items()) if not isinstance(answer, str)]
     lost = tuple(f"job {index} {answer}" for index, answer in sorted(answers.items()) if isinstance(answer, str))
@@ -393,9 +394,7 @@ class _State:
     def __init__(self, campaign: Campaign, backends: list[Loaded], link: _Link | None = None) -> None:
         self.campaign, self.backends, self.link = campaign, {b.name: b for b in backends}, link
         target = Target.probe(Device(campaign.config.device))
-        # Jobs side by side share the device's memory: each plans within its part of it.
-        self.target = target if link is None else dataclasses.replace(
-            target, memory_bytes=target.memory_bytes // link.shard.count)
+        self.target = target if link is None else dataclasses.replace(target, memory_bytes=self._share(target))
         # The items drawn and not yet finished (the runner draws a batch's successor while it runs):
         # their cases (a batch's members) by name, and who takes each.
         self.current: dict[str, Case] = {}
@@ -405,6 +404,13 @@ class _State:
         self.retries: list[Retry] = []
         self.drawn = self.batched = self.launches = 0
         self.warm: tuple[float, int] | None = None  # (time.monotonic(), cases drawn) at the first result
+
+    def _share(self, target: Target) -> int:
+        """A job's part of the device's memory: its share, less what its processes hold besides cases (the
+        job itself and, isolated, a worker per backend)."""
+        assert self.link is not None
+        processes = 1 + (len(self.backends) if self.campaign.config.isolated else 0)
+        return max(0, target.memory_bytes // self.link.shard.count - processes * JOB_PROCESS_BYTES)
 
     def items(self, start: float) -> Iterator[Case | Batch]:
         """The planned cases, built: a small one waits in the bucket of its shape and backends until the

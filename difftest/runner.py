@@ -117,7 +117,8 @@ def _identity(backend: Loaded, case: Case, config: RunConfig) -> dict[str, Any]:
 
 def _prepared(backend: Loaded, case: Case, config: RunConfig, base: dict[str, Any]) -> KernelInputs | CaseResult:
     """The inputs the backend is handed; SKIP when it cannot take the case here (or it cannot be
-    encoded for it), ERROR when asking the backend raised."""
+    encoded for it), ERROR when asking the backend raised or encoding ran out of memory (campaigns side
+    by side share the GPU: difftest.fuzz)."""
     try:
         reason = unsupported_reason(backend, case, config.device)
     except (Exception, SystemExit) as exc:  # a backend's own availability check failing is that backend's fault
@@ -129,6 +130,9 @@ def _prepared(backend: Loaded, case: Case, config: RunConfig, base: dict[str, An
         return encode(case, backend.contract, encoding=config.encoding, layout=config.layout)
     except SpecError as exc:
         return CaseResult(verdict=Verdict.SKIP, seconds=0.0, reason=f"cannot encode: {exc}", **base)
+    except torch.OutOfMemoryError as exc:  # the engine's copies for this backend: the case, not the run
+        return CaseResult(verdict=Verdict.ERROR, seconds=0.0, reason=f"encoding the inputs for the backend ran "
+                          f"out of memory: {str(exc).splitlines()[0]}", error_type=type(exc).__name__, **base)
 
 
 def _private(inputs: KernelInputs, case: Case) -> KernelInputs:

@@ -16,8 +16,19 @@ from difftest.backends import get_backends
 from difftest.cli import main
 from difftest.config import RunConfig
 from difftest.errors import SpecError
-from difftest.fuzz import Campaign, CampaignOutcome, Signature, _gathered, _Link, _State, fuzz, render_campaign
-from difftest.kinds import ExitStatus
+from difftest.fuzz import (
+    JOB_PROCESS_BYTES,
+    Campaign,
+    CampaignOutcome,
+    Signature,
+    _gathered,
+    _Link,
+    _State,
+    fuzz,
+    render_campaign,
+)
+from difftest.generators.envelope import Target
+from difftest.kinds import Device, ExitStatus
 from difftest.plan import Shard
 from difftest.regime import Regime
 from difftest.verdict import Verdict
@@ -41,6 +52,15 @@ def test_jobs_plan_the_one_campaigns_cases_dealt_out_in_turn():
     (alone,) = _shares(1, 12)
     first, second = _shares(2, 6)
     assert alone[0::2] == first and alone[1::2] == second, (alone, first, second)
+
+
+def test_a_job_plans_within_its_share_of_memory_less_what_its_process_holds():
+    campaign = Campaign(budget=1.0, backends=("torch",), regime=SMALL)
+    context = multiprocessing.get_context("spawn")
+    _receive, send = context.Pipe(duplex=False)
+    state = _State(campaign, get_backends(["torch"]), _Link(Shard(0, 2), context.Event(), send))
+    whole = Target.probe(Device.CPU).memory_bytes
+    assert state.target.memory_bytes <= whole // 2 - JOB_PROCESS_BYTES + whole // 100, "half, less one process"
 
 
 def test_two_jobs_find_the_planted_bug_stop_together_and_join_their_results(tmp_path):
@@ -115,6 +135,21 @@ def _dies_or_signs(index: int, stop, send) -> None:
     if index == 0:
         os._exit(3)
     _signs_then_waits("backend-1", stop, send)
+
+
+def _raises_or_signs(index: int, stop, send) -> None:
+    if index == 0:
+        _Link(Shard(0, 2), stop, send).tell(("raised", "OutOfMemoryError: CUDA out of memory."))
+        return
+    _signs_then_waits("backend-1", stop, send)
+
+
+def test_a_job_that_raises_is_lost_with_its_exceptions_line_and_the_campaign_goes_on():
+    jobs, stop = _job_pair(_raises_or_signs, lambda index, stop, send: (index, stop, send))
+    outcomes, lost = _gathered(jobs, stop, until_failures=1)
+    assert lost == ("job 0 raised OutOfMemoryError: CUDA out of memory.",) and len(outcomes) == 1
+    for _receive, process in jobs:
+        process.join()
 
 
 def test_jobs_out_of_range_and_an_impossible_regime_are_one_line_each(capsys):

@@ -252,4 +252,15 @@ def test_running_out_of_memory_handing_over_the_inputs_is_that_backends_error(mo
     assert "ran out of memory" in result.reason and "36.50 GiB" in result.reason
 
 
+def test_running_out_of_memory_encoding_the_inputs_is_that_backends_error(monkeypatch):
+    # On the H200, four fuzz jobs side by side once left too little for one job's packed copy of a pool.
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+
+    monkeypatch.setattr(runner, "encode", out_of_memory)
+    [result] = run([TorchBackend()], [build_case(TINY, 0)], RunConfig())
+    assert result.verdict == Verdict.ERROR and result.error_type == "OutOfMemoryError", f"{result=}"
+    assert "encoding the inputs" in result.reason and "2.00 GiB" in result.reason
+
+
 # --------------------------------------------------------------------------- memory of calls side by side
