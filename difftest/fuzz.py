@@ -13,10 +13,15 @@ A Regime (difftest.regime) bounds the drawn cases (batch, context, shape). Small
 and one set of backends are collected across rounds and launched together, so the per-call costs
 (a round trip to each worker, an oracle launch) are paid once per batch; a case that fails in a
 batch is tried again (with the batch's other failures, then alone) and that result counts
-(difftest.runner); where it passes then, the
-kernel is wrong on the merged case itself, and that case is the failure (signature, bundle, shrink).
-Results are streamed in
-buffered writes (at most STREAM_FLUSH_SECONDS of them lost if the campaign is killed).
+(difftest.runner); where it passes then, the kernel is wrong on the merged case itself, and that case
+is the failure (signature, bundle, shrink). Results are streamed in buffered writes (at most
+STREAM_FLUSH_SECONDS of them lost if the campaign is killed).
+
+With `jobs` > 1 the cases are drawn by that many campaigns side by side, each in a child process with
+its own workers and its share of the plan; the parent joins their results and streams, merges their
+signatures, stops them all once their signatures together reach `until_failures`, and bundles and
+shrinks each signature once. A small-case campaign's main thread is its limit, so jobs multiply its
+rate; at production shapes the GPU (its time and its memory) is the limit, and jobs share it.
 """
 
 from __future__ import annotations
