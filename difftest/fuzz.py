@@ -21,7 +21,8 @@ With `jobs` > 1 the cases are drawn by that many campaigns side by side, each in
 its own workers and its share of the plan; the parent joins their results and streams, merges their
 signatures, stops them all once their signatures together reach `until_failures`, and bundles and
 shrinks each signature once. A small-case campaign's main thread is its limit, so jobs multiply its
-rate; at production shapes the GPU (its time and its memory) is the limit, and jobs share it.
+rate; a large case needs the GPU's time and memory, so job 0 draws every large case and the other jobs
+only small ones.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import pickle
 import shlex
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as connection_wait
 from multiprocessing.process import BaseProcess
@@ -91,6 +92,12 @@ MAX_JOBS = 64
 # What each process of a job holds beyond what its cases need: a CUDA context (518 MiB on the H200,
 # reports/h200/session11/visit2) and the free memory its allocator keeps (isolate.CACHE_KEPT_BYTES).
 JOB_PROCESS_BYTES = 1 << 30
+# Of several jobs, job 0 draws every large case and the others only small ones (at most SMALL_LOGITS and
+# SMALL_POOL): side by side, large cases would share the GPU's memory and time (four jobs at production
+# shapes ran no faster than one and ran out of memory: reports/h200/session11). What a job of small cases
+# holds at most: batches of at most BATCH_POOL of pools, PREFETCH_DEPTH + 2 of them drawn, a copy of one
+# in each worker, and its outputs and comparisons.
+SMALL_JOB_BYTES = 8 << 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,19 +237,22 @@ def _merged(found: list[Found]) -> list[Found]:
 # --------------------------------------------------------------------------- jobs side by side
 
 def _in_jobs(campaign: Campaign, backends: list[Loaded]) -> CampaignOutcome:
-    """The campaign drawn by campaign.jobs child processes side by side, each one job's share of the plan
-    (difftest.plan.Shard: planned case i goes to job i mod jobs) with its own workers, streaming into a
-    part of its own (`<stream>.job<i>`, joined into the stream at the end); their outcomes joined. A
+    """The campaign drawn by campaign.jobs child processes side by side, each with its own workers and its
+    share of one plan (_Link.takes: planned case i goes to job i mod jobs, and every large case to job 0),
+    streaming into a part of its own (`<stream>.job<i>`, joined into the stream at the end); their outcomes
+    joined. A
     script that asks for jobs needs the `if __name__ == "__main__":` guard multiprocessing's spawn asks of
     every program. A job that dies or raises costs only its own results (its streamed part stays), and
     the outcome says which and how (lost_jobs)."""
-    _first_planned(campaign, backends)  # a regime no planned case fits: one SpecError here, not one per job
+    target = _job_target(campaign, len(backends))
+    # A regime no planned case fits: one SpecError here, not one per job.
+    next(iter(planned_cases(backends, target, campaign.regime, campaign.seed)))
     if campaign.stream is not None:
         ResultStream(campaign.stream).close()  # an unwritable stream: one OutputError here, before any job
     context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
     stop = context.Event()
     start = time.monotonic()  # the campaign's clock: the jobs' start-up counts, as a worker's does
-    jobs = [_started(context, campaign, index, stop) for index in range(campaign.jobs)]
+    jobs = [_started(context, campaign, Shard(index, campaign.jobs), stop, target) for index in range(campaign.jobs)]
     try:
         outcomes, lost = _gathered(jobs, stop, campaign.until_failures)
     finally:
@@ -254,21 +264,25 @@ def _in_jobs(campaign: Campaign, backends: list[Loaded]) -> CampaignOutcome:
     return _joined(outcomes, campaign, lost, start, time.monotonic() - start)
 
 
-def _first_planned(campaign: Campaign, backends: list[Loaded]) -> PlannedCase:
-    """The plan's first case; SpecError naming a regime bound no planned case fits."""
-    target = Target.probe(Device(campaign.config.device))
-    return next(iter(planned_cases(backends, target, campaign.regime, campaign.seed)))
+def _job_target(campaign: Campaign, backends: int) -> Target:
+    """What every job plans for: this device, with the memory job 0's large cases may use, what the probe
+    finds less the other jobs' SMALL_JOB_BYTES and what each job's processes hold besides cases (the job
+    and, isolated, a worker per backend)."""
+    probed = Target.probe(Device(campaign.config.device))
+    processes = 1 + (backends if campaign.config.isolated else 0)
+    kept = (campaign.jobs - 1) * SMALL_JOB_BYTES + campaign.jobs * processes * JOB_PROCESS_BYTES
+    return dataclasses.replace(probed, memory_bytes=max(0, probed.memory_bytes - kept))
 
 
-def _started(context: multiprocessing.context.SpawnContext, campaign: Campaign, index: int,
-             stop: EventType) -> tuple[Connection, BaseProcess]:
-    """Job `index`, started: the end of its pipe this process reads, and its process."""
+def _started(context: multiprocessing.context.SpawnContext, campaign: Campaign, shard: Shard, stop: EventType,
+             target: Target) -> tuple[Connection, BaseProcess]:
+    """Job shard.index, started: the end of its pipe this process reads, and its process."""
     receive, send = context.Pipe(duplex=False)
-    part = None if campaign.stream is None else _part(campaign.stream, index)
+    part = None if campaign.stream is None else _part(campaign.stream, shard.index)
     # One job each, streaming into its own part, nothing kept: the parent keeps what they find.
     job = dataclasses.replace(campaign, stream=part, jobs=1, repro_dir=None)
-    link = _Link(Shard(index, campaign.jobs), stop, send)
-    process = context.Process(target=_job, args=(job, link, os.getpid()), name=f"difftest-fuzz-job-{index}")
+    process = context.Process(target=_job, args=(job, _Link(shard, stop, send, target), os.getpid()),
+                              name=f"difftest-fuzz-job-{shard.index}")
     process.start()
     send.close()  # the child's end, closed here: EOF here when it dies
     return receive, process
@@ -281,11 +295,23 @@ def _part(stream: Path, index: int) -> Path:
 @dataclasses.dataclass(frozen=True)
 class _Link:
     """What ties a job to its campaign: its share of the plan, the campaign's stop (set when the jobs'
-    signatures together reach the failure count), and the pipe its news goes up."""
+    signatures together reach the failure count), the pipe its news goes up, and the target it plans for."""
 
     shard: Shard
     stop: EventType
     send: Connection
+    target: Target  # what every job plans for (_job_target)
+
+    def takes(self, planned: Iterable[PlannedCase]) -> Iterator[PlannedCase]:
+        """This job's cases of the plan: those at its positions (index mod count), but of them only the small
+        ones unless it is job 0, which also draws every large case of the others' positions."""
+        first = self.shard.index == 0
+        for position, case in enumerate(planned):
+            if position % self.shard.count == self.shard.index:
+                if first or _small(case):
+                    yield case
+            elif first and not _small(case):
+                yield case
 
     def tell(self, message: tuple[str, object]) -> None:
         """("found", signature) for each new signature; ("done", (outcome, began)) or ("raised", traceback) last."""
@@ -398,8 +424,8 @@ class _State:
 
     def __init__(self, campaign: Campaign, backends: list[Loaded], link: _Link | None = None) -> None:
         self.campaign, self.backends, self.link = campaign, {b.name: b for b in backends}, link
-        target = Target.probe(Device(campaign.config.device))
-        self.target = target if link is None else dataclasses.replace(target, memory_bytes=self._share(target))
+        # Jobs plan with the one target the parent probed: the same plan, dealt out by position.
+        self.target = Target.probe(Device(campaign.config.device)) if link is None else link.target
         # The items drawn and not yet finished (the runner draws a batch's successor while it runs):
         # their cases (a batch's members) by name, and who takes each.
         self.current: dict[str, Case] = {}
@@ -409,13 +435,6 @@ class _State:
         self.retries: list[Retry] = []
         self.drawn = self.batched = self.launches = 0
         self.warm: tuple[float, int] | None = None  # (time.monotonic(), cases drawn) at the first result
-
-    def _share(self, target: Target) -> int:
-        """A job's part of the device's memory: its share, less what its processes hold besides cases (the
-        job itself and, isolated, a worker per backend)."""
-        assert self.link is not None
-        processes = 1 + (len(self.backends) if self.campaign.config.isolated else 0)
-        return max(0, target.memory_bytes // self.link.shard.count - processes * JOB_PROCESS_BYTES)
 
     def items(self, start: float) -> Iterator[Case | Batch]:
         """The planned cases, built: a small one waits in the bucket of its shape and backends until the
@@ -437,8 +456,7 @@ class _State:
         buckets: dict[tuple[BatchKey, frozenset[str] | None], _Bucket] = {}
         planned_all = planned_cases(list(self.backends.values()), self.target, self.campaign.regime,
                                     self.campaign.seed)
-        share = planned_all if self.link is None else \
-            itertools.islice(planned_all, self.link.shard.index, None, self.link.shard.count)
+        share = planned_all if self.link is None else self.link.takes(planned_all)
         for planned in share:
             key = self._bucket(planned)
             if key is None:
@@ -456,8 +474,7 @@ class _State:
     def _bucket(self, planned: PlannedCase) -> tuple[BatchKey, frozenset[str] | None] | None:
         """Which batches `planned` may join; None when it runs alone (large, or a backend not batchable)."""
         config = self.campaign.config
-        if not self.campaign.batching or config.time is not None or _logits(planned) > SMALL_LOGITS or \
-                _pool_bytes(planned) > SMALL_POOL:
+        if not self.campaign.batching or config.time is not None or not _small(planned):
             return None  # timed launches must time one case each
         takers = planned.backends if planned.backends is not None else self.backends
         if not all(self.backends[name].contract.batchable for name in takers):
@@ -540,6 +557,11 @@ def planned_cases(backends: list[Loaded], target: Target, regime: Regime, seed: 
                         f"envelopes plan shapes such as {sorted({_shape(p) for p in plan.cases})[:4]})")
     for round_index in itertools.count():
         yield from (dataclasses.replace(p, seed=p.seed + ROUND_SEEDS * round_index) for p in cases)
+
+
+def _small(planned: PlannedCase) -> bool:
+    """Whether the planned case is small: few logits, a small pool (it may batch; any job may draw it)."""
+    return _logits(planned) <= SMALL_LOGITS and _pool_bytes(planned) <= SMALL_POOL
 
 
 def _logits(planned: PlannedCase) -> int:

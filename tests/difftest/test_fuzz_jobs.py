@@ -1,9 +1,10 @@
-"""`difftest fuzz --jobs N`: campaigns side by side in child processes, each its share of the plan, their
-outcomes joined into one (one bundle per signature, one stream), the first to reach the failure count
-stopping all; a job that dies costs only its own results."""
+"""`difftest fuzz --jobs N`: campaigns side by side in child processes, each its share of one plan (job 0
+every large case), their outcomes joined into one (one bundle per signature, one stream), stopped once
+their signatures together reach the failure count; a job that dies or raises costs only its own results."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import os
@@ -12,19 +13,23 @@ import time
 import pytest
 import torch
 
+from difftest import plan
 from difftest.backends import get_backends
 from difftest.cli import main
 from difftest.config import RunConfig
 from difftest.errors import SpecError
 from difftest.fuzz import (
     JOB_PROCESS_BYTES,
+    SMALL_JOB_BYTES,
     Campaign,
     CampaignOutcome,
     Signature,
     _gathered,
+    _job_target,
     _Link,
-    _State,
+    _small,
     fuzz,
+    planned_cases,
     render_campaign,
 )
 from difftest.generators.envelope import Target
@@ -37,30 +42,27 @@ PLANTED = "tests.user_backends:window_one_short"
 SMALL = Regime(max_batch=4, max_context=64)
 
 
-def _shares(jobs: int, count: int) -> list[list[str]]:
-    """The first `count` case names each of `jobs` jobs plans (one at a time: no batching)."""
-    campaign = Campaign(budget=1.0, backends=("torch",), regime=SMALL, batching=False)
-    backends = get_backends(["torch"])
-    context = multiprocessing.get_context("spawn")
-    _receive, send = context.Pipe(duplex=False)
-    links = [_Link(Shard(index, jobs), context.Event(), send) if jobs > 1 else None for index in range(jobs)]
-    states = [_State(campaign, backends, link) for link in links]
-    return [[planned.name for planned, _ in zip(state._jobs(), range(count), strict=False)] for state in states]
+def test_jobs_deal_out_one_plan_in_turn_and_job_0_draws_every_large_case(monkeypatch):
+    # Planned for an H200-sized target (planning needs no GPU: torch's "no CUDA here" set aside), so the
+    # plan holds large cases (2^31-logit ones, 128K contexts) among the small ones.
+    monkeypatch.setattr(plan, "_idle_reason", lambda backend, target: None)
+    target = Target.production_gpu(132, 100 << 30)
+    cases = list(itertools.islice(planned_cases(get_backends(["torch"]), target, Regime(), 0), 300))
+    large = {case.name for case in cases if not _small(case)}
+    assert large and len(large) < len(cases), "the plan has both sizes, or this test proves nothing"
+    shares = [[case.name for case in _Link(Shard(index, 3), None, None, target).takes(cases)] for index in range(3)]
+    assert sorted(name for share in shares for name in share) == sorted(case.name for case in cases), \
+        "every planned case is drawn, by one job"
+    assert large <= set(shares[0]) and not large & (set(shares[1]) | set(shares[2]))
+    names = [case.name for case in cases]
+    assert shares[1] == [name for name in names[1::3] if name not in large], "job 1: its positions' small cases"
 
 
-def test_jobs_plan_the_one_campaigns_cases_dealt_out_in_turn():
-    (alone,) = _shares(1, 12)
-    first, second = _shares(2, 6)
-    assert alone[0::2] == first and alone[1::2] == second, (alone, first, second)
-
-
-def test_a_job_plans_within_its_share_of_memory_less_what_its_process_holds():
-    campaign = Campaign(budget=1.0, backends=("torch",), regime=SMALL)
-    context = multiprocessing.get_context("spawn")
-    _receive, send = context.Pipe(duplex=False)
-    state = _State(campaign, get_backends(["torch"]), _Link(Shard(0, 2), context.Event(), send))
-    whole = Target.probe(Device.CPU).memory_bytes
-    assert state.target.memory_bytes <= whole // 2 - JOB_PROCESS_BYTES + whole // 100, "half, less one process"
+def test_jobs_plan_for_the_memory_job_0_may_use():
+    campaign = Campaign(budget=1.0, backends=("torch",), jobs=4)  # on the CPU: in-process, one process a job
+    probed = Target.probe(Device.CPU).memory_bytes
+    kept = 3 * SMALL_JOB_BYTES + 4 * JOB_PROCESS_BYTES
+    assert abs(_job_target(campaign, 1).memory_bytes - max(0, probed - kept)) <= probed // 100
 
 
 def test_two_jobs_find_the_planted_bug_stop_together_and_join_their_results(tmp_path):
@@ -93,7 +95,7 @@ def test_two_jobs_on_the_gpu_each_with_their_own_workers_find_the_planted_bug(tm
 def _signs_then_waits(backend: str, stop, send) -> None:
     """A job that finds one signature, then answers once the campaign's stop is set (or after 60 s, with
     began -1: never stopped)."""
-    link = _Link(Shard(0, 2), stop, send)
+    link = _Link(Shard(0, 2), stop, send, Target.small_cpu())
     link.tell(("found", Signature(backend, Verdict.FAIL_MASK, ("mask",), 0)))
     stopped = stop.wait(60)
     link.tell(("done", (CampaignOutcome([], [], 0, 0.0), time.monotonic() if stopped else -1.0)))
@@ -139,7 +141,7 @@ def _dies_or_signs(index: int, stop, send) -> None:
 
 def _raises_or_signs(index: int, stop, send) -> None:
     if index == 0:
-        _Link(Shard(0, 2), stop, send).tell(("raised", "OutOfMemoryError: CUDA out of memory."))
+        _Link(Shard(0, 2), stop, send, Target.small_cpu()).tell(("raised", "OutOfMemoryError: CUDA out of memory."))
         return
     _signs_then_waits("backend-1", stop, send)
 
