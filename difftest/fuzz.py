@@ -240,10 +240,9 @@ def _in_jobs(campaign: Campaign, backends: list[Loaded]) -> CampaignOutcome:
     """The campaign drawn by campaign.jobs child processes side by side, each with its own workers and its
     share of one plan (_Link.takes: planned case i goes to job i mod jobs, and every large case to job 0),
     streaming into a part of its own (`<stream>.job<i>`, joined into the stream at the end); their outcomes
-    joined. A
-    script that asks for jobs needs the `if __name__ == "__main__":` guard multiprocessing's spawn asks of
-    every program. A job that dies or raises costs only its own results (its streamed part stays), and
-    the outcome says which and how (lost_jobs)."""
+    joined. A script that asks for jobs needs the `if __name__ == "__main__":` guard that multiprocessing's
+    spawn asks of every program. A job that dies or raises costs only its own results (its streamed part
+    stays), and the outcome says which and how (lost_jobs)."""
     target = _job_target(campaign, len(backends))
     # A regime no planned case fits: one SpecError here, not one per job.
     next(iter(planned_cases(backends, target, campaign.regime, campaign.seed)))
@@ -314,7 +313,8 @@ class _Link:
                 yield case
 
     def tell(self, message: tuple[str, object]) -> None:
-        """("found", signature) for each new signature; ("done", (outcome, began)) or ("raised", traceback) last."""
+        """("found", signature) for each new signature; ("done", (outcome, began)) or ("raised", the line of the
+        exception) last."""
         # Plain pickle: tensors by value. The connection's own pickler (torch's reductions) would hand over a
         # file descriptor per tensor, served by this process, which exits after its last message.
         self.send.send_bytes(pickle.dumps(message))
@@ -328,7 +328,7 @@ def _job(campaign: Campaign, link: _Link, parent: int) -> None:
         outcome = _drawn(campaign, get_backends(list(campaign.backends) if campaign.backends else None), link)
         found = [dataclasses.replace(f, case=f.case.to("cpu")) for f in outcome.found]
         answer: tuple[str, object] = ("done", (dataclasses.replace(outcome, found=found), began))
-    except BaseException as exc:  # the parent raises it, named
+    except BaseException as exc:  # the parent lists the job as lost, with this line
         answer = ("raised", f"{type(exc).__name__}: {exc}")
     link.tell(answer)
 
