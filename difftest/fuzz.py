@@ -125,6 +125,8 @@ class Campaign:
         require(self.batching in (True, False), "batching", self.batching, "True or False")
         require(type(self.jobs) is int and 1 <= self.jobs <= MAX_JOBS, "jobs", self.jobs,
                 f"an integer in [1, {MAX_JOBS}]")
+        require(self.jobs == 1 or self.config.time is None, "jobs", self.jobs,
+                "1 when launches are timed (jobs side by side share the GPU: each would time the others too)")
 
 
 @dataclasses.dataclass(frozen=True)

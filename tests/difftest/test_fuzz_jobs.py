@@ -157,5 +157,7 @@ def test_a_job_that_raises_is_lost_with_its_exceptions_line_and_the_campaign_goe
 def test_jobs_out_of_range_and_an_impossible_regime_are_one_line_each(capsys):
     with pytest.raises(SpecError, match="jobs"):
         Campaign(budget=1.0, jobs=0)
+    with pytest.raises(SpecError, match="timed"):
+        Campaign(budget=1.0, jobs=2, config=RunConfig(time=5))
     assert main(["fuzz", "--budget", "1", "--backends", "torch", "--jobs", "2", "--heads", "7"]) == ExitStatus.USAGE
     assert "heads" in capsys.readouterr().err
