@@ -48,7 +48,7 @@ def logits_kernel(q_ptr, k_src, s_src, w_ptr, table_ptr, lens_ptr, out_ptr, peak
                   NEXT_N: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                   NEXT_N_PAD: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, NF: tl.constexpr,
                   BLOCK_P: tl.constexpr, TMA: tl.constexpr, FNUZ: tl.constexpr, FIX_NAN: tl.constexpr,
-                  NUM_STAGES: tl.constexpr, IDS: tl.constexpr, RUNNING_PEAK: tl.constexpr):
+                  NUM_STAGES: tl.constexpr, IDS: tl.constexpr):
     """Logits of positions [chunk * c, chunk * (c + 1)) of sequence b, all rows; -inf outside each window.
 
     k_src, s_src: tensor descriptors of the pool as (num_blocks * BS, D) keys and (num_blocks * BS,)
@@ -56,8 +56,6 @@ def logits_kernel(q_ptr, k_src, s_src, w_ptr, table_ptr, lens_ptr, out_ptr, peak
     peak_ptr (rows,) holds the bits of a float32 (>= 0), raised by atomic max to this chunk's largest
     (folded . |k_p|) * s_p over p < limit of each row (computed from folded rounded up, see _fold).
     IDS: a power of two >= the tiles of a chunk (the TMA sweep holds the chunk's block ids in registers).
-    RUNNING_PEAK: the peak is kept per (position in a tile, row) across the chunk and reduced over positions
-    once, after the sweep, instead of after every tile (the same maximum over the same values).
     """
     seq = tl.program_id(1)
     seq_len = tl.load(lens_ptr + seq).to(tl.int32)
@@ -74,13 +72,11 @@ def logits_kernel(q_ptr, k_src, s_src, w_ptr, table_ptr, lens_ptr, out_ptr, peak
     if TMA:
         peak = _sweep_tiles_tma(k_src, s_src, table_ptr, seq, table_stride, num_blocks, visible, start,
                                 compute_stop, sweep, NEXT_N, BS, NEXT_N_PAD, H_PAD, NF, BLOCK_P, FNUZ,
-                                FIX_NAN, NUM_STAGES, IDS, RUNNING_PEAK)
+                                FIX_NAN, NUM_STAGES, IDS)
     else:
         peak = _sweep_tiles_gather(k_src, s_src, table_ptr, seq, table_stride, num_blocks, visible, start,
                                    compute_stop, sweep, NEXT_N, D, BS, NEXT_N_PAD, H_PAD, D_PAD, NF, BLOCK_P,
-                                   FNUZ, FIX_NAN, NUM_STAGES, RUNNING_PEAK)
-    if RUNNING_PEAK:
-        peak = tl.max(peak, axis=0)
+                                   FNUZ, FIX_NAN, NUM_STAGES)
 
     fill_from = start + tl.cdiv(tl.maximum(compute_stop - start, 0), BLOCK_P) * BLOCK_P
     for p0 in range(fill_from, stop, BLOCK_P):
@@ -98,8 +94,7 @@ def logits_kernel(q_ptr, k_src, s_src, w_ptr, table_ptr, lens_ptr, out_ptr, peak
 def _sweep_tiles_tma(k_desc, s_desc, table_ptr, seq, table_stride, num_blocks, visible, start, compute_stop,
                      sweep, NEXT_N: tl.constexpr, BS: tl.constexpr, NEXT_N_PAD: tl.constexpr,
                      H_PAD: tl.constexpr, NF: tl.constexpr, BLOCK_P: tl.constexpr, FNUZ: tl.constexpr,
-                     FIX_NAN: tl.constexpr, NUM_STAGES: tl.constexpr, IDS: tl.constexpr,
-                     RUNNING_PEAK: tl.constexpr):
+                     FIX_NAN: tl.constexpr, NUM_STAGES: tl.constexpr, IDS: tl.constexpr):
     """Tiles that each lie inside one block: one id per tile, keys and scales by bulk tensor copies.
 
     The chunk's block ids are loaded once, before the loop, and each tile picks its own from registers:
@@ -110,7 +105,7 @@ def _sweep_tiles_tma(k_desc, s_desc, table_ptr, seq, table_stride, num_blocks, v
     A tile that straddles the sequence's end also reads the slots past it (NaN canaries); those rows
     stay in their own rows of both products and are replaced by -inf / 0 in _score_tile.
     """
-    peak = _peak_start(NF, BLOCK_P, RUNNING_PEAK)
+    peak = tl.zeros([NF], dtype=tl.float32)
     first_block = start // BS
     slots = tl.arange(0, IDS)
     ids = _table_entry(table_ptr, seq, table_stride, (first_block + slots) * BS, visible, num_blocks, BS)
@@ -120,7 +115,7 @@ def _sweep_tiles_tma(k_desc, s_desc, table_ptr, seq, table_stride, num_blocks, v
         keys = decode_fp8(k_desc.load([first, 0]), FNUZ, FIX_NAN)
         scales = s_desc.load([first])
         peak = _score_tile(keys, scales, p0 + tl.arange(0, BLOCK_P), peak, sweep, NEXT_N, NEXT_N_PAD, H_PAD,
-                           NF, BLOCK_P, RUNNING_PEAK)
+                           NF, BLOCK_P)
     return peak
 
 
@@ -134,9 +129,9 @@ def _sweep_tiles_gather(k_ptr, s_ptr, table_ptr, seq, table_stride, num_blocks, 
                         sweep, NEXT_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                         NEXT_N_PAD: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, NF: tl.constexpr,
                         BLOCK_P: tl.constexpr, FNUZ: tl.constexpr, FIX_NAN: tl.constexpr,
-                        NUM_STAGES: tl.constexpr, RUNNING_PEAK: tl.constexpr):
+                        NUM_STAGES: tl.constexpr):
     """Any block size: one id per position, keys and scales by masked gathers (0 past the end)."""
-    peak = _peak_start(NF, BLOCK_P, RUNNING_PEAK)
+    peak = tl.zeros([NF], dtype=tl.float32)
     lanes = tl.arange(0, BLOCK_P)
     dims = tl.arange(0, D_PAD)
     blocks = _table_entry(table_ptr, seq, table_stride, start + lanes, visible, num_blocks, BS)
@@ -152,16 +147,8 @@ def _sweep_tiles_gather(k_ptr, s_ptr, table_ptr, seq, table_stride, num_blocks, 
             mask = live[:, None] & (dims[None, :] < D)
         raw = tl.load(k_ptr + slots[:, None] * D + dims[None, :], mask=mask, other=0)
         peak = _score_tile(decode_fp8(raw, FNUZ, FIX_NAN), scales, pos, peak, sweep, NEXT_N, NEXT_N_PAD,
-                           H_PAD, NF, BLOCK_P, RUNNING_PEAK)
+                           H_PAD, NF, BLOCK_P)
     return peak
-
-
-@triton.jit
-def _peak_start(NF: tl.constexpr, BLOCK_P: tl.constexpr, RUNNING_PEAK: tl.constexpr):
-    """The bound's peak before any tile: per row (NF,), or per (position in a tile, row) when RUNNING_PEAK."""
-    if RUNNING_PEAK:
-        return tl.zeros([BLOCK_P, NF], dtype=tl.float32)
-    return tl.zeros([NF], dtype=tl.float32)
 
 
 @triton.jit
@@ -173,9 +160,8 @@ def _table_entry(table_ptr, seq, table_stride, pos, visible, num_blocks, BS: tl.
 
 @triton.jit
 def _score_tile(keys, scales, pos, peak, sweep, NEXT_N: tl.constexpr, NEXT_N_PAD: tl.constexpr,
-                H_PAD: tl.constexpr, NF: tl.constexpr, BLOCK_P: tl.constexpr, RUNNING_PEAK: tl.constexpr):
-    """Store one tile's logits of every row; return the bound's running peak raised by this tile (per
-    position too when RUNNING_PEAK: no reduction over the tile's positions here)."""
+                H_PAD: tl.constexpr, NF: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Store one tile's logits of every row; return the bound's running peak raised by this tile."""
     q_t, weights, folded_t, seq_len, rows, out_ptr, stop, max_model_len = sweep
     drafts = tl.arange(0, NEXT_N_PAD)
     limits = tl.maximum(seq_len - NEXT_N + 1 + drafts, 0)  # causal limit of each row
@@ -189,8 +175,6 @@ def _score_tile(keys, scales, pos, peak, sweep, NEXT_N: tl.constexpr, NEXT_N_PAD
     bound_limits = tl.where(cols < NEXT_N, tl.maximum(seq_len - NEXT_N + 1 + cols, 0), 0)
     magnitude = tl.dot(tl.abs(keys), folded_t) * scales[:, None]  # (BLOCK_P, NF)
     magnitude = tl.where(pos[:, None] < bound_limits[None, :], magnitude, 0.0)
-    if RUNNING_PEAK:
-        return tl.maximum(peak, magnitude)
     return tl.maximum(peak, tl.max(magnitude, axis=0))
 
 

@@ -91,9 +91,6 @@ class KernelConfig:
     chunk_tiles: int | None = None  # tiles per program; None: from the case's size and the GPU
     tma: bool | None = None  # bulk tensor copies of whole tiles; None: wherever a tile fits in a block
     maxnreg: int | None = None  # register cap per thread (more programs per SM), compiled mode only
-    # The bound's peak kept per (position, row) through a chunk and reduced over positions once, not after
-    # every tile (a reduction across the warps each time); the same maximum of the same values.
-    running_peak: bool = False
 
     def uses_tma(self, case: Case) -> bool:
         """Tiles by tensor descriptors: each tile inside one block, and D a power of two."""
@@ -305,7 +302,7 @@ class _Launch:
             NEXT_N_PAD=shape.next_n_pad, H_PAD=shape.h_pad, D_PAD=shape.d_pad, NF=shape.nf,
             BLOCK_P=config.block_p, TMA=config.uses_tma(case), FNUZ=case.fp8 == Fp8Flavour.E4M3FNUZ,
             FIX_NAN=self.interpret, NUM_STAGES=config.num_stages, IDS=_ids_width(tiles, self.interpret),
-            RUNNING_PEAK=config.running_peak, num_warps=config.num_warps,
+            num_warps=config.num_warps,
             **({"maxnreg": config.maxnreg} if config.maxnreg and not self.interpret else {}))
 
 

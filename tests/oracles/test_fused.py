@@ -27,7 +27,6 @@ from difftest.oracles.fused import (
     LaunchPlan,
     _wave_tiles,
     bound_gamma,
-    default_config,
     fused_reference,
     launch_plan,
 )
@@ -170,24 +169,6 @@ def test_nan_inside_the_window_stays_nan(device: str) -> None:
     fused = fused_reference(poisoned)
     assert torch.isnan(fused.logits[0:2, 3]).all(), f"{fused.logits[0:2, 3]=}"
     check(poisoned, fused)
-
-
-@pytest.mark.parametrize("device", ["cpu", GPU_PARAM])
-def test_the_running_peak_is_the_per_tile_peak_bit_for_bit(device: str) -> None:
-    """The bound's peak kept per position through a chunk and reduced once is the same maximum of the same
-    values as one reduced after every tile: logits and bound bit-identical, on both tile paths."""
-    spec = CaseSpec(name="peak", batch=4, next_n=2, heads=16, head_dim=64, block_size=16, max_model_len=160,
-                    length_dist=LengthDist.EDGES, values=Values.HEAVY, stale=Stale.CANARY, extra_columns=1)
-    case = build_case(spec, 5, device=device)
-    for config in (KernelConfig(block_p=16, num_warps=4, num_stages=1, chunk_tiles=3),
-                   KernelConfig(block_p=16, num_warps=4, num_stages=1, chunk_tiles=3, tma=False),
-                   None):
-        per_tile = fused_reference(case, config)
-        running = fused_reference(case, dataclasses.replace(config or default_config(case, device == "cpu"),
-                                                            running_peak=True))
-        assert torch.equal(running.logits.nan_to_num(), per_tile.logits.nan_to_num()), f"{config}: logits differ"
-        assert torch.equal(running.bound, per_tile.bound), f"{config}: bounds differ"
-        assert bool((per_tile.bound > 0).any()), "a bound of zeros proves nothing"
 
 
 def test_a_row_is_the_same_alone_and_in_a_batch() -> None:
