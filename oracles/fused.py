@@ -49,6 +49,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, CompiledKernel
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from difftest import hardware
@@ -163,6 +165,39 @@ def launch_plan(case: Case, config: KernelConfig | None = None) -> LaunchPlan:
     with _Launch.of(case, config, nowhere, nowhere.view(torch.int32)) as launch:
         wave_sized = not launch.interpret and launch.config.chunk_tiles is None
         return LaunchPlan(launch.tiles(), launch.resident() if wave_sized else None)
+
+
+def compiled_offline(case: Case, config: KernelConfig | None = None, arch: int = 90) -> CompiledKernel:
+    """The logits kernel `fused_reference(case.to("cuda"), config)` launches for the default chunk, compiled
+    here for an NVIDIA GPU of compute capability `arch` (90: Hopper), GPU or not: Triton's compiler and the
+    ptxas it ships need none. Its `asm` holds the TTGIR, PTX and cubin: registers, spills and what the loop
+    does, read without the device (scripts/fused_kernel_report.py)."""
+    kernels = load_kernel_module(KERNEL_FILE, "difftest_fused_oracle", interpret=False)
+    nowhere = torch.empty(0, dtype=torch.float32)
+    launch = _Launch(kernels, case, config or default_config(case, interpret=False), nowhere,
+                     nowhere.view(torch.int32), interpret=False)
+    constants = launch._constants(MAX_DEFAULT_CHUNK_TILES)
+    options = {name: constants.pop(name) for name in ("num_warps", "maxnreg") if name in constants}
+    fn = kernels.logits_kernel
+    values = dict(zip(fn.arg_names, launch._arguments(MAX_DEFAULT_CHUNK_TILES), strict=False))
+    index = {name: (fn.arg_names.index(name),) for name in fn.arg_names}
+    # What a launch specializes on, as Triton's launcher does: 16-byte-aligned pointers, multiples of 16.
+    aligned = {index[name]: [["tt.divisibility", 16]] for name, value in values.items()
+               if isinstance(value, torch.Tensor) or (isinstance(value, int) and value % 16 == 0
+                                                      and name not in fn.do_not_specialize)}
+    signature = {name: _triton_type(value) for name, value in values.items()} | dict.fromkeys(constants, "constexpr")
+    source = ASTSource(fn, signature, {index[name]: value for name, value in constants.items()}, aligned)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def _triton_type(value: object) -> str:
+    """Triton's signature type of a launch argument: a tensor's pointer, a descriptor's block, an int32."""
+    names = {torch.uint8: "u8", torch.float32: "fp32", torch.int32: "i32", torch.int64: "i64"}
+    if isinstance(value, torch.Tensor):
+        return "*" + names[value.dtype]
+    if isinstance(value, TensorDescriptor):
+        return f"tensordesc<{names[value.base.dtype]}[{', '.join(map(str, value.block_shape))}]>"
+    return "i32"
 
 
 # --------------------------------------------------------------------------- shapes and configs

@@ -27,6 +27,7 @@ from difftest.oracles.fused import (
     LaunchPlan,
     _wave_tiles,
     bound_gamma,
+    compiled_offline,
     fused_reference,
     launch_plan,
 )
@@ -327,3 +328,12 @@ def test_an_interpreted_launch_takes_the_whole_row() -> None:
     case = build_case(CaseSpec(name="row", lengths=(300,), max_model_len=300, block_size=16), 0)
     # 300 keys in the interpreter's tiles of 256 (few, wide programs)
     assert launch_plan(case) == LaunchPlan(tiles=2, at_once=None)
+
+
+def test_the_kernel_compiles_for_hopper_without_a_gpu_onto_its_tensor_cores() -> None:
+    """compiled_offline: Triton's compiler and ptxas build the sm90 kernel here, whatever the machine has, and
+    both products are Hopper warpgroup MMAs (what scripts/fused_kernel_report.py reads registers from)."""
+    case = build_case(_indexer_spec(next_n=2, batch=2, max_model_len=256), 0)
+    compiled = compiled_offline(case)
+    assert compiled.asm["cubin"] and compiled.metadata.shared > 0
+    assert compiled.asm["ttgir"].count("ttng.warp_group_dot ") == 2, "the scores' product and the bound's"

@@ -1,0 +1,96 @@
+"""The fused oracle's logits kernel compiled for sm90 on this machine, GPU or not, and what the compiler made
+of it: registers and local memory (spills) from the cubin (cuobjdump, shipped with Triton), shared memory,
+and in its key loop (the scf.for holding the tensor-core products) the shared-memory loads, layout
+conversions and reductions each tile pays. Kernel changes can be judged here before the GPU times them.
+
+    python3 scripts/fused_kernel_report.py --out reports/sm90-offline/fused-kernel-report.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain checkout
+
+import triton
+
+from difftest.generators.spec import CaseSpec
+from difftest.generators.tensors import build_case
+from difftest.oracles.fused import compiled_offline, default_config
+
+# The indexer's shape (H 64, D 128) at the bench's three next_n, on the tile-copy path (block 64) and the
+# gather path (block 1).
+SHAPES = [(next_n, block) for block in (64, 1) for next_n in (1, 2, 4)]
+
+
+def resources(cubin: bytes) -> dict[str, int]:
+    """REG, STACK, SHARED (static), LOCAL of the kernel, as cuobjdump -res-usage prints them."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as handle:
+        handle.write(cubin)
+    try:
+        out = subprocess.run([str(tool), "-res-usage", handle.name], capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(handle.name)
+    return {key: int(value) for key, value in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", out)}
+
+
+def key_loop(ttgir: str) -> str:
+    """The TTGIR of the loop over key tiles: from the scf.for whose body holds a warp_group_dot to its yield."""
+    lines = ttgir.splitlines()
+    for start, line in enumerate(lines):
+        if "scf.for" in line:
+            body = []
+            for later in lines[start:]:
+                body.append(later)
+                if "scf.yield" in later:
+                    break
+            if any("warp_group_dot " in b for b in body):
+                return "\n".join(body)
+    return ""
+
+
+def report(next_n: int, block: int) -> dict[str, object]:
+    spec = CaseSpec(name="report", batch=2, next_n=next_n, heads=64, head_dim=128, block_size=block,
+                    max_model_len=4096)
+    case = build_case(spec, 0)
+    compiled = compiled_offline(case)
+    loop = key_loop(compiled.asm["ttgir"])
+    config = default_config(case, interpret=False)
+    return {"next_n": next_n, "block": block, "maxnreg": config.maxnreg, **resources(compiled.asm["cubin"]),
+            "dynamic_shared": compiled.metadata.shared, "loop_local_loads": loop.count("ttg.local_load"),
+            "loop_convert_layouts": loop.count("ttg.convert_layout"), "loop_reduces": loop.count('"tt.reduce"'),
+            "loop_dots": loop.count("warp_group_dot ")}
+
+
+def markdown(rows: list[dict[str, object]]) -> str:
+    head = ["next_n", "block", "maxnreg", "REG", "LOCAL", "STACK", "dynamic_shared", "loop_dots", "loop_local_loads",
+            "loop_convert_layouts", "loop_reduces"]
+    lines = [f"The fused oracle's kernel (H 64, D 128, default config) compiled for sm90 offline, Triton "
+             f"{triton.__version__}. LOCAL/STACK: bytes a thread keeps in local memory (spills); loop_*: ops "
+             "in the key-tile loop, each paid every tile.", "", "| " + " | ".join(head) + " |",
+             "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(row.get(k)) for k in head) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, help="also write the table here")
+    args = parser.parse_args()
+    text = markdown([report(next_n, block) for next_n, block in SHAPES])
+    print(text, end="")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
