@@ -240,14 +240,15 @@ def _merged(found: list[Found]) -> list[Found]:
 
 def _in_jobs(campaign: Campaign, backends: list[Loaded]) -> CampaignOutcome:
     """The campaign drawn by campaign.jobs child processes side by side, each with its own workers and its
-    share of one plan (_Link.takes: planned case i goes to job i mod jobs, and every large case to job 0),
+    share of one plan (_Link.takes: small case k goes to job k mod jobs, every large case to job 0),
     streaming into a part of its own (`<stream>.job<i>`, joined into the stream at the end); their outcomes
     joined. A script that asks for jobs needs the `if __name__ == "__main__":` guard that multiprocessing's
     spawn asks of every program. A job that dies or raises costs only its own results (its streamed part
-    stays), and the outcome says which and how (lost_jobs)."""
+    stays), and the outcome says which and how (lost_jobs). A plan without a small case runs as one job."""
     target = _job_target(campaign, len(backends))
     # A regime no planned case fits: one SpecError here, not one per job.
-    next(iter(planned_cases(backends, target, campaign.regime, campaign.seed)))
+    if not any(_small(case) for case in first_round(backends, target, campaign.regime, campaign.seed)):
+        return _drawn(campaign, backends)  # only large cases: every job but job 0 would have none to draw
     if campaign.stream is not None:
         ResultStream(campaign.stream).close()  # an unwritable stream: one OutputError here, before any job
     context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
@@ -304,14 +305,15 @@ class _Link:
     target: Target  # what every job plans for (_job_target)
 
     def takes(self, planned: Iterable[PlannedCase]) -> Iterator[PlannedCase]:
-        """This job's cases of the plan: those at its positions (index mod count), but of them only the small
-        ones unless it is job 0, which also draws every large case of the others' positions."""
-        first = self.shard.index == 0
-        for position, case in enumerate(planned):
-            if position % self.shard.count == self.shard.index:
-                if first or _small(case):
+        """This job's cases of the plan: the small ones dealt out in turn (small case k to job k mod count),
+        and to job 0 every large one. Dealt by their count among the small cases, not by their place in
+        the plan: by place, a job whose places only ever held large cases would wait for ever."""
+        small = itertools.count()
+        for case in planned:
+            if _small(case):
+                if next(small) % self.shard.count == self.shard.index:
                     yield case
-            elif first and not _small(case):
+            elif self.shard.index == 0:
                 yield case
 
     def tell(self, message: tuple[str, object]) -> None:
@@ -549,6 +551,14 @@ def planned_cases(backends: list[Loaded], target: Target, regime: Regime, seed: 
     Round i is envelope_plan(backends, target, seed + ROUND_SEEDS * i): the plan's specs do not depend on
     the seed, and its seeds are the seed plus an offset, so the plan is made once and each round shifts
     its seeds (planning took 2 ms per case at production scale, more than drawing the case on a GPU)."""
+    cases = first_round(backends, target, regime, seed)
+    for round_index in itertools.count():
+        yield from (dataclasses.replace(p, seed=p.seed + ROUND_SEEDS * round_index) for p in cases)
+
+
+def first_round(backends: list[Loaded], target: Target, regime: Regime, seed: int) -> list[PlannedCase]:
+    """Round 0 of planned_cases (every later round is its cases with other seeds); SpecError naming a bound
+    when no planned case fits the regime."""
     plan = envelope_plan(backends, target, seed)
     cases = [dataclasses.replace(p, spec=spec) for p in plan.cases if (spec := regime.apply(p.spec))]
     if not plan.cases:
@@ -557,8 +567,7 @@ def planned_cases(backends: list[Loaded], target: Target, regime: Regime, seed: 
         field = next(f.name for f in dataclasses.fields(regime) if getattr(regime, f.name) is not None)
         raise SpecError(field, getattr(regime, field), "bounds some planned case fits (the backends' "
                         f"envelopes plan shapes such as {sorted({_shape(p) for p in plan.cases})[:4]})")
-    for round_index in itertools.count():
-        yield from (dataclasses.replace(p, seed=p.seed + ROUND_SEEDS * round_index) for p in cases)
+    return cases
 
 
 def _small(planned: PlannedCase) -> bool:

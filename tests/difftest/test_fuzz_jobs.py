@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 
+from difftest import fuzz as fuzz_module
 from difftest import plan
 from difftest.backends import get_backends
 from difftest.cli import main
@@ -34,9 +35,10 @@ from difftest.fuzz import (
 )
 from difftest.generators.envelope import Target
 from difftest.kinds import Device, ExitStatus
-from difftest.plan import Shard
+from difftest.plan import PlannedCase, Shard
 from difftest.regime import Regime
 from difftest.verdict import Verdict
+from tests.support import TINY
 
 PLANTED = "tests.user_backends:window_one_short"
 SMALL = Regime(max_batch=4, max_context=64)
@@ -54,8 +56,18 @@ def test_jobs_deal_out_one_plan_in_turn_and_job_0_draws_every_large_case(monkeyp
     assert sorted(name for share in shares for name in share) == sorted(case.name for case in cases), \
         "every planned case is drawn, by one job"
     assert large <= set(shares[0]) and not large & (set(shares[1]) | set(shares[2]))
-    names = [case.name for case in cases]
-    assert shares[1] == [name for name in names[1::3] if name not in large], "job 1: its positions' small cases"
+    small = [case.name for case in cases if case.name not in large]
+    assert shares[1] == small[1::3] and shares[2] == small[2::3], "the small cases dealt out in turn"
+    assert [name for name in shares[0] if name not in large] == small[0::3]
+
+
+def test_a_job_whose_places_in_the_plan_hold_only_large_cases_still_draws_small_ones(monkeypatch):
+    # a plan alternating small and large: by place, job 1 of 2 would only ever be offered large cases
+    plan_round = [PlannedCase(TINY.replace(name=f"c{i}", max_model_len=64 if i % 2 == 0 else 1 << 20), i)
+                  for i in range(4)]
+    shares = [list(itertools.islice(_Link(Shard(index, 2), None, None, Target.small_cpu()).takes(
+        itertools.cycle(plan_round)), 3)) for index in range(2)]
+    assert all(_small(case) for case in shares[1]) and len(shares[1]) == 3
 
 
 def test_jobs_plan_for_the_memory_job_0_may_use():
@@ -79,6 +91,13 @@ def test_two_jobs_find_the_planted_bug_stop_together_and_join_their_results(tmp_
     assert sorted((line["result"]["backend"], line["result"]["case"]) for line in lines) == sorted(pairs)
     assert not list(tmp_path.glob("fuzz.jsonl.job*")), "the parts were joined into the stream"
     assert "(2 jobs side by side)" in render_campaign(outcome)
+
+
+def test_a_plan_without_small_cases_runs_as_one_job_within_its_budget(monkeypatch):
+    # every case counted large: jobs other than job 0 would draw nothing and never reach their budget check
+    monkeypatch.setattr(fuzz_module, "SMALL_LOGITS", 0)
+    outcome = fuzz(Campaign(budget=2.0, backends=("torch",), regime=SMALL, jobs=2, shrink_seconds=0))
+    assert outcome.jobs == 1 and outcome.cases > 0 and outcome.seconds < 30, render_campaign(outcome)
 
 
 @pytest.mark.gpu
