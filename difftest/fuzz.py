@@ -172,7 +172,7 @@ class CampaignOutcome:
     warm: tuple[float, int] = (0.0, 0)
     retries: tuple[Retry, ...] = ()  # the launches that tried batches' failed members again
     jobs: int = 1  # campaigns side by side that made it (Campaign.jobs)
-    lost_jobs: tuple[str, ...] = ()  # jobs that died before handing their results over, and how
+    lost_jobs: tuple[str, ...] = ()  # jobs that died or raised before handing their results over, and how
 
     @property
     def warm_cases_per_second(self) -> float:
@@ -428,7 +428,7 @@ class _State:
 
     def __init__(self, campaign: Campaign, backends: list[Loaded], link: _Link | None = None) -> None:
         self.campaign, self.backends, self.link = campaign, {b.name: b for b in backends}, link
-        # Jobs plan with the one target the parent probed: the same plan, dealt out by position.
+        # Jobs plan with the one target the parent probed: one plan, dealt out among them (_Link.takes).
         self.target = Target.probe(Device(campaign.config.device)) if link is None else link.target
         # The items drawn and not yet finished (the runner draws a batch's successor while it runs):
         # their cases (a batch's members) by name, and who takes each.
