@@ -75,18 +75,21 @@ def start_backend(backend: Loaded, case: Case, ref: Reference, config: RunConfig
 def _submit(backend: Loaded, case: Case, config: RunConfig, executor: Executor,
             base: dict[str, Any]) -> Callable[[], Outcome | CaseResult]:
     """The call of `backend` on `case` submitted to `executor`: what waits for its outcome, or the
-    SKIP (ERROR) result when the backend cannot take the case (asking it raised)."""
-    inputs = _prepared(backend, case, config, base)
-    if isinstance(inputs, CaseResult):
-        return lambda: inputs
-    # The case's own tensors must not be the ones handed over: a backend that writes into them
-    # would change the case under every backend after it.
-    launch = Launch(case.rows, case.max_model_len, config.repeat, config.time or 0)
+    SKIP (ERROR) result when the backend cannot take the case (asking it raised), or ERROR when the
+    engine's own copies of its inputs (encoded, made private, shipped) ran out of memory: the case's
+    fault, not the run's (campaigns side by side share the GPU: difftest.fuzz)."""
     try:
+        inputs = _prepared(backend, case, config, base)
+        if isinstance(inputs, CaseResult):
+            return lambda: inputs
+        # The case's own tensors must not be the ones handed over: a backend that writes into them
+        # would change the case under every backend after it.
+        launch = Launch(case.rows, case.max_model_len, config.repeat, config.time or 0)
         return executor.submit(backend, _private(inputs, case), launch)
-    except torch.OutOfMemoryError as exc:  # the engine's own copies of the inputs: the case, not the run
-        fault = CaseResult(verdict=Verdict.ERROR, seconds=0.0, reason=f"handing the inputs to the backend "
-                           f"ran out of memory: {str(exc).splitlines()[0]}", error_type=type(exc).__name__, **base)
+    except torch.OutOfMemoryError as exc:
+        fault = CaseResult(verdict=Verdict.ERROR, seconds=0.0, reason=f"preparing the inputs for the backend and "
+                           f"handing them over ran out of memory: {str(exc).splitlines()[0]}",
+                           error_type=type(exc).__name__, **base)
         return lambda: fault
 
 
@@ -117,8 +120,7 @@ def _identity(backend: Loaded, case: Case, config: RunConfig) -> dict[str, Any]:
 
 def _prepared(backend: Loaded, case: Case, config: RunConfig, base: dict[str, Any]) -> KernelInputs | CaseResult:
     """The inputs the backend is handed; SKIP when it cannot take the case here (or it cannot be
-    encoded for it), ERROR when asking the backend raised or encoding ran out of memory (campaigns side
-    by side share the GPU: difftest.fuzz)."""
+    encoded for it), ERROR when asking the backend raised."""
     try:
         reason = unsupported_reason(backend, case, config.device)
     except (Exception, SystemExit) as exc:  # a backend's own availability check failing is that backend's fault
@@ -130,9 +132,6 @@ def _prepared(backend: Loaded, case: Case, config: RunConfig, base: dict[str, An
         return encode(case, backend.contract, encoding=config.encoding, layout=config.layout)
     except SpecError as exc:
         return CaseResult(verdict=Verdict.SKIP, seconds=0.0, reason=f"cannot encode: {exc}", **base)
-    except torch.OutOfMemoryError as exc:  # the engine's copies for this backend: the case, not the run
-        return CaseResult(verdict=Verdict.ERROR, seconds=0.0, reason=f"encoding the inputs for the backend ran "
-                          f"out of memory: {str(exc).splitlines()[0]}", error_type=type(exc).__name__, **base)
 
 
 def _private(inputs: KernelInputs, case: Case) -> KernelInputs:

@@ -260,7 +260,7 @@ def test_running_out_of_memory_encoding_the_inputs_is_that_backends_error(monkey
     monkeypatch.setattr(runner, "encode", out_of_memory)
     [result] = run([TorchBackend()], [build_case(TINY, 0)], RunConfig())
     assert result.verdict == Verdict.ERROR and result.error_type == "OutOfMemoryError", f"{result=}"
-    assert "encoding the inputs" in result.reason and "2.00 GiB" in result.reason
+    assert "preparing the inputs" in result.reason and "2.00 GiB" in result.reason
 
 
 # --------------------------------------------------------------------------- memory of calls side by side
