@@ -56,7 +56,7 @@ from difftest.generators.envelope import Target, estimate_bytes
 from difftest.isolate import exit_description
 from difftest.kinds import Device
 from difftest.lifetime import die_with_parent
-from difftest.plan import PlannedCase, Shard, build_together, envelope_plan
+from difftest.plan import PlannedCase, build_together, envelope_plan
 from difftest.prefetch import Prefetched
 from difftest.regime import Regime
 from difftest.result import CaseResult
@@ -254,7 +254,7 @@ def _in_jobs(campaign: Campaign, backends: list[Loaded]) -> CampaignOutcome:
     context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
     stop = context.Event()
     start = time.monotonic()  # the campaign's clock: the jobs' start-up counts, as a worker's does
-    jobs = [_started(context, campaign, Shard(index, campaign.jobs), stop, target) for index in range(campaign.jobs)]
+    jobs = [_started(context, campaign, index, stop, target) for index in range(campaign.jobs)]
     try:
         outcomes, lost = _gathered(jobs, stop, campaign.until_failures)
     finally:
@@ -267,24 +267,30 @@ def _in_jobs(campaign: Campaign, backends: list[Loaded]) -> CampaignOutcome:
 
 
 def _job_target(campaign: Campaign, backends: int) -> Target:
-    """What every job plans for: this device, with the memory job 0's large cases may use, what the probe
-    finds less the other jobs' SMALL_JOB_BYTES and what each job's processes hold besides cases (the job
-    and, isolated, a worker per backend)."""
+    """What every job plans for: this device, with the memory job 0's large cases may use: what the probe
+    finds less the other jobs' reserve (_reserve), but at least half of it, or on a small host (a CI
+    runner's 9 GiB) the reserve would leave job 0 nothing to plan with."""
     probed = Target.probe(Device(campaign.config.device))
-    processes = 1 + (backends if campaign.config.isolated else 0)
-    kept = (campaign.jobs - 1) * SMALL_JOB_BYTES + campaign.jobs * processes * JOB_PROCESS_BYTES
-    return dataclasses.replace(probed, memory_bytes=max(0, probed.memory_bytes - kept))
+    kept = min(_reserve(campaign, backends), probed.memory_bytes // 2)
+    return dataclasses.replace(probed, memory_bytes=probed.memory_bytes - kept)
 
 
-def _started(context: multiprocessing.context.SpawnContext, campaign: Campaign, shard: Shard, stop: EventType,
+def _reserve(campaign: Campaign, backends: int) -> int:
+    """Bytes job 0's plan leaves to the rest: SMALL_JOB_BYTES for each other job and, on a GPU, what each
+    process of every job holds besides cases (the job and, isolated, a worker per backend)."""
+    processes = 1 + (backends if campaign.config.isolated else 0) if campaign.config.device == "cuda" else 0
+    return (campaign.jobs - 1) * SMALL_JOB_BYTES + campaign.jobs * processes * JOB_PROCESS_BYTES
+
+
+def _started(context: multiprocessing.context.SpawnContext, campaign: Campaign, index: int, stop: EventType,
              target: Target) -> tuple[Connection, BaseProcess]:
-    """Job shard.index, started: the end of its pipe this process reads, and its process."""
+    """Job `index` of campaign.jobs, started: the end of its pipe this process reads, and its process."""
     receive, send = context.Pipe(duplex=False)
-    part = None if campaign.stream is None else _part(campaign.stream, shard.index)
+    part = None if campaign.stream is None else _part(campaign.stream, index)
     # One job each, streaming into its own part, nothing kept: the parent keeps what they find.
     job = dataclasses.replace(campaign, stream=part, jobs=1, repro_dir=None)
-    process = context.Process(target=_job, args=(job, _Link(shard, stop, send, target), os.getpid()),
-                              name=f"difftest-fuzz-job-{shard.index}")
+    process = context.Process(target=_job, args=(job, _Link(index, campaign.jobs, stop, send, target), os.getpid()),
+                              name=f"difftest-fuzz-job-{index}")
     process.start()
     send.close()  # the child's end, closed here: EOF here when it dies
     return receive, process
@@ -296,10 +302,12 @@ def _part(stream: Path, index: int) -> Path:
 
 @dataclasses.dataclass(frozen=True)
 class _Link:
-    """What ties a job to its campaign: its share of the plan, the campaign's stop (set when the jobs'
-    signatures together reach the failure count), the pipe its news goes up, and the target it plans for."""
+    """What ties a job to its campaign: which job of how many it is (its share of the plan: `takes`), the
+    campaign's stop (set when the jobs' signatures together reach the failure count), the pipe its news
+    goes up, and the target it plans for."""
 
-    shard: Shard
+    index: int
+    count: int
     stop: EventType
     send: Connection
     target: Target  # what every job plans for (_job_target)
@@ -311,9 +319,9 @@ class _Link:
         small = itertools.count()
         for case in planned:
             if _small(case):
-                if next(small) % self.shard.count == self.shard.index:
+                if next(small) % self.count == self.index:
                     yield case
-            elif self.shard.index == 0:
+            elif self.index == 0:
                 yield case
 
     def tell(self, message: tuple[str, object]) -> None:

@@ -21,6 +21,7 @@ from difftest.config import RunConfig
 from difftest.errors import SpecError
 from difftest.fuzz import (
     JOB_PROCESS_BYTES,
+    MAX_JOBS,
     SMALL_JOB_BYTES,
     Campaign,
     CampaignOutcome,
@@ -28,6 +29,7 @@ from difftest.fuzz import (
     _gathered,
     _job_target,
     _Link,
+    _reserve,
     _small,
     fuzz,
     planned_cases,
@@ -35,7 +37,7 @@ from difftest.fuzz import (
 )
 from difftest.generators.envelope import Target
 from difftest.kinds import Device, ExitStatus
-from difftest.plan import PlannedCase, Shard
+from difftest.plan import PlannedCase
 from difftest.regime import Regime
 from difftest.verdict import Verdict
 from tests.support import TINY
@@ -52,7 +54,7 @@ def test_jobs_deal_out_one_plan_in_turn_and_job_0_draws_every_large_case(monkeyp
     cases = list(itertools.islice(planned_cases(get_backends(["torch"]), target, Regime(), 0), 300))
     large = {case.name for case in cases if not _small(case)}
     assert large and len(large) < len(cases), "the plan has both sizes, or this test proves nothing"
-    shares = [[case.name for case in _Link(Shard(index, 3), None, None, target).takes(cases)] for index in range(3)]
+    shares = [[case.name for case in _Link(index, 3, None, None, target).takes(cases)] for index in range(3)]
     assert sorted(name for share in shares for name in share) == sorted(case.name for case in cases), \
         "every planned case is drawn, by one job"
     assert large <= set(shares[0]) and not large & (set(shares[1]) | set(shares[2]))
@@ -65,16 +67,20 @@ def test_a_job_whose_places_in_the_plan_hold_only_large_cases_still_draws_small_
     # a plan alternating small and large: by place, job 1 of 2 would only ever be offered large cases
     plan_round = [PlannedCase(TINY.replace(name=f"c{i}", max_model_len=64 if i % 2 == 0 else 1 << 20), i)
                   for i in range(4)]
-    shares = [list(itertools.islice(_Link(Shard(index, 2), None, None, Target.small_cpu()).takes(
+    shares = [list(itertools.islice(_Link(index, 2, None, None, Target.small_cpu()).takes(
         itertools.cycle(plan_round)), 3)) for index in range(2)]
     assert all(_small(case) for case in shares[1]) and len(shares[1]) == 3
 
 
-def test_jobs_plan_for_the_memory_job_0_may_use():
-    campaign = Campaign(budget=1.0, backends=("torch",), jobs=4)  # on the CPU: in-process, one process a job
+def test_jobs_plan_for_the_memory_job_0_may_use_and_never_less_than_half():
     probed = Target.probe(Device.CPU).memory_bytes
-    kept = 3 * SMALL_JOB_BYTES + 4 * JOB_PROCESS_BYTES
-    assert abs(_job_target(campaign, 1).memory_bytes - max(0, probed - kept)) <= probed // 100
+    planned = _job_target(Campaign(budget=1.0, backends=("torch",), jobs=4), 1).memory_bytes  # CPU: no contexts
+    assert abs(planned - (probed - min(3 * SMALL_JOB_BYTES, probed // 2))) <= probed // 100
+    crowded = _job_target(Campaign(budget=1.0, backends=("torch",), jobs=MAX_JOBS), 1).memory_bytes
+    assert abs(crowded - probed // 2) <= probed // 100, "64 jobs' reserve is capped at half"
+    on_gpu = Campaign(budget=1.0, backends=("torch",), jobs=2, config=RunConfig(device="cuda"))  # isolated
+    assert _reserve(on_gpu, 1) == SMALL_JOB_BYTES + 2 * 2 * JOB_PROCESS_BYTES, \
+        "on a GPU each process keeps a context: two jobs, each the job and one worker"
 
 
 def test_two_jobs_find_the_planted_bug_stop_together_and_join_their_results(tmp_path):
@@ -114,7 +120,7 @@ def test_two_jobs_on_the_gpu_each_with_their_own_workers_find_the_planted_bug(tm
 def _signs_then_waits(backend: str, stop, send) -> None:
     """A job that finds one signature, then answers once the campaign's stop is set (or after 60 s, with
     began -1: never stopped)."""
-    link = _Link(Shard(0, 2), stop, send, Target.small_cpu())
+    link = _Link(0, 2, stop, send, Target.small_cpu())
     link.tell(("found", Signature(backend, Verdict.FAIL_MASK, ("mask",), 0)))
     stopped = stop.wait(60)
     link.tell(("done", (CampaignOutcome([], [], 0, 0.0), time.monotonic() if stopped else -1.0)))
@@ -160,7 +166,7 @@ def _dies_or_signs(index: int, stop, send) -> None:
 
 def _raises_or_signs(index: int, stop, send) -> None:
     if index == 0:
-        _Link(Shard(0, 2), stop, send, Target.small_cpu()).tell(("raised", "OutOfMemoryError: CUDA out of memory."))
+        _Link(0, 2, stop, send, Target.small_cpu()).tell(("raised", "OutOfMemoryError: CUDA out of memory."))
         return
     _signs_then_waits("backend-1", stop, send)
 
