@@ -36,6 +36,7 @@ import pickle
 import shlex
 import shutil
 import time
+import traceback
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as connection_wait
@@ -72,6 +73,12 @@ UNSHRINKABLE = (Verdict.CRASH, Verdict.TIMEOUT)  # probing these in-process coul
 SMALL_LOGITS = 1 << 20
 BATCH_CASES = 64
 BATCH_LOGITS = 1 << 24
+# The merged case is every member's rows by the widest member's max_model_len: each output, the oracle's
+# and the comparisons are that shape. One wide small case (1 row of 2^20) among many rows of 8K would make
+# it thousands of times a member's own logits (on the H200 two jobs ran out of memory asking for 5.8 GiB:
+# reports/h200/session12): a batch closes before its merged shape passes BATCH_MERGED_LOGITS (256 MiB of
+# fp32 per output). The small regime's widest batch (4096 rows of 8K) stays under it.
+BATCH_MERGED_LOGITS = 1 << 26
 # Small logits do not make a small case: the envelope's pool families (2^31-byte caches, block ids past
 # 2^16) hold gigabytes of keys for a few rows. A case batches only with a pool of at most SMALL_POOL
 # bytes, and a batch closes before its pools pass BATCH_POOL (merged, copied per worker: on the H200 a
@@ -341,8 +348,20 @@ def _job(campaign: Campaign, link: _Link, parent: int) -> None:
         found = [dataclasses.replace(f, case=f.case.to("cpu")) for f in outcome.found]
         answer: tuple[str, object] = ("done", (dataclasses.replace(outcome, found=found), began))
     except BaseException as exc:  # the parent lists the job as lost, with this line
-        answer = ("raised", f"{type(exc).__name__}: {exc}")
+        answer = ("raised", f"{type(exc).__name__} at {_where(exc)}: {exc}")
     link.tell(answer)
+
+
+def _where(exc: BaseException) -> str:
+    """The innermost frame an exception was raised in, as `path:line (function)`, the path from the
+    package's parent on (a lost job's line says where without its traceback)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "an unknown place"
+    frame = frames[-1]
+    parts = Path(frame.filename).parts
+    short = Path(*parts[-2:]) if len(parts) >= 2 else Path(frame.filename)
+    return f"{short}:{frame.lineno} ({frame.name})"
 
 
 def _gathered(jobs: list[tuple[Connection, BaseProcess]], stop: EventType, until_failures: int | None
@@ -419,11 +438,21 @@ class _Bucket:
     cases: list[PlannedCase] = dataclasses.field(default_factory=list)
     logits: int = 0
     pool_bytes: int = 0
+    rows: int = 0
+    width: int = 0  # the widest member's max_model_len
 
     def add(self, planned: PlannedCase) -> None:
         self.cases.append(planned)
         self.logits += _logits(planned)
         self.pool_bytes += _pool_bytes(planned)
+        self.rows += _rows(planned)
+        self.width = max(self.width, planned.spec.max_model_len)
+
+    def takes(self, planned: PlannedCase) -> bool:
+        """Whether the merged case stays inside BATCH_MERGED_LOGITS with `planned` in it (an empty bucket
+        takes any small case)."""
+        merged = (self.rows + _rows(planned)) * max(self.width, planned.spec.max_model_len)
+        return not self.cases or merged <= BATCH_MERGED_LOGITS
 
     def full(self) -> bool:
         """Whether one more case could pass a batch's caps."""
@@ -475,6 +504,9 @@ class _State:
                 yield planned
                 continue
             bucket = buckets.setdefault(key, _Bucket())
+            if not bucket.takes(planned):
+                yield buckets.pop(key).cases
+                bucket = buckets.setdefault(key, _Bucket())
             bucket.add(planned)
             if bucket.full():
                 yield buckets.pop(key).cases
@@ -585,8 +617,12 @@ def _small(planned: PlannedCase) -> bool:
 
 def _logits(planned: PlannedCase) -> int:
     """The logits of each output of the planned case: rows x max_model_len."""
+    return _rows(planned) * planned.spec.max_model_len
+
+
+def _rows(planned: PlannedCase) -> int:
     spec = planned.spec
-    return spec.total_batch * spec.next_n * spec.max_model_len
+    return spec.total_batch * spec.next_n
 
 
 def _pool_bytes(planned: PlannedCase) -> int:

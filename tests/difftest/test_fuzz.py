@@ -7,12 +7,25 @@ import shlex
 
 import pytest
 
-from difftest.batch import Retry
+from difftest import fuzz as fuzz_module
+from difftest.backends import get_backends
+from difftest.batch import Retry, batch_key
 from difftest.cli import main
 from difftest.errors import SpecError
-from difftest.fuzz import Campaign, describe_retries, fuzz, render_campaign, repro_line
+from difftest.fuzz import (
+    BATCH_LOGITS,
+    BATCH_MERGED_LOGITS,
+    SMALL_LOGITS,
+    Campaign,
+    describe_retries,
+    fuzz,
+    render_campaign,
+    repro_line,
+)
 from difftest.kinds import ExitStatus
+from difftest.plan import PlannedCase
 from difftest.verdict import Verdict
+from tests.support import TINY
 
 PLANTED = "tests.user_backends:window_one_short"
 
@@ -62,3 +75,20 @@ def test_the_retries_line_counts_launches_members_and_what_passed():
     retries = (Retry("k", 5, 2), Retry("k", 2, 0), Retry("k", 1, 1), Retry("k", 1, 0))
     assert describe_retries(retries) == ("tried again: 2 launches of a batch's failed members together (7 members, "
                                          "5 passing there), 2 members alone (1 failing)")
+
+
+def test_a_batch_closes_before_its_merged_shape_passes_the_cap(monkeypatch):
+    """The merged case is all members' rows by the widest max_model_len: one wide small case (1 row of
+    2^20) among cases of 128 rows at 4K would make it far larger than the members' own logits say."""
+    wide = PlannedCase(TINY.replace(name="wide", batch=1, max_model_len=1 << 20), 0)
+    narrow = [PlannedCase(TINY.replace(name=f"narrow{i}", batch=128, max_model_len=1 << 12), i) for i in range(40)]
+    plan = [narrow[0], wide, *narrow[1:]]
+    assert all(fuzz_module._small(p) for p in plan) and len({batch_key(p.spec) for p in plan}) == 1
+    monkeypatch.setattr(fuzz_module, "planned_cases", lambda *args: iter(plan))
+    state = fuzz_module._State(Campaign(budget=1.0, backends=("torch",)), get_backends(["torch"]))
+    batches = [job for job in state._jobs() if isinstance(job, list)]
+    merged = [sum(p.spec.batch for p in b) * max(p.spec.max_model_len for p in b) for b in batches]
+    assert max(merged) <= BATCH_MERGED_LOGITS, merged
+    own = sum(p.spec.batch * p.spec.max_model_len for p in plan[:2])
+    assert own <= BATCH_LOGITS - SMALL_LOGITS, "by its own logits the wide case would have joined the first batch"
+    assert [p.spec.name for p in batches[0]] == ["narrow0"], "the first batch closed when the wide case came"

@@ -31,6 +31,7 @@ from difftest.fuzz import (
     _Link,
     _reserve,
     _small,
+    _where,
     fuzz,
     planned_cases,
     render_campaign,
@@ -177,6 +178,20 @@ def test_a_job_that_raises_is_lost_with_its_exceptions_line_and_the_campaign_goe
     assert lost == ("job 0 raised OutOfMemoryError: CUDA out of memory.",) and len(outcomes) == 1
     for _receive, process in jobs:
         process.join()
+
+
+def _allocates() -> None:
+    raise MemoryError("asked for 5.82 GiB")
+
+
+def test_a_raising_jobs_line_says_where_it_raised():
+    """A lost job's line is all that comes back of it: it names the innermost frame, so an out-of-memory
+    error in one of four jobs can be traced without its traceback."""
+    try:
+        _allocates()
+    except MemoryError as exc:
+        where = _where(exc)
+    assert where == f"difftest/test_fuzz_jobs.py:{_allocates.__code__.co_firstlineno + 1} (_allocates)"
 
 
 def test_jobs_out_of_range_and_an_impossible_regime_are_one_line_each(capsys):
