@@ -224,9 +224,23 @@ def _started_batch(backends: list[Loaded], executors: list[Executor], batch: Bat
     merged = batch.validate().case.to(config.device)
     bases = [_identity(b, merged, config) for b in backends]
     pending = [_submit(b, merged, config, e, base) for b, e, base in zip(backends, executors, bases, strict=True)]
-    ref = make_reference(merged, config.oracle_kind)  # while the workers compute
+    try:
+        ref = make_reference(merged, config.oracle_kind)  # while the workers compute
+    except torch.OutOfMemoryError:
+        return lambda: _members_alone(backends, executors, batch, config, on_result, pending)
     return lambda: _finished_batch(backends, executors, batch, config, on_result, [wait() for wait in pending],
                                    ref, bases)
+
+
+def _members_alone(backends: list[Loaded], executors: list[Executor], batch: Batch, config: RunConfig,
+                   on_result: Callable[[CaseResult], None] | None,
+                   pending: list[Callable[[], Outcome | CaseResult]]) -> list[CaseResult]:
+    """The batch's members run one by one, each with an oracle of its own size, when the merged case's
+    oracle ran out of memory; the launches on the merged case are waited for first and dropped."""
+    for wait in pending:
+        wait()
+    return [result for member in batch.members
+            for result in _run_case(backends, executors, member, config, on_result, {})]
 
 
 def _finished_batch(backends: list[Loaded], executors: list[Executor], batch: Batch, config: RunConfig,
@@ -383,12 +397,27 @@ def _run_case(backends: list[Loaded], executors: list[Executor], case: Case, con
     fresh: dict[int, CaseResult] = {}
     if todo:
         case = case.validate().to(config.device)
-        ref = make_reference(case, config.oracle_kind)
-        for index, result in _results(backends, executors, case, ref, config, todo):
+        for index, result in _oracle_and_results(backends, executors, case, config, todo):
             fresh[index] = _sanitized(result, backends[index], case, config)
             if on_result:
                 on_result(fresh[index])
     return [fresh[i] if i in fresh else done[(b.name, case.name)] for i, b in enumerate(backends)]
+
+
+def _oracle_and_results(backends: list[Loaded], executors: list[Executor], case: Case, config: RunConfig,
+                        todo: list[int]) -> Iterator[tuple[int, CaseResult]]:
+    """The oracle's answer on `case`, then (index, result) of each backend in `todo`; when the oracle runs
+    out of memory (a large case on a GPU other campaigns share), no backend runs and each result is a
+    SKIP that says why: there is nothing to judge an output against, and the run goes on."""
+    try:
+        ref = make_reference(case, config.oracle_kind)
+    except torch.OutOfMemoryError as exc:
+        reason = f"the oracle ran out of memory on this case, so no backend ran: {str(exc).splitlines()[0]}"
+        for index in todo:
+            yield index, CaseResult(verdict=Verdict.SKIP, seconds=0.0, reason=reason,
+                                    **_identity(backends[index], case, config))
+        return
+    yield from _results(backends, executors, case, ref, config, todo)
 
 
 def _results(backends: list[Loaded], executors: list[Executor], case: Case, ref: Reference, config: RunConfig,

@@ -12,6 +12,7 @@ import torch
 from difftest import runner
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend, backend
+from difftest.batch import merge
 from difftest.config import RunConfig
 from difftest.generators import LengthDist, build_case
 from difftest.hardware import describe_gpu, gpu_description
@@ -261,6 +262,35 @@ def test_running_out_of_memory_encoding_the_inputs_is_that_backends_error(monkey
     [result] = run([TorchBackend()], [build_case(TINY, 0)], RunConfig())
     assert result.verdict == Verdict.ERROR and result.error_type == "OutOfMemoryError", f"{result=}"
     assert "preparing the inputs" in result.reason and "2.00 GiB" in result.reason
+
+
+def _oracle_out_of_memory_above(rows: int):
+    """make_reference, out of device memory on a case of more than `rows` rows (as on a shared GPU)."""
+    def oracle(case, oracle_kind):
+        if case.rows > rows:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 5.82 GiB.")
+        return make_reference(case, oracle_kind)
+    return oracle
+
+
+def test_an_oracle_out_of_memory_skips_the_case_with_why_and_the_run_goes_on(monkeypatch):
+    monkeypatch.setattr(runner, "make_reference", _oracle_out_of_memory_above(TINY.batch))
+    big, small = build_case(TINY.replace(name="big", batch=4), 0), build_case(TINY, 1)
+    streamed = []
+    results = run([TorchBackend()], [big, small], RunConfig(), on_result=streamed.append)
+    assert [(r.case, r.verdict) for r in results] == [(big.name, Verdict.SKIP), (small.name, Verdict.PASS)]
+    assert "oracle ran out of memory" in results[0].reason and "5.82 GiB" in results[0].reason
+    assert streamed == results, "the skip is reported as it happens, like any result"
+
+
+def test_a_batch_whose_merged_oracle_runs_out_of_memory_runs_its_members_alone(monkeypatch):
+    monkeypatch.setattr(runner, "make_reference", _oracle_out_of_memory_above(TINY.batch))
+    members = [build_case(TINY, seed) for seed in range(3)]
+    alone = run([TorchBackend()], members, RunConfig())
+    streamed = []
+    batched = run([TorchBackend()], [merge(members)], RunConfig(), on_result=streamed.append)
+    assert [(r.case, r.verdict) for r in batched] == [(r.case, r.verdict) for r in alone]
+    assert {r.verdict for r in batched} == {Verdict.PASS} and streamed == batched
 
 
 # --------------------------------------------------------------------------- memory of calls side by side
