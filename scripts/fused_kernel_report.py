@@ -73,8 +73,10 @@ def markdown(rows: list[dict[str, object]]) -> str:
     head = ["next_n", "block", "maxnreg", "REG", "LOCAL", "STACK", "dynamic_shared", "loop_dots", "loop_local_loads",
             "loop_convert_layouts", "loop_reduces"]
     lines = [f"The fused oracle's kernel (H 64, D 128, default config) compiled for sm90 offline, Triton "
-             f"{triton.__version__}. LOCAL/STACK: bytes a thread keeps in local memory (spills); loop_*: ops "
-             "in the key-tile loop, each paid every tile.", "", "| " + " | ".join(head) + " |",
+             f"{triton.__version__}. LOCAL/STACK: bytes a thread keeps in local memory (spills); loop_*: TTGIR ops "
+             "in the key-tile loop, each paid every tile unless the backend merges them (at block 64, the key "
+             "tile's two local_loads, one per product, compile to one set of loads).", "",
+             "| " + " | ".join(head) + " |",
              "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(str(row.get(k)) for k in head) + " |" for row in rows]
     return "\n".join(lines) + "\n"
