@@ -23,7 +23,7 @@ class Values(str, enum.Enum):
     """The distribution of q, keys, scales and weights."""
 
     NORMAL = "normal"  # N(0, 1) keys and queries, scales in [0.5, 2), weights N(0, 1/H)
-    HEAVY = "heavy"  # log-normal magnitudes up to the fp8 range, scales over 2^-10 .. 2^4
+    HEAVY = "heavy"  # log-normal magnitudes (to powers of two) up to the fp8 range, scales over 2^-10 .. 2^4
     INTEGER = "integer"  # small integers and power-of-two scales: every logit exact in float32
 
 

@@ -252,7 +252,7 @@ def draw_queries(spec: CaseSpec, batch: int, gen: torch.Generator,
     else:
         weights = torch.randn(shape, generator=gen, device=device) / spec.heads ** 0.5
         if spec.values == Values.HEAVY:
-            weights = weights * torch.exp(torch.randn(shape, generator=gen, device=device))
+            weights = weights * _log_normal_powers(1.0, shape, gen, device)
     return q, weights
 
 
@@ -263,13 +263,30 @@ def _fp8_values(values: Values, shape: tuple[int, ...], gen: torch.Generator,
     else:
         raw = torch.randn(shape, generator=gen, device=device)
         if values == Values.HEAVY:
-            raw = raw * torch.exp(1.5 * torch.randn(shape, generator=gen, device=device))
+            raw = raw * _log_normal_powers(1.5, shape, gen, device)
     return raw.clamp(-COMMON_MAX, COMMON_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
 
 
 def _scales(values: Values, shape: tuple[int, ...], gen: torch.Generator, device: str | torch.device) -> torch.Tensor:
     if values == Values.INTEGER:
-        return torch.exp2(torch.randint(-4, 3, shape, generator=gen, device=device).float())
-    if values == Values.HEAVY:
-        return torch.exp2(torch.rand(shape, generator=gen, device=device) * 14 - 10)
+        return _powers_of_two(torch.randint(-4, 3, shape, generator=gen, device=device))
+    if values == Values.HEAVY:  # log-uniform over [2^-10, 2^4): a power of two times [1, 2)
+        octave = _powers_of_two(torch.randint(-10, 4, shape, generator=gen, device=device))
+        return octave * (1 + torch.rand(shape, generator=gen, device=device))
     return 0.5 + 1.5 * torch.rand(shape, generator=gen, device=device)
+
+
+# Heavy tails without exp or exp2: torch's CPU kernels for them are vectorized approximations whose last
+# bits depend on the instructions the host has (exp2: its AVX2 and AVX-512 kernels differ; exp: vectorized
+# and scalar), so a seed drew other heavy-tailed bytes on one CI host than on another. Powers of two built
+# from their bits, and products with them, are exact on every machine.
+def _log_normal_powers(sigma: float, shape: tuple[int, ...], gen: torch.Generator,
+                       device: str | torch.device) -> torch.Tensor:
+    """2^round(sigma * z / ln 2), z standard normal: exp(sigma * z) to the nearest power of two."""
+    exponents = torch.round(torch.randn(shape, generator=gen, device=device) * (sigma / np.log(2)))
+    return _powers_of_two(exponents.clamp(-100, 100))
+
+
+def _powers_of_two(exponents: torch.Tensor) -> torch.Tensor:
+    """2^e in float32 for integer-valued exponents e in [-126, 127], exactly (the float's bits)."""
+    return ((exponents.to(torch.int32) + 127) << 23).view(torch.float32)

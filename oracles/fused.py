@@ -32,7 +32,10 @@ maximum) and the float32 bound: nothing of size rows x positions or heads x posi
 Shrink-free. Nothing here depends on the whole batch beyond each row's own sequence: a row's logits
 and bound are the same whether its sequence is alone or in a batch of 128, whatever the other
 sequences' lengths, the pool's size or the table's width, so a case `difftest shrink` reduces keeps
-its oracle values. The chunking of positions and the order of the atomic max change no value.
+its oracle values. The chunking of positions and the order of the atomic max change no value. The tile
+size (block_p) can change the last bits under the interpreter, whose products are numpy's float32
+matmuls: a BLAS may order a row's sum by the matrix's size (OpenBLAS's AVX-512 kernels do), and the
+interpreted tile follows max_model_len. Every order stays inside the bound.
 
 On a CUDA case the kernels are compiled for the GPU; on a CPU case they run under the Triton
 interpreter (numpy float32: products exact, sums round to nearest, inside the same bound).
@@ -85,7 +88,8 @@ class FusedReference:
 
 @dataclasses.dataclass(frozen=True)
 class KernelConfig:
-    """Tile shape and launch parameters; none of them changes a value."""
+    """Tile shape and launch parameters. None of them changes a value, except that under the interpreter
+    the tile size (block_p) may reorder a product's sums (see the module's docstring)."""
 
     block_p: int  # key positions per tile (a power of two, >= 16)
     num_warps: int

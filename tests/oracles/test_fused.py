@@ -22,6 +22,7 @@ from difftest.generators import CaseSpec, LengthDist, Stale, Values, build_case,
 from difftest.generators.strategies import cases
 from difftest.kinds import Fp8Flavour
 from difftest.oracles.fused import (
+    U_FP32,
     FusedReference,
     KernelConfig,
     LaunchPlan,
@@ -29,6 +30,7 @@ from difftest.oracles.fused import (
     bound_gamma,
     compiled_offline,
     fused_reference,
+    gamma,
     launch_plan,
 )
 from difftest.oracles.paged_mqa_logits import fp32_error_bound, reference
@@ -140,7 +142,14 @@ def test_heavy_tailed_values_in_every_tile_path(flavour: Fp8Flavour) -> None:
     results = [fused_reference(case, config) for config in configs]
     for config, fused in zip(configs, results, strict=True):
         check(case, fused, exact, what=f"{config}")
-        assert torch.equal(fused.bound, results[0].bound), f"{config}: the bound depends on the tiling"
+    # Tiles of one size, chunked or copied differently, compute the same products: the same bits.
+    assert torch.equal(results[1].logits, results[0].logits) and torch.equal(results[1].bound, results[0].bound)
+    # Interpreted, a product is numpy's float32 matmul, whose BLAS may order a row's sum by the tile's size
+    # (OpenBLAS's AVX-512 kernels do): the bound may move in its last bits, by no more than a reordered sum
+    # of D non-negative terms can.
+    drift = 2 * gamma(case.head_dim, U_FP32) * results[0].bound
+    for config, fused in zip(configs[2:], results[2:], strict=True):
+        assert bool(((fused.bound - results[0].bound).abs() <= drift).all()), f"{config}: {fused.bound=}"
 
 
 def test_whole_tiles_read_canaries_past_the_end_harmlessly() -> None:
