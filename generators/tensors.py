@@ -270,7 +270,7 @@ def _fp8_values(values: Values, shape: tuple[int, ...], gen: torch.Generator,
 def _scales(values: Values, shape: tuple[int, ...], gen: torch.Generator, device: str | torch.device) -> torch.Tensor:
     if values == Values.INTEGER:
         return _powers_of_two(torch.randint(-4, 3, shape, generator=gen, device=device))
-    if values == Values.HEAVY:  # log-uniform over [2^-10, 2^4): a power of two times [1, 2)
+    if values == Values.HEAVY:  # from 2^-10 to 2^4: a power of two times [1, 2)
         octave = _powers_of_two(torch.randint(-10, 4, shape, generator=gen, device=device))
         return octave * (1 + torch.rand(shape, generator=gen, device=device))
     return 0.5 + 1.5 * torch.rand(shape, generator=gen, device=device)
