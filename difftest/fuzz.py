@@ -180,6 +180,7 @@ class CampaignOutcome:
     retries: tuple[Retry, ...] = ()  # the launches that tried batches' failed members again
     jobs: int = 1  # campaigns side by side that made it (Campaign.jobs)
     lost_jobs: tuple[str, ...] = ()  # jobs that died or raised before handing their results over, and how
+    undrawn: tuple[str, ...] = ()  # "name: why" of each planned case that ran out of memory being drawn
 
     @property
     def warm_cases_per_second(self) -> float:
@@ -228,7 +229,8 @@ def _drawn(campaign: Campaign, backends: list[Loaded], link: _Link | None = None
     seconds = time.monotonic() - start
     warm = (state.warm[0] - start, state.warm[1]) if state.warm else (seconds, state.drawn)
     return CampaignOutcome(results, list(state.found.values()), state.drawn, seconds, state.batched,
-                           state.launches, tuple(state.diverged), warm, tuple(state.retries))
+                           state.launches, tuple(state.diverged), warm, tuple(state.retries),
+                           undrawn=tuple(state.undrawn))
 
 
 def _merged(found: list[Found]) -> list[Found]:
@@ -415,7 +417,7 @@ def _joined(outcomes: list[tuple[CampaignOutcome, float]], campaign: Campaign, l
     return CampaignOutcome([r for o in runs for r in o.results], list(found.values()), sum(o.cases for o in runs),
                            seconds, sum(o.batched for o in runs), sum(o.launches for o in runs),
                            tuple(r for o in runs for r in o.diverged), warm, tuple(r for o in runs for r in o.retries),
-                           campaign.jobs, lost)
+                           campaign.jobs, lost, tuple(u for o in runs for u in o.undrawn))
 
 
 def _join_parts(campaign: Campaign) -> None:
@@ -429,6 +431,17 @@ def _join_parts(campaign: Campaign) -> None:
                 with part.open("rb") as piece:
                     shutil.copyfileobj(piece, joined)
                 part.unlink()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Undrawn:
+    """A batch that ran out of memory being drawn, and the error's line."""
+
+    reason: str
+
+
+def _first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 @dataclasses.dataclass
@@ -475,6 +488,7 @@ class _State:
         self.diverged: list[CaseResult] = []
         self.retries: list[Retry] = []
         self.drawn = self.batched = self.launches = 0
+        self.undrawn: list[str] = []  # "name: why" of the planned cases that ran out of memory being drawn
         self.warm: tuple[float, int] | None = None  # (time.monotonic(), cases drawn) at the first result
 
     def items(self, start: float) -> Iterator[Case | Batch]:
@@ -490,7 +504,12 @@ class _State:
             for job, batch in ahead:
                 if self._done(start):
                     return
-                yield self._single(job) if batch is None else self._handed(job, batch)
+                if isinstance(batch, _Undrawn):
+                    self._not_drawn(job, batch.reason)
+                elif batch is not None:
+                    yield self._handed(job, batch)
+                elif (case := self._single(job)) is not None:
+                    yield case
 
     def _jobs(self) -> Iterator[PlannedCase | list[PlannedCase]]:
         """What each item will be: a planned case that goes alone, or a full bucket's planned cases."""
@@ -511,9 +530,15 @@ class _State:
             if bucket.full():
                 yield buckets.pop(key).cases
 
-    def _drawn_ahead(self, job: PlannedCase | list[PlannedCase]) -> Batch | None:
-        """A bucket's batch, drawn and merged; None for a case that goes alone."""
-        return merge(build_together(job, self.campaign.config.device)) if isinstance(job, list) else None
+    def _drawn_ahead(self, job: PlannedCase | list[PlannedCase]) -> Batch | _Undrawn | None:
+        """A bucket's batch, drawn and merged (or why it could not be: out of memory); None for a case that
+        goes alone."""
+        if not isinstance(job, list):
+            return None
+        try:
+            return merge(build_together(job, self.campaign.config.device))
+        except torch.OutOfMemoryError as exc:
+            return _Undrawn(_first_line(exc))
 
     def _bucket(self, planned: PlannedCase) -> tuple[BatchKey, frozenset[str] | None] | None:
         """Which batches `planned` may join; None when it runs alone (large, or a backend not batchable)."""
@@ -525,12 +550,21 @@ class _State:
             return None
         return batch_key(planned.spec), planned.backends
 
-    def _single(self, planned: PlannedCase) -> Case:
+    def _single(self, planned: PlannedCase) -> Case | None:
+        """The planned case drawn, or None when drawing it ran out of memory (then listed as not drawn)."""
         # Not validated here: the runner validates what it runs (a batch's members through its merged case).
-        case = planned.build(self.campaign.config.device, validate=False)
+        try:
+            case = planned.build(self.campaign.config.device, validate=False)
+        except torch.OutOfMemoryError as exc:
+            self._not_drawn(planned, _first_line(exc))
+            return None
         self.current[case.name], self.takers[case.name] = case, planned.backends
         self.drawn += 1
         return case
+
+    def _not_drawn(self, job: PlannedCase | list[PlannedCase], reason: str) -> None:
+        # A device other campaigns share may lack the memory the plan counted on: the campaign goes on.
+        self.undrawn += [f"{planned.name}: {reason}" for planned in (job if isinstance(job, list) else [job])]
 
     def _handed(self, bucket: list[PlannedCase], batch: Batch) -> Batch:
         self.current.update((case.name, case) for case in batch.members)
@@ -659,6 +693,9 @@ def render_campaign(outcome: CampaignOutcome) -> str:
              f"cases/s ({outcome.warm_cases_per_second:.1f} after the first result); {len(outcome.found)} distinct "
              f"failures"]
     lines += [f"lost: {how}" for how in outcome.lost_jobs]
+    if outcome.undrawn:
+        lines.append(f"not drawn: {len(outcome.undrawn)} planned cases ran out of memory being drawn (the "
+                     f"campaign went on without them), the first: {outcome.undrawn[0]}")
     if outcome.launches:
         lines.append(f"batched: {outcome.batched} of the cases in {outcome.launches} launches; a case that failed "
                      f"in a batch was tried again (with the other failures, then alone), and that result counts")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 
 import pytest
+import torch
 
 from difftest import fuzz as fuzz_module
 from difftest.backends import get_backends
@@ -24,10 +25,12 @@ from difftest.fuzz import (
 )
 from difftest.kinds import ExitStatus
 from difftest.plan import PlannedCase
+from difftest.regime import Regime
 from difftest.verdict import Verdict
 from tests.support import TINY
 
 PLANTED = "tests.user_backends:window_one_short"
+TOY = Regime(max_batch=4, max_context=64)
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +95,37 @@ def test_a_batch_closes_before_its_merged_shape_passes_the_cap(monkeypatch):
     own = sum(p.spec.batch * p.spec.max_model_len for p in plan[:2])
     assert own <= BATCH_LOGITS - SMALL_LOGITS, "by its own logits the wide case would have joined the first batch"
     assert [p.spec.name for p in batches[0]] == ["narrow0"], "the first batch closed when the wide case came"
+
+
+def _out_of_memory(*args, **kwargs):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 12.00 GiB.")
+
+
+def test_a_case_that_runs_out_of_memory_being_drawn_is_listed_and_the_campaign_goes_on(monkeypatch):
+    # A large case is drawn alone, in the campaign's thread: on a GPU other campaigns share, the memory the
+    # plan counted on may be gone.
+    build = PlannedCase.build
+    first: list[str] = []
+
+    def build_but_the_first(planned, device, validate=True):
+        if not first or planned.name == first[0]:
+            first.append(planned.name)
+            _out_of_memory()
+        return build(planned, device, validate)
+
+    monkeypatch.setattr(PlannedCase, "build", build_but_the_first)
+    outcome = fuzz(Campaign(budget=3.0, backends=("torch",), regime=TOY, batching=False))
+    assert outcome.undrawn == (f"{first[0]}: OutOfMemoryError: CUDA out of memory. Tried to allocate 12.00 GiB.",)
+    assert outcome.results and first[0] not in {r.case for r in outcome.results}
+    assert "not drawn: 1 planned cases ran out of memory being drawn" in render_campaign(outcome)
+
+
+def test_a_batch_that_runs_out_of_memory_being_drawn_lists_its_members_and_the_campaign_goes_on(monkeypatch):
+    together = fuzz_module.build_together
+    calls = iter(range(1_000_000))
+    monkeypatch.setattr(fuzz_module, "build_together",
+                        lambda job, device: _out_of_memory() if next(calls) == 0 else together(job, device))
+    outcome = fuzz(Campaign(budget=3.0, backends=("torch",), regime=TOY))
+    assert outcome.undrawn and outcome.launches, "the first batch not drawn, later ones run"
+    assert all(line.endswith("Tried to allocate 12.00 GiB.") for line in outcome.undrawn)
+    assert not {line.split(":")[0] for line in outcome.undrawn} & {r.case for r in outcome.results}

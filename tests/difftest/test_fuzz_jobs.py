@@ -28,6 +28,7 @@ from difftest.fuzz import (
     Signature,
     _gathered,
     _job_target,
+    _joined,
     _Link,
     _reserve,
     _small,
@@ -178,6 +179,14 @@ def test_a_job_that_raises_is_lost_with_its_exceptions_line_and_the_campaign_goe
     assert lost == ("job 0 raised OutOfMemoryError: CUDA out of memory.",) and len(outcomes) == 1
     for _receive, process in jobs:
         process.join()
+
+
+def test_joined_jobs_keep_every_jobs_cases_not_drawn():
+    outcomes = [(CampaignOutcome([], [], 3, 1.0, undrawn=(f"case-{index}: OutOfMemoryError: ...",)), 0.0)
+                for index in range(2)]
+    joined = _joined(outcomes, Campaign(budget=1.0, jobs=2), (), 0.0, 2.0)
+    assert joined.undrawn == ("case-0: OutOfMemoryError: ...", "case-1: OutOfMemoryError: ...")
+    assert joined.cases == 6 and joined.jobs == 2
 
 
 def _allocates() -> None:
