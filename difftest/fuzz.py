@@ -161,6 +161,7 @@ class Found:
     seen: int = 1  # failing results with this signature
     bundle: Path | None = None
     shrunk: ShrinkResult | None = None
+    unshrunk: str | None = None  # why shrinking it raised, if it did (the bundle of the case found stays)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -682,6 +683,11 @@ def _keep(found: Found, backend: Loaded, campaign: Campaign) -> None:
         found.shrunk = shrink(found.case, backend, campaign.config, campaign.shrink_seconds)
     except SpecError:  # it no longer fails in-process (a flaky or isolation-only failure): the bundle stays
         return
+    except Exception as exc:  # the shrink runs the kernel in this process: a probe that faults the device
+        # (an out-of-bounds write leaves CUDA's context unusable) must not cost the campaign's end, nor the
+        # other signatures' bundles
+        found.unshrunk = _first_line(exc)
+        return
     write_bundle(campaign.repro_dir, found.shrunk.case, found.shrunk.result, campaign.config, backend.origin,
                  backend.contract.library)
 
@@ -712,6 +718,8 @@ def render_campaign(outcome: CampaignOutcome) -> str:
                      f"[{found.case.describe()}]")
         if found.shrunk is not None:
             lines.append(f"    shrunk: {found.shrunk.case.describe()}")
+        if found.unshrunk is not None:
+            lines.append(f"    not shrunk, shrinking raised {found.unshrunk}")
         lines.append(f"    repro: {repro_line(found)}")
     return "\n".join(lines)
 

@@ -129,3 +129,18 @@ def test_a_batch_that_runs_out_of_memory_being_drawn_lists_its_members_and_the_c
     assert outcome.undrawn and outcome.launches, "the first batch not drawn, later ones run"
     assert all(line.endswith("Tried to allocate 12.00 GiB.") for line in outcome.undrawn)
     assert not {line.split(":")[0] for line in outcome.undrawn} & {r.case for r in outcome.results}
+
+
+def test_a_shrink_that_raises_keeps_the_bundle_and_says_why(monkeypatch, tmp_path):
+    # Shrinking runs the kernel in the campaign's process: a probe that faults the device (an out-of-bounds
+    # write leaves the CUDA context unusable) raises from the oracle or the kernel on every later probe.
+    def faulted(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nCUDA kernel errors ...")
+
+    monkeypatch.setattr(fuzz_module, "shrink", faulted)
+    outcome = fuzz(Campaign(budget=60.0, backends=("torch", PLANTED), until_failures=1, repro_dir=tmp_path,
+                            shrink_seconds=10.0))
+    [found] = outcome.found
+    assert found.bundle is not None and found.bundle.exists() and found.shrunk is None
+    assert found.unshrunk == "RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert "not shrunk, shrinking raised RuntimeError: CUDA error" in render_campaign(outcome)
