@@ -1,5 +1,6 @@
 """The error types: SpecError for impossible input (it names the field, its value and what is allowed),
-OutputError for an output that cannot be written, Interrupted for a run stopped by Ctrl-C."""
+OutputError for an output that cannot be written, Interrupted for a run stopped by Ctrl-C; and how a
+caught exception is quoted in one line (first_line)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,10 @@ class Interrupted(Exception):
         self.results = results
         self.kept = kept
         super().__init__(f"interrupted after {results} results" + (f"; kept in {', '.join(kept)}" if kept else ""))
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message ('' when it has none): CUDA's out-of-memory errors run on
+    for lines of advice that a result's reason or a campaign's summary does not need."""
+    lines = str(exc).splitlines()
+    return lines[0] if lines else ""

@@ -52,7 +52,7 @@ from difftest.batch import Batch, BatchKey, Retry, batch_key, merge
 from difftest.bundle import write_bundle
 from difftest.case import Case
 from difftest.config import RunConfig
-from difftest.errors import SpecError, require
+from difftest.errors import SpecError, first_line, require
 from difftest.generators.envelope import Target, estimate_bytes
 from difftest.isolate import exit_description
 from difftest.kinds import Device
@@ -441,8 +441,8 @@ class _Undrawn:
     reason: str
 
 
-def _first_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+def _quoted(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {first_line(exc)}"
 
 
 @dataclasses.dataclass
@@ -539,7 +539,7 @@ class _State:
         try:
             return merge(build_together(job, self.campaign.config.device))
         except torch.OutOfMemoryError as exc:
-            return _Undrawn(_first_line(exc))
+            return _Undrawn(_quoted(exc))
 
     def _bucket(self, planned: PlannedCase) -> tuple[BatchKey, frozenset[str] | None] | None:
         """Which batches `planned` may join; None when it runs alone (large, or a backend not batchable)."""
@@ -557,7 +557,7 @@ class _State:
         try:
             case = planned.build(self.campaign.config.device, validate=False)
         except torch.OutOfMemoryError as exc:
-            self._not_drawn(planned, _first_line(exc))
+            self._not_drawn(planned, _quoted(exc))
             return None
         self.current[case.name], self.takers[case.name] = case, planned.backends
         self.drawn += 1
@@ -686,7 +686,7 @@ def _keep(found: Found, backend: Loaded, campaign: Campaign) -> None:
     except Exception as exc:  # the shrink runs the kernel in this process: a probe that faults the device
         # (an out-of-bounds write leaves CUDA's context unusable) must not cost the campaign's end, nor the
         # other signatures' bundles
-        found.unshrunk = _first_line(exc)
+        found.unshrunk = _quoted(exc)
         return
     write_bundle(campaign.repro_dir, found.shrunk.case, found.shrunk.result, campaign.config, backend.origin,
                  backend.contract.library)

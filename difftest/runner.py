@@ -31,7 +31,7 @@ from difftest.case import Case
 from difftest.comparison import Comparison, compare, compare_spans
 from difftest.config import RunConfig
 from difftest.contract import Contract
-from difftest.errors import SpecError, require
+from difftest.errors import SpecError, first_line, require
 from difftest.generators.envelope import CallSizes, call_bytes
 from difftest.guards import Execution, Fault, Launch, Outcome
 from difftest.isolate import Executor, InProcess, WorkerPool
@@ -88,7 +88,7 @@ def _submit(backend: Loaded, case: Case, config: RunConfig, executor: Executor,
         return executor.submit(backend, _private(inputs, case), launch)
     except torch.OutOfMemoryError as exc:
         fault = CaseResult(verdict=Verdict.ERROR, seconds=0.0, reason=f"preparing the inputs for the backend and "
-                           f"handing them over ran out of memory: {str(exc).splitlines()[0]}",
+                           f"handing them over ran out of memory: {first_line(exc)}",
                            error_type=type(exc).__name__, **base)
         return lambda: fault
 
@@ -412,7 +412,7 @@ def _oracle_and_results(backends: list[Loaded], executors: list[Executor], case:
     try:
         ref = make_reference(case, config.oracle_kind)
     except torch.OutOfMemoryError as exc:
-        reason = f"the oracle ran out of memory on this case, so no backend ran: {str(exc).splitlines()[0]}"
+        reason = f"the oracle ran out of memory on this case, so no backend ran: {first_line(exc)}"
         for index in todo:
             yield index, CaseResult(verdict=Verdict.SKIP, seconds=0.0, reason=reason,
                                     **_identity(backends[index], case, config))
