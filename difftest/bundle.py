@@ -74,6 +74,7 @@ def write_bundle(directory: str | Path, case: Case, result: CaseResult, config: 
         "backend": result.backend, "origin": to_jsonable(origin), "library": library,
         "device": config.device, "encoding_override": config.encoding.value if config.encoding else None,
         "layout_override": config.layout.value if config.layout else None,
+        "isolate": config.isolate, "timeout": config.timeout,
         "verdict": result.verdict.value, "reason": result.reason,
         "comparison": to_jsonable(result.comparison), "case": case.name, "description": case.describe(),
         "torch": torch.__version__, "difftest": __version__, "python": platform.python_version(),
@@ -139,6 +140,7 @@ def load_bundle(path: str | Path) -> Bundle:
             f"the name of the case in {CASE_FILE}, {case.name!r}")
     encoding, layout = info.get("encoding_override"), info.get("layout_override")
     config = RunConfig(device=info["device"], encoding=LengthEncoding(encoding) if encoding else None,
-                       layout=CacheLayout(layout) if layout else None)
+                       layout=CacheLayout(layout) if layout else None, isolate=info.get("isolate"),
+                       timeout=info.get("timeout"))
     return Bundle(path=folder, case=case, backend=info["backend"],
                   origin=Origin(**info["origin"]), config=config, verdict=Verdict(info["verdict"]), info=info)

@@ -4,9 +4,11 @@ Rounds of envelope plans (difftest.plan.envelope_plan) with fresh seeds go throu
 worker processes start once per campaign, not once per round. Every failing result is reduced to a
 signature (backend, verdict, and how the rows fail: the failure kinds present and which draft row of
 its request the first wrong row is); the first case of each signature is kept, written as a bundle,
-and shrunk (difftest.shrink) after the campaign, in this process, unless it crashed or hung (a case
-that kills a process is not probed in-process: its bundle is written as found). The campaign ends at
-its budget or at `until_failures` distinct signatures, whichever comes first.
+and shrunk (difftest.shrink) after the campaign, each probe where the campaign runs the backend: in a
+fresh worker process per signature under isolation, so neither a crash nor what the campaign left in
+this process (a faulted CUDA context, memory) decides a probe. A crash is shrunk only so; a hang never
+(each probe would cost a timeout): its bundle is written as found. The campaign ends at its budget or at
+`until_failures` distinct signatures, whichever comes first.
 
 A Regime (difftest.regime) bounds the drawn cases (batch, context, shape). Small cases go in batches
 (difftest.batch) where every backend that runs them declares itself batchable: cases of one shape
@@ -67,7 +69,6 @@ from difftest.shrink import ShrinkResult, shrink
 from difftest.verdict import Verdict
 
 ROUND_SEEDS = 1_000_000  # seeds a round's plan spans: rounds never repeat a (spec, seed)
-UNSHRINKABLE = (Verdict.CRASH, Verdict.TIMEOUT)  # probing these in-process could take the campaign down
 # A case is small enough to batch at this many logits (rows x max_model_len: B = 32 at next_n 4 and
 # 8K); a batch holds at most BATCH_CASES cases and BATCH_LOGITS logits (64 MiB of fp32 per output).
 SMALL_LOGITS = 1 << 20
@@ -677,19 +678,25 @@ def _keep(found: Found, backend: Loaded, campaign: Campaign) -> None:
         return
     found.bundle = write_bundle(campaign.repro_dir, found.case, found.result, campaign.config, backend.origin,
                                 backend.contract.library)
-    if found.result.verdict in UNSHRINKABLE or campaign.shrink_seconds == 0:
+    if not _shrinkable(found.result.verdict, campaign.config) or campaign.shrink_seconds == 0:
         return
     try:
         found.shrunk = shrink(found.case, backend, campaign.config, campaign.shrink_seconds)
     except SpecError:  # it no longer fails in-process (a flaky or isolation-only failure): the bundle stays
         return
-    except Exception as exc:  # the shrink runs the kernel in this process: a probe that faults the device
-        # (an out-of-bounds write leaves CUDA's context unusable) must not cost the campaign's end, nor the
-        # other signatures' bundles
+    except Exception as exc:  # the oracle runs in this process, and without isolation the kernel too: a
+        # probe that faults the device (an out-of-bounds write leaves CUDA's context unusable) must not cost
+        # the campaign's end, nor the other signatures' bundles
         found.unshrunk = _quoted(exc)
         return
     write_bundle(campaign.repro_dir, found.shrunk.case, found.shrunk.result, campaign.config, backend.origin,
                  backend.contract.library)
+
+
+def _shrinkable(verdict: Verdict, config: RunConfig) -> bool:
+    """Whether shrinking may probe a failure: a hang never (every probe that hangs costs a whole timeout);
+    a crash only in a worker process (shrink probes where the config runs the backend)."""
+    return verdict != Verdict.TIMEOUT and (verdict != Verdict.CRASH or config.isolated)
 
 
 def render_campaign(outcome: CampaignOutcome) -> str:

@@ -6,12 +6,12 @@ otherwise the backend must be a registered one or be handed in by the caller.
 
 from __future__ import annotations
 
-from difftest.backends import Backend, get_backends, load_backend
+from difftest.backends import Backend, as_loaded, get_backends, load_backend
 from difftest.bundle import Bundle
 from difftest.errors import SpecError
 from difftest.report import render_failures, render_table, summarize
 from difftest.result import CaseResult
-from difftest.runner import run_one
+from difftest.runner import executors_for, run_one
 
 
 def bundle_backend(bundle: Bundle, trust: bool = False) -> Backend:
@@ -28,8 +28,11 @@ def bundle_backend(bundle: Bundle, trust: bool = False) -> Backend:
 
 
 def replay(bundle: Bundle, backend: Backend | None = None, trust: bool = False) -> CaseResult:
-    """The bundle's case through `backend` (else its recorded one, see bundle_backend)."""
-    return run_one(backend or bundle_backend(bundle, trust), bundle.case, bundle.config)
+    """The bundle's case through `backend` (else its recorded one, see bundle_backend), where the bundle's
+    config runs it: in a worker process under its isolation, so a recorded CRASH replays as a verdict."""
+    loaded = as_loaded(backend or bundle_backend(bundle, trust))
+    with executors_for([loaded], bundle.config) as (executor,):
+        return run_one(loaded, bundle.case, bundle.config, executor)
 
 
 def render_replay(bundle: Bundle, result: CaseResult) -> str:

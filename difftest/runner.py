@@ -56,10 +56,12 @@ def unsupported_reason(backend: Backend, case: Case, device: str) -> str | None:
     return backend.unavailable_reason(device) or backend.contract.accepts(case, device)
 
 
-def run_one(backend: Backend, case: Case, config: RunConfig) -> CaseResult:
-    """One backend on one case, on config.device, against a fresh oracle answer, in this process."""
+def run_one(backend: Backend, case: Case, config: RunConfig, executor: Executor | None = None) -> CaseResult:
+    """One backend on one case, on config.device, against a fresh oracle answer; the backend runs in
+    `executor` (one of `executors_for`'s), else in this process."""
     case = case.to(config.device)
-    return start_backend(as_loaded(backend), case, make_reference(case, config.oracle_kind), config, InProcess())()
+    return start_backend(as_loaded(backend), case, make_reference(case, config.oracle_kind), config,
+                         executor or InProcess())()
 
 
 def start_backend(backend: Loaded, case: Case, ref: Reference, config: RunConfig,
@@ -180,12 +182,12 @@ def run(backends: list[Backend], cases: Iterable[Case | Batch], config: RunConfi
     loaded = _checked(backends, config)
     results: list[CaseResult] = []
     items = iter(cases)
-    with _executors(loaded, config) as executors:
+    with executors_for(loaded, config) as where:
         item = _next_item(items)
         while item is not None:
             whole = item.case if isinstance(item, Batch) else item
             chosen = [i for i, b in enumerate(loaded) if takes is None or takes(b.name, whole)]
-            picked = [loaded[i] for i in chosen], [executors[i] for i in chosen]
+            picked = [loaded[i] for i in chosen], [where[i] for i in chosen]
             if isinstance(item, Batch):
                 finish = _started_batch(*picked, item, config, on_result)
                 following = _next_item(items, finish)  # drawn while the workers compute
@@ -450,8 +452,9 @@ def _checked(backends: list[Backend], config: RunConfig) -> list[Loaded]:
 
 
 @contextlib.contextmanager
-def _executors(backends: list[Loaded], config: RunConfig) -> Iterator[list[Executor]]:
-    """Where each backend runs: its own worker under isolation, this process otherwise."""
+def executors_for(backends: list[Loaded], config: RunConfig) -> Iterator[list[Executor]]:
+    """Where each backend runs, for as long as the context lasts: its own worker process under isolation
+    (config.isolated; a worker that dies or hangs is replaced at the next call), this process otherwise."""
     if not config.isolated:
         yield [InProcess() for _ in backends]
         return

@@ -653,6 +653,8 @@ class BundleInfoModel(Model):
     device: Devices
     encoding_override: OneOf(LengthEncoding) | None = None
     layout_override: OneOf(CacheLayout) | None = None
+    isolate: Bool | None = None  # RunConfig.isolate of the run that wrote it: where replay and shrink run it
+    timeout: Number(0.0, math.inf) | None = None
     verdict: Verdicts
     reason: Text() | None = None
     comparison: ComparisonModel | None = None

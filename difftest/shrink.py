@@ -2,9 +2,12 @@
 
 A probe rebuilds a smaller candidate, runs the oracle and the backend (runner.run_one) and
 keeps the candidate only when the backend still fails the same way: the same verdict (and, for an
-ERROR, the same exception type). A case that carries its spec and seed (every generated case and
-every bundle written from one) is reduced on the spec, each probe rebuilt with build_case; a case
-without one (a golden file) is reduced on its tensors by slicing. Each round tries, in this order:
+ERROR, the same exception type). The backend runs where the config runs it: in one worker process for
+the whole shrink under isolation (RunConfig.isolated; a probe that crashes costs only the worker, which
+the next probe replaces, so a CRASH shrinks too), else in this process. A case that carries its spec
+and seed (every generated case and every bundle written from one) is reduced on the spec, each probe
+rebuilt with build_case; a case without one (a golden file) is reduced on its tensors by slicing.
+Each round tries, in this order:
 
 1. drop sequences: halves, then quarters, ..., then single sequences;
 2. shorten each length: small lengths (0, 1, .., next_n + 1) and lengths of the same residue
@@ -29,16 +32,17 @@ from typing import Any, Protocol
 
 import torch
 
-from difftest.backends import Backend
+from difftest.backends import Backend, as_loaded
 from difftest.bundle import Bundle
 from difftest.case import Case
 from difftest.config import RunConfig
 from difftest.errors import SpecError
 from difftest.generators.spec import CaseSpec, Stale, Values, case_name
 from difftest.generators.tensors import build_case
+from difftest.isolate import Executor
 from difftest.kinds import Fp8Flavour
 from difftest.result import CaseResult
-from difftest.runner import run_one
+from difftest.runner import executors_for, run_one
 from difftest.verdict import Verdict
 
 # Lengths of the same residue modulo the block size tried before the binary search (per length).
@@ -124,19 +128,22 @@ def shrink(target: Bundle | Case, backend: Backend, config: RunConfig | None = N
            budget_seconds: float = 30.0) -> ShrinkResult:
     """Reduce a failing bundle's (or case's) case for `backend` within about `budget_seconds`.
 
-    `config` defaults to the bundle's recorded one (RunConfig() for a bare case). SpecError when
-    the case does not fail on `backend` now.
+    `config` defaults to the bundle's recorded one (RunConfig() for a bare case); under its isolation
+    every probe runs in one worker process (replaced after a crash), the start-up counted in the budget.
+    SpecError when the case does not fail on `backend` now.
     """
     start = time.perf_counter()
     original = target.case if isinstance(target, Bundle) else target
     config = config or (target.config if isinstance(target, Bundle) else RunConfig())
-    first = run_one(backend, original, config)
-    failure = Failure.of(first)
-    if failure is None:
-        raise SpecError("case", original.name, f"a case {backend.name} fails on; it gives {first.verdict.value}")
-    search = _Search(backend, config, failure, _moves_for(original, config.device), start + budget_seconds,
-                     original, first)
-    finished = search.run()
+    loaded = as_loaded(backend)
+    with executors_for([loaded], config) as (executor,):
+        first = run_one(loaded, original, config, executor)
+        failure = Failure.of(first)
+        if failure is None:
+            raise SpecError("case", original.name, f"a case {backend.name} fails on; it gives {first.verdict.value}")
+        search = _Search(loaded, executor, config, failure, _moves_for(original, config.device),
+                         start + budget_seconds, original, first)
+        finished = search.run()
     spec, seed = (search.state.spec, search.state.seed) if isinstance(search.state, _SpecState) else (None, None)
     if spec is not None:  # named as `run --spec` names it: the spec's name says it is the shrunk one
         spec = spec.replace(name=f"{spec.name}-min")
@@ -322,9 +329,10 @@ class _OutOfTime(Exception):
 class _Search:
     """The current smallest failing state, and `attempt`, which probes a candidate and keeps it if it fails alike."""
 
-    def __init__(self, backend: Backend, config: RunConfig, failure: Failure, moves: _Moves,
+    def __init__(self, backend: Backend, executor: Executor, config: RunConfig, failure: Failure, moves: _Moves,
                  deadline: float, case: Case, result: CaseResult) -> None:
-        self.backend, self.config, self.failure, self.moves, self.deadline = backend, config, failure, moves, deadline
+        self.backend, self.executor, self.config = backend, executor, config
+        self.failure, self.moves, self.deadline = failure, moves, deadline
         self.state: Any = None  # None until the initial state is confirmed: the original case stands
         self.case, self.result = case, result
         self.probes, self.accepted = 1, 0
@@ -342,7 +350,7 @@ class _Search:
         except SpecError:
             self.seen[state] = False
             return False
-        result = run_one(self.backend, case, self.config)
+        result = run_one(self.backend, case, self.config, self.executor)
         self.seen[state] = same = Failure.of(result) == self.failure
         if same:
             self.state, self.case, self.result, self.accepted = state, case, result, self.accepted + 1

@@ -10,6 +10,7 @@ except for one way real kernels break, and each break has exactly one verdict:
     reorders_heads        PASS, stable within tolerance with --repeat
     strict_raises         ERROR; a factory whose backend only its own path rebuilds (isolate.recipe)
     segfaults_on_gpu_1    PASS, but CRASH (SIGSEGV) in a process whose CUDA_VISIBLE_DEVICES is 1
+    segfaults_past_64     CRASH (SIGSEGV) where a row's window passes 64 keys, else PASS: a crash to shrink
     hangs_on_gpu_1        PASS, but never returns in a process whose CUDA_VISIBLE_DEVICES is 1
 
 and the faults the runner must survive, each ERROR: exits (SystemExit), interrupts (a KeyboardInterrupt of
@@ -65,6 +66,15 @@ def segfaults_on_three_requests(q, kv_cache, weights, context_lens, block_table,
     """Dies of SIGSEGV on a case of three requests, right on any other: a crash among calls queued to
     one worker."""
     if q.shape[0] == 3:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return logits_with_limits(q, kv_cache, weights, context_lens, block_table, max_model_len)
+
+
+@backend(contract=CONTRACT, name="broken-segfaults-past-64")
+def segfaults_past_64(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Dies of SIGSEGV where a row's window passes 64 keys (context_lens is per row), right otherwise: a
+    crash that only some of a case's sequences cause, so shrinking it has somewhere to go."""
+    if int(context_lens.max()) > 64:
         os.kill(os.getpid(), signal.SIGSEGV)
     return logits_with_limits(q, kv_cache, weights, context_lens, block_table, max_model_len)
 

@@ -12,6 +12,7 @@ from difftest import fuzz as fuzz_module
 from difftest.backends import get_backends
 from difftest.batch import Retry, batch_key
 from difftest.cli import main
+from difftest.config import RunConfig
 from difftest.errors import SpecError
 from difftest.fuzz import (
     BATCH_LOGITS,
@@ -144,3 +145,20 @@ def test_a_shrink_that_raises_keeps_the_bundle_and_says_why(monkeypatch, tmp_pat
     assert found.bundle is not None and found.bundle.exists() and found.shrunk is None
     assert found.unshrunk == "RuntimeError: CUDA error: an illegal memory access was encountered"
     assert "not shrunk, shrinking raised RuntimeError: CUDA error" in render_campaign(outcome)
+
+
+def test_an_isolated_campaign_shrinks_a_crash_in_a_worker_and_keeps_a_hang_as_found(tmp_path):
+    # Shrink probes run where the campaign runs the backend: a crash costs a worker, not the campaign.
+    crash, hang = "tests.broken_backends:segfaults_past_64", "tests.broken_backends:hangs"
+    regime = Regime(max_batch=4, max_context=256)
+    crashed = fuzz(Campaign(budget=60.0, backends=(crash,), config=RunConfig(isolate=True), until_failures=1,
+                            repro_dir=tmp_path / "crash", shrink_seconds=120.0, regime=regime))
+    [found] = crashed.found
+    assert found.signature.verdict == Verdict.CRASH and found.shrunk is not None, found.unshrunk
+    assert found.shrunk.case.seq_lens.tolist() == [65], found.shrunk.line()
+    # Every probe of a hang would cost a whole timeout: its bundle stays as found.
+    hung = fuzz(Campaign(budget=60.0, backends=(hang,), config=RunConfig(timeout=2.0), until_failures=1,
+                         repro_dir=tmp_path / "hang", shrink_seconds=120.0, regime=regime))
+    [found] = hung.found
+    assert found.signature.verdict == Verdict.TIMEOUT and found.bundle is not None
+    assert found.shrunk is None and found.unshrunk is None

@@ -17,9 +17,9 @@ from difftest.config import RunConfig
 from difftest.generators import CaseSpec, build_case
 from difftest.kinds import ExitStatus
 from difftest.replay import bundle_backend
-from difftest.runner import run_one
+from difftest.runner import run, run_one
 from difftest.verdict import Verdict
-from tests import planted
+from tests import broken_backends, planted
 from tests.support import run_cli
 
 MODULE = "tests.planted:block_boundary_off_by_one"
@@ -102,3 +102,16 @@ def test_a_bundle_naming_a_module_imports_nothing_unless_trusted(run_bundles, tm
         assert not planted_file.exists(), "a bundle's module was imported without trust"
     finally:
         sys.path.remove(str(tmp_path))
+
+
+
+def test_a_crash_recorded_under_isolation_replays_as_a_verdict(tmp_path, capsys) -> None:
+    # Replay runs the backend where the bundle's config ran it: here a worker, which the crash takes down.
+    crashes = as_loaded(broken_backends.segfaults_past_64)
+    case = build_case(CaseSpec(lengths=(65,), heads=4, head_dim=16), 0)
+    config = RunConfig(isolate=True)
+    (crashed,) = run([crashes], [case], config)
+    assert crashed.verdict == Verdict.CRASH, crashed.reason
+    folder = write_bundle(tmp_path, case, crashed, config, crashes.origin)
+    assert main(["replay", str(folder), "--trust-bundle"]) == ExitStatus.FAILED
+    assert "verdict: CRASH (the same as recorded: CRASH)" in capsys.readouterr().out

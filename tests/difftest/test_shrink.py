@@ -19,7 +19,7 @@ from difftest.oracles.paged_mqa_logits import reference
 from difftest.runner import run_one
 from difftest.shrink import Failure, case_from_line, compact_pool, select_sequences, shrink
 from difftest.verdict import Verdict
-from tests import planted
+from tests import broken_backends, planted
 
 BOUNDARY = as_loaded(planted.block_boundary_off_by_one)
 DRAFT_WEIGHTS = as_loaded(planted.draft_rows_reuse_weights)
@@ -116,3 +116,12 @@ def test_hypothesis_finds_the_planted_mask_bug_and_shrinks_it_to_the_boundary(la
     assert (minimal.heads, minimal.head_dim, minimal.values, failing[-1].meta["seed"]) == (1, 16, Values.INTEGER, 0)
     shrunk = shrink(large_case, BOUNDARY).spec
     assert (shrunk.lengths, shrunk.padding, shrunk.next_n) == (minimal.lengths, minimal.padding, minimal.next_n)
+
+
+def test_an_isolated_shrink_probes_in_a_worker_and_reduces_a_crash_to_its_boundary() -> None:
+    # Each probe that crashes takes down only the worker; the next probe starts another.
+    crashes = as_loaded(broken_backends.segfaults_past_64)
+    case = build_case(LARGE.replace(lengths=(37, 100, 5, 90), next_n=1, padding=0), 3)
+    found = shrink(case, crashes, RunConfig(isolate=True), budget_seconds=240.0)
+    assert found.finished and found.result.verdict == Verdict.CRASH, found.result.reason
+    assert (found.case.batch, found.case.seq_lens.tolist()) == (1, [65]), found.line()
