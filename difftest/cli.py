@@ -273,6 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--backends", type=_names, help="replay through this backend instead of the recorded one")
     replay.add_argument("--trust-bundle", action="store_true",
                         help="import the module the bundle names as its backend (that runs its code)")
+    replay.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                        help="run the backend in a worker process (default: as the recorded run did)")
     shrink = commands.add_parser("shrink", help="reduce a bundle's failing case and write it as a new bundle")
     shrink.add_argument("bundle", type=Path, metavar="BUNDLE")
     shrink.add_argument("--seconds", type=float, default=30.0, help="time budget (default: 30)")
@@ -593,7 +595,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     bundle = load_bundle(args.bundle)
     if bundle.config.device == "cuda" and cuda_unavailable_reason():
         raise SpecError("device", "cuda", f"a device torch can see ({CUDA_UNAVAILABLE})")
-    result = replay(bundle, _bundle_backend(args, bundle))  # type: ignore[arg-type]
+    result = replay(bundle, _bundle_backend(args, bundle), isolate=args.isolate)  # type: ignore[arg-type]
     print(render_replay(bundle, result))
     return ExitStatus.FAILED if result.verdict.failed else ExitStatus.OK
 

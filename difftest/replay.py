@@ -6,6 +6,8 @@ otherwise the backend must be a registered one or be handed in by the caller.
 
 from __future__ import annotations
 
+import dataclasses
+
 from difftest.backends import Backend, as_loaded, get_backends, load_backend
 from difftest.bundle import Bundle
 from difftest.errors import SpecError
@@ -27,12 +29,17 @@ def bundle_backend(bundle: Bundle, trust: bool = False) -> Backend:
     raise SpecError("backend", bundle.backend, f"a backend handed to replay, or trust: {why}")
 
 
-def replay(bundle: Bundle, backend: Backend | None = None, trust: bool = False) -> CaseResult:
+def replay(bundle: Bundle, backend: Backend | None = None, trust: bool = False,
+           isolate: bool | None = None) -> CaseResult:
     """The bundle's case through `backend` (else its recorded one, see bundle_backend), where the bundle's
-    config runs it: in a worker process under its isolation, so a recorded CRASH replays as a verdict."""
+    config runs it (or `isolate` says): in a worker process under isolation, so a recorded CRASH replays
+    as a verdict; in this process otherwise (where a sanitizer watching this process sees the kernel)."""
+    config = bundle.config
+    if isolate is not None:
+        config = dataclasses.replace(config, isolate=isolate, timeout=config.timeout if isolate else None)
     loaded = as_loaded(backend or bundle_backend(bundle, trust))
-    with executors_for([loaded], bundle.config) as (executor,):
-        return run_one(loaded, bundle.case, bundle.config, executor)
+    with executors_for([loaded], config) as (executor,):
+        return run_one(loaded, bundle.case, config, executor)
 
 
 def render_replay(bundle: Bundle, result: CaseResult) -> str:

@@ -108,9 +108,10 @@ def unavailable_reason(device: str) -> str | None:
 def sanitizer_command(tool: SanitizerTool, bundle: str | Path, sanitizer: str = "compute-sanitizer",
                       python: str = sys.executable) -> list[str]:
     """The argv that replays `bundle` under `tool`. The bundle is the run's own, just written: its
-    backend's module is trusted (--trust-bundle), as the run itself imported it."""
+    backend's module is trusted (--trust-bundle), as the run itself imported it. The kernel runs in the
+    replaying process, the one the sanitizer watches (--no-isolate), whatever the run's isolation."""
     return [sanitizer, "--tool", SanitizerTool(tool).value, "--error-exitcode", str(ERROR_EXITCODE),
-            python, "-m", "difftest.cli", "replay", str(bundle), "--trust-bundle"]
+            python, "-m", "difftest.cli", "replay", str(bundle), "--trust-bundle", "--no-isolate"]
 
 
 def sanitizer_environment(base: dict[str, str] | None = None) -> dict[str, str]:

@@ -6,6 +6,8 @@ import dataclasses
 import json
 import shlex
 import shutil
+import signal
+import subprocess
 import sys
 
 import pytest
@@ -115,3 +117,7 @@ def test_a_crash_recorded_under_isolation_replays_as_a_verdict(tmp_path, capsys)
     folder = write_bundle(tmp_path, case, crashed, config, crashes.origin)
     assert main(["replay", str(folder), "--trust-bundle"]) == ExitStatus.FAILED
     assert "verdict: CRASH (the same as recorded: CRASH)" in capsys.readouterr().out
+    # --no-isolate runs it in the replaying process (a sanitizer's replay must): the crash is that process's
+    alone = subprocess.run([sys.executable, "-m", "difftest.cli", "replay", str(folder), "--trust-bundle",
+                            "--no-isolate"], capture_output=True, timeout=120)
+    assert alone.returncode == -signal.SIGSEGV, alone.stderr[-500:]

@@ -131,7 +131,8 @@ def test_clean_and_foreign_output():
 def test_command_and_environment():
     argv = sanitizer_command("racecheck", "/tmp/bundle dir", "/opt/cuda/bin/compute-sanitizer", "/usr/bin/python3")
     assert argv == ["/opt/cuda/bin/compute-sanitizer", "--tool", "racecheck", "--error-exitcode", "99",
-                    "/usr/bin/python3", "-m", "difftest.cli", "replay", "/tmp/bundle dir", "--trust-bundle"]
+                    "/usr/bin/python3", "-m", "difftest.cli", "replay", "/tmp/bundle dir", "--trust-bundle",
+                    "--no-isolate"]
     env = sanitizer_environment({"PATH": "/bin", "PYTORCH_NO_CUDA_MEMORY_CACHING": "0"})
     assert env["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1" and env["PATH"] == "/bin"
     assert str(REPO_ROOT) in env["PYTHONPATH"].split(os.pathsep), "the replay imports what this process can"
