@@ -153,8 +153,11 @@ def markdown(timings: list[Timing], summary: dict, command: str) -> str:
 
 
 def head_name() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                          check=True).stdout.strip()
+    """This tree's name: its HEAD, and whether tracked files differ from it (the runs use the working tree)."""
+    def git(*arguments: str) -> str:
+        return subprocess.run(["git", *arguments], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    changed = git("status", "--porcelain", "--untracked-files=no").strip()
+    return git("rev-parse", "--short", "HEAD").strip() + (" with uncommitted changes" if changed else "")
 
 
 def main(argv: list[str] | None = None) -> int:
