@@ -16,11 +16,11 @@ import sys
 import torch
 
 from difftest.backends.deep_gemm import DeepGemmFlattened, DeepGemmNative
-from difftest.config import RunConfig
+from difftest.core.kernel_inputs import KernelInputs, encode
+from difftest.engine.config import RunConfig
+from difftest.engine.runner import run_backend
 from difftest.generators import CaseSpec, build_case
-from difftest.kernel_inputs import KernelInputs, encode
-from difftest.reference import make_reference
-from difftest.runner import run_backend
+from difftest.oracles.reference import make_reference
 
 
 def time_kernel(backend: DeepGemmNative, inputs: KernelInputs, warmup: int, repeats: int) -> list[float]:

@@ -1,7 +1,7 @@
 """How long it takes to get from a planted bug to its minimal reproducer, on the CPU.
 
 Rows: (a) hypothesis finding the planted block-boundary bug with difftest.generators.strategies.cases and
-shrinking it; (b) difftest.shrink on a bundle of a DeepSeek-shaped failing batch, reduced on its spec;
+shrinking it; (b) difftest.workflows.shrink on a bundle of a DeepSeek-shaped failing batch, reduced on its spec;
 (c) the same case without its spec (as a golden file would be), reduced by slicing its tensors.
 Each row prints the case size before (the first failing example / the bundle's case) and after.
 The target is under 30 s a row.
@@ -29,13 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hypothesis import given, settings
 
 from difftest.backends import as_backend
-from difftest.bundle import load_bundle, write_bundle
-from difftest.case import Case
-from difftest.config import RunConfig
+from difftest.core.case import Case
+from difftest.engine.config import RunConfig
+from difftest.engine.runner import run_one
 from difftest.generators import CaseSpec, Stale, Values, build_case
 from difftest.generators.strategies import cases
-from difftest.runner import run_one
-from difftest.shrink import shrink
+from difftest.records.bundle import load_bundle, write_bundle
+from difftest.workflows.shrink import shrink
 from tests import planted
 
 BACKEND = as_backend(planted.block_boundary_off_by_one, "bench", "tests.planted:block_boundary_off_by_one")

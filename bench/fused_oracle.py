@@ -1,4 +1,4 @@
-"""The fused Triton oracle (oracles/fused.py) against the torch oracles and DeepGEMM's kernel, on a GPU.
+"""The fused Triton oracle (difftest/oracles/fused.py) against the torch oracles and DeepGEMM's kernel, on a GPU.
 
 For each shape (H 64, D 128, block 64, every sequence at the full context):
 * fused        fused_reference(case): logits and the per-row bound, one kernel launch plus a few
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain
 
 import torch  # after the path: a plain checkout needs it
 
-from difftest.case import Case
+from difftest.core.case import Case
 from difftest.generators import CaseSpec, build_case
 from difftest.oracles.fused import KernelConfig, default_config, fused_reference, launch_plan
 from difftest.oracles.paged_mqa_logits import reference
@@ -109,7 +109,7 @@ def deepgemm_call(case: Case) -> tuple[Callable[[], object] | None, str]:
     """A zero-argument DeepGEMM launch on a prebuilt schedule, or None and why not."""
     try:
         from difftest.backends.deep_gemm import DeepGemmNative
-        from difftest.kernel_inputs import encode
+        from difftest.core.kernel_inputs import encode
         backend = DeepGemmNative()
         reason = backend.unavailable_reason("cuda")
         if reason:

@@ -1,8 +1,8 @@
 """Where a small-regime fuzz batch spends its time, step by step, in one process.
 
-The steps a campaign takes for one batch of BATCH_CASES small cases (difftest.fuzz, difftest.runner),
+The steps a campaign takes for one batch of BATCH_CASES small cases (difftest.workflows.fuzz, difftest.engine.runner),
 each timed on its own with the GPU synchronised before and after (CUDA events would hide host work):
-drawing every member together (difftest.plan.build_together; the row marked "before" draws them
+drawing every member together (difftest.engine.plan.build_together; the row marked "before" draws them
 one by one with build_case, as campaigns did until 2026-12-03), merging and validating them, the
 oracle on the merged case, each backend's call on its encoded inputs (in this process: no worker
 round trip), and the per-member comparison. The table says which step a faster engine has to shrink first.
@@ -28,16 +28,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain
 import torch  # after the path: a plain checkout needs it
 
 from difftest.backends import get_backends
-from difftest.batch import batch_key, merge
-from difftest.comparison import compare_spans
-from difftest.fuzz import BATCH_CASES, planned_cases
+from difftest.core.kernel_inputs import encode
+from difftest.core.kinds import Device, OracleKind
+from difftest.engine.batch import batch_key, merge
+from difftest.engine.comparison import compare_spans
+from difftest.engine.plan import build_together
 from difftest.generators.envelope import Target
+from difftest.generators.regime import Regime
 from difftest.generators.tensors import build_case
-from difftest.kernel_inputs import encode
-from difftest.kinds import Device, OracleKind
-from difftest.plan import build_together
-from difftest.reference import make_reference
-from difftest.regime import Regime
+from difftest.oracles.reference import make_reference
+from difftest.workflows.fuzz import BATCH_CASES, planned_cases
 
 SMALL = Regime(max_batch=16, max_context=8192, heads=64, head_dim=128, block_size=64)
 

@@ -8,10 +8,10 @@ The regimes are issue 12's (on a GPU: H 64, D 128, block 64):
 On the CPU the same bounds apply at the toy shape (H 32, D 64, block 16; contexts up to 128 and 1024).
 Each regime is measured twice (more with --jobs), for --seconds each, isolated (one worker process per backend):
 
-* baseline, "runner.run, one case at a time": the regime's planned cases (difftest.fuzz.planned_cases,
-  the same rounds a campaign draws) built one by one and handed to one difftest.runner.run, as
+* baseline, "runner.run, one case at a time": the regime's planned cases (difftest.workflows.fuzz.planned_cases,
+  the same rounds a campaign draws) built one by one and handed to one difftest.engine.runner.run, as
   `difftest fuzz` did before batching;
-* fuzz: difftest.fuzz.fuzz(Campaign(budget=--seconds, regime=...)), batching on, no shrinking;
+* fuzz: difftest.workflows.fuzz.fuzz(Campaign(budget=--seconds, regime=...)), batching on, no shrinking;
 * with --jobs N,...: the same campaign with N jobs side by side (Campaign.jobs), each against fuzz.
 
 Both rates count from the start of the run to its end, so each includes one worker start-up. Before
@@ -41,14 +41,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain
 import torch  # after the path: a plain checkout needs it
 
 from difftest.backends import Loaded, get_backends
-from difftest.case import Case
-from difftest.config import RunConfig
-from difftest.fuzz import Campaign, describe_retries, fuzz, planned_cases
+from difftest.core.case import Case
+from difftest.core.kinds import Device
+from difftest.engine.config import RunConfig
+from difftest.engine.runner import run
 from difftest.generators.envelope import Target
+from difftest.generators.regime import Regime
 from difftest.generators.tensors import build_case
-from difftest.kinds import Device
-from difftest.regime import Regime
-from difftest.runner import run
+from difftest.workflows.fuzz import Campaign, describe_retries, fuzz, planned_cases
 
 GPU_SHAPE = dict(heads=64, head_dim=128, block_size=64)
 CPU_SHAPE = dict(heads=32, head_dim=64, block_size=16)

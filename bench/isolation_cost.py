@@ -1,14 +1,14 @@
 """What isolation costs: cases per second of `difftest run` with every backend in-process and with each
-backend in a worker process of its own (difftest.isolate).
+backend in a worker process of its own (difftest.engine.isolate).
 
 The cases are the default suite (difftest.generators.cases.suite("all"): 4 random specs x --count seeds plus
 the 14 edges), drawn once before any timing on --device. Each mode runs the whole suite through
-difftest.runner.run, as `difftest run` does: one untimed warm-up run (it starts the fork server and
+difftest.engine.runner.run, as `difftest run` does: one untimed warm-up run (it starts the fork server and
 warms torch), then --repeats timed runs, median. An isolated run starts its workers afresh, so its
 time includes their start (fork, import of the backend, first call) and the transfer of every
 case's inputs and outputs to the worker and back; the start-up row isolates that fixed part: a
 one-case run isolated minus the same case in-process, and the per-case row what is left, per case.
-On a GPU the isolated mode runs once per transport (difftest.isolate.transport_for): cuda-ipc (the
+On a GPU the isolated mode runs once per transport (difftest.engine.isolate.transport_for): cuda-ipc (the
 default: memory handles) and copy (CPU copies through the pipe, the baseline). Every mode must give
 the same verdicts; the script checks.
 
@@ -31,12 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain
 import torch  # after the path: a plain checkout needs it
 
 from difftest.backends import get_backends
-from difftest.case import Case
-from difftest.config import RunConfig
+from difftest.core.case import Case
+from difftest.engine.config import RunConfig
+from difftest.engine.result import CaseResult
+from difftest.engine.runner import run
 from difftest.generators import build_case
 from difftest.generators.cases import suite
-from difftest.result import CaseResult
-from difftest.runner import run
 
 
 def timed_runs(backends: list, cases: list[Case], config: RunConfig, repeats: int) -> tuple[float, list[CaseResult]]:

@@ -5,7 +5,7 @@ validating the case, drawing it, the oracle, encoding the backend's inputs (and 
 copies of them), the backend's call and the comparison, each the median of --repeats on one small
 case. The call is timed three ways: in this process (the baseline), in the backend's worker process
 one call at a time (send, wait, judge), and with --queued calls sent to the worker before any answer
-is read, as the runner sends a batch's re-runs over CUDA IPC (difftest.runner._each_alone).
+is read, as the runner sends a batch's re-runs over CUDA IPC (difftest.engine.runner._each_alone).
 
     python bench/one_call.py --device cuda --backends torch,deepgemm --out reports/h200/one-call
     python bench/one_call.py --smoke --out /tmp/one-call     # CPU, torch, toy shape, few repeats (CI)
@@ -26,14 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain
 import torch  # after the path: a plain checkout needs it
 
 from difftest.backends import Loaded, get_backends
-from difftest.comparison import compare
+from difftest.core.kernel_inputs import encode
+from difftest.core.kinds import OracleKind
+from difftest.engine.comparison import compare
+from difftest.engine.guards import Launch, execute
+from difftest.engine.isolate import WorkerPool
+from difftest.engine.runner import _private
 from difftest.generators import CaseSpec, build_case
-from difftest.guards import Launch, execute
-from difftest.isolate import WorkerPool
-from difftest.kernel_inputs import encode
-from difftest.kinds import OracleKind
-from difftest.reference import make_reference
-from difftest.runner import _private
+from difftest.oracles.reference import make_reference
 
 GPU_CASE = CaseSpec(name="one-call-small", batch=8, next_n=2, heads=64, head_dim=128, block_size=64,
                     max_model_len=8192)

@@ -26,14 +26,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from difftest.backends import Backend, available_names, get_backends, load_backend
-from difftest.case import Case
-from difftest.config import RunConfig
+from difftest.core.case import Case
+from difftest.engine.config import RunConfig
+from difftest.engine.result import CaseResult
+from difftest.engine.runner import run
 from difftest.generators import CaseSpec, build_case
 from difftest.generators.cases import suite
 from difftest.oracles.paged_mqa_logits import reference
-from difftest.reference import make_reference
-from difftest.result import CaseResult
-from difftest.runner import run
+from difftest.oracles.reference import make_reference
 
 RTOL = 1e-9
 

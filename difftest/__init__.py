@@ -4,7 +4,7 @@ Cases (generators) go through the oracle and every backend; the comparison repor
 wrong -inf mask, NaN, unwritten output or a value error, under each backend's declared contract.
 Documentation: docs/README.md in the repository.
 
-The names below are imported on first use (PEP 562), so `import difftest.errors` or the pytest
+The names below are imported on first use (PEP 562), so `import difftest.core.errors` or the pytest
 plugin costs no torch import.
 """
 
@@ -18,19 +18,19 @@ from typing import Any
 _EXPORTS = {
     "Backend": "difftest.backends", "get_backends": "difftest.backends", "load_backend": "difftest.backends",
     "backend": "difftest.backends.user",
-    "Case": "difftest.case",
-    "check": "difftest.checking",
-    "Comparison": "difftest.comparison", "compare": "difftest.comparison",
-    "RunConfig": "difftest.config",
-    "Contract": "difftest.contract", "Siblings": "difftest.contract", "WorkPartition": "difftest.contract",
-    "WorkingMemory": "difftest.contract",
-    "KernelInputs": "difftest.kernel_inputs", "encode": "difftest.kernel_inputs",
-    "SpecError": "difftest.errors",
-    "CacheLayout": "difftest.kinds", "Fp8Flavour": "difftest.kinds", "LengthEncoding": "difftest.kinds",
-    "MaskConvention": "difftest.kinds", "PartitionScope": "difftest.kinds",
-    "CaseResult": "difftest.result",
-    "run": "difftest.runner",
-    "Verdict": "difftest.verdict",
+    "Case": "difftest.core.case",
+    "check": "difftest.workflows.checking",
+    "Comparison": "difftest.engine.comparison", "compare": "difftest.engine.comparison",
+    "RunConfig": "difftest.engine.config",
+    "Contract": "difftest.core.contract", "Siblings": "difftest.core.contract",
+    "WorkPartition": "difftest.core.contract", "WorkingMemory": "difftest.core.contract",
+    "KernelInputs": "difftest.core.kernel_inputs", "encode": "difftest.core.kernel_inputs",
+    "SpecError": "difftest.core.errors",
+    "CacheLayout": "difftest.core.kinds", "Fp8Flavour": "difftest.core.kinds", "LengthEncoding": "difftest.core.kinds",
+    "MaskConvention": "difftest.core.kinds", "PartitionScope": "difftest.core.kinds",
+    "CaseResult": "difftest.engine.result",
+    "run": "difftest.workflows.running",
+    "Verdict": "difftest.core.verdict",
 }
 
 __all__ = sorted(_EXPORTS)

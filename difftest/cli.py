@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from difftest import __version__
-from difftest.errors import Interrupted, OutputError, SpecError
-from difftest.kinds import (
+from difftest.core.errors import Interrupted, OutputError, SpecError
+from difftest.core.kinds import (
     CacheLayout,
     CaseKind,
     CiSystem,
@@ -33,9 +33,9 @@ from difftest.kinds import (
 if TYPE_CHECKING:
     from tqdm import tqdm
 
-    from difftest.ledger import Ledger
-    from difftest.result import CaseResult
-    from difftest.session import RunOutcome, RunRequest
+    from difftest.engine.result import CaseResult
+    from difftest.records.ledger import Ledger
+    from difftest.workflows.session import RunOutcome, RunRequest
 
 # library parameter -> the option that sets it
 FLAGS = {"backends": "--backends", "cases": "--cases", "count": "--count", "seed": "--seed", "next_n": "--next-n",
@@ -309,8 +309,9 @@ def _with_project_defaults(args: argparse.Namespace) -> argparse.Namespace:
     pyproject.toml put before the command line's own options: an option given overrides its default,
     and args.argv (the report's command, a --gpus run's children) shows the defaults as options.
     A child of a spread run is handed them so: it reads none itself. SpecError naming the file and
-    the key for a table that does not fit difftest.schema.validate_defaults."""
-    from difftest import schema, spread  # deferred: loads pydantic, and torch
+    the key for a table that does not fit difftest.core.schema.validate_defaults."""
+    from difftest.core import schema  # deferred: loads pydantic
+    from difftest.workflows import spread  # deferred: loads pydantic, and torch
 
     path = _project_file()
     if path is None or spread.PARENT in os.environ:
@@ -340,8 +341,8 @@ def _long_name(action: argparse.Action) -> str:
 
 
 def _option_kind(action: argparse.Action) -> object:
-    """What a [tool.difftest] value of `action`'s option may be: a difftest.schema annotation."""
-    from difftest import schema  # deferred: loads pydantic
+    """What a [tool.difftest] value of `action`'s option may be: a difftest.core.schema annotation."""
+    from difftest.core import schema  # deferred: loads pydantic
 
     if action.nargs == 0:  # --flag, --x/--no-x
         return schema.OPTION_FLAG
@@ -377,7 +378,7 @@ def _words(action: argparse.Action, value: object) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The `difftest` command: its exit status (difftest.kinds.ExitStatus)."""
+    """The `difftest` command: its exit status (difftest.core.kinds.ExitStatus)."""
     try:
         args = parse_args(argv)
     except SystemExit as exc:  # --help, --version, or a usage error argparse already printed
@@ -440,12 +441,12 @@ def cmd_backends(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace, shard_envs: list[dict[str, str]] | None = None) -> int:
     """`difftest run`. With --gpus, or with `shard_envs` (what each child's environment adds; how the
     tests spread a CPU run), the cases are spread over child processes, one shard each."""
-    from difftest import session  # deferred: loads torch and the runner
+    from difftest.workflows import session  # deferred: loads torch and the runner
 
     args = _with_project_defaults(args)
     request = _run_request(args)
     if args.junit:
-        from difftest.serialize import check_writable  # deferred: with session, above
+        from difftest.core.files import check_writable  # deferred: with session, above
 
         check_writable(args.junit, "junit")
     progress = _Progress(enabled=not (args.no_progress or args.quiet) and sys.stderr.isatty())
@@ -468,7 +469,7 @@ def cmd_run(args: argparse.Namespace, shard_envs: list[dict[str, str]] | None = 
     except BrokenPipeError:  # `difftest run | head`: the run's status stands
         return _reader_left(outcome.status)
     if args.junit:
-        from difftest import junit  # deferred: with session, above
+        from difftest.records import junit  # deferred: with session, above
 
         known = outcome.ledger.known if outcome.ledger else None
         print(f"junit: {junit.write(args.junit, [junit.suite('difftest run', outcome.results, known)])}")
@@ -477,7 +478,7 @@ def cmd_run(args: argparse.Namespace, shard_envs: list[dict[str, str]] | None = 
 
 def _print_ledger(outcome: RunOutcome) -> None:
     """The XFAIL and XPASS lines of --ledger."""
-    from difftest.ledger import render_ledger  # deferred: with session, above
+    from difftest.records.ledger import render_ledger  # deferred: with session, above
 
     text = render_ledger(outcome.ledger, outcome.results) if outcome.ledger else ""
     if text:
@@ -486,9 +487,9 @@ def _print_ledger(outcome: RunOutcome) -> None:
 
 def _run_request(args: argparse.Namespace) -> RunRequest:
     """The RunRequest of the options."""
-    from difftest.config import RunConfig  # deferred: with session, below
-    from difftest.plan import Shard, SuiteRequest  # deferred: with session, below
-    from difftest.session import RunRequest  # deferred: loads torch and the runner
+    from difftest.engine.config import RunConfig  # deferred: with session, below
+    from difftest.engine.plan import Shard, SuiteRequest  # deferred: with session, below
+    from difftest.workflows.session import RunRequest  # deferred: loads torch and the runner
 
     suite = SuiteRequest(cases=args.cases, count=args.count, seed=args.seed, next_n=args.next_n,
                          block_sizes=args.block_sizes, batch=args.batch, max_model_len=args.max_model_len,
@@ -508,7 +509,7 @@ def _run_request(args: argparse.Namespace) -> RunRequest:
 def _ledger(path: Path | None) -> Ledger | None:
     """The ledger of --ledger, read before any case runs: a bad file is a usage error at once; a bad
     entry is named under --ledger, as --spec names a spec's field."""
-    from difftest.ledger import load_ledger  # deferred: with session, above
+    from difftest.records.ledger import load_ledger  # deferred: with session, above
 
     try:
         return load_ledger(path) if path else None
@@ -536,7 +537,7 @@ def _spec(text: str) -> object:
 
 def _verdict_line(outcome: RunOutcome) -> str:
     """--quiet's one line: 'FAIL: 46 results, 2 backends: torch PASS, aiter-triton-stage1 FAIL(mask)'."""
-    from difftest import report  # deferred: with session, above
+    from difftest.records import report  # deferred: with session, above
 
     verdicts = ", ".join(f"{s.backend} {s.verdict.value}" for s in report.summarize(outcome.results))
     head = "PASS" if outcome.status == ExitStatus.OK else "FAIL"
@@ -546,7 +547,8 @@ def _verdict_line(outcome: RunOutcome) -> str:
 def _print_outcome(request: RunRequest, outcome: RunOutcome, verbose: bool = False) -> None:
     """The shards (of a spread run), the table, the results per GPU, every result when `verbose`, the
     failures, and where files went."""
-    from difftest import performance, report  # deferred: with session, above
+    from difftest.engine import performance  # deferred: with session, above
+    from difftest.records import report  # deferred: with session, above
 
     if outcome.shards:
         print("\n".join(shard.describe() for shard in outcome.shards) + "\n")
@@ -579,7 +581,7 @@ def _print_outcome(request: RunRequest, outcome: RunOutcome, verbose: bool = Fal
 def _bundle_backend(args: argparse.Namespace, bundle: object) -> object:
     """The backend to replay or shrink a bundle through: --backends, else the recorded one."""
     from difftest.backends import get_backends  # deferred: loads torch
-    from difftest.replay import bundle_backend  # deferred: loads torch
+    from difftest.workflows.replay import bundle_backend  # deferred: loads torch
 
     if args.backends:
         return get_backends(list(args.backends))[0]
@@ -588,9 +590,9 @@ def _bundle_backend(args: argparse.Namespace, bundle: object) -> object:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """`difftest replay`: exit 1 when the bundle still fails."""
-    from difftest.bundle import load_bundle  # deferred: loads torch
-    from difftest.hardware import CUDA_UNAVAILABLE, cuda_unavailable_reason  # deferred: loads torch
-    from difftest.replay import render_replay, replay  # deferred: loads torch
+    from difftest.core.hardware import CUDA_UNAVAILABLE, cuda_unavailable_reason  # deferred: loads torch
+    from difftest.records.bundle import load_bundle  # deferred: loads torch
+    from difftest.workflows.replay import render_replay, replay  # deferred: loads torch
 
     bundle = load_bundle(args.bundle)
     if bundle.config.device == "cuda" and cuda_unavailable_reason():
@@ -603,8 +605,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_shrink(args: argparse.Namespace) -> int:
     """`difftest shrink`: the smallest case that fails the same way, as a new bundle."""
     from difftest.backends import as_loaded  # deferred: loads torch
-    from difftest.bundle import load_bundle, write_bundle  # deferred: loads torch
-    from difftest.shrink import shrink  # deferred: loads torch
+    from difftest.records.bundle import load_bundle, write_bundle  # deferred: loads torch
+    from difftest.workflows.shrink import shrink  # deferred: loads torch
 
     bundle = load_bundle(args.bundle)
     backend = as_loaded(_bundle_backend(args, bundle))
@@ -622,17 +624,18 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def _matrix_plan(args: argparse.Namespace) -> int:
-    from difftest import matrix_cell  # deferred: loads torch (the backends' contracts)
-    from difftest.matrix import load_matrix
+    from difftest.matrix import cell as matrix_cell  # deferred: loads torch (the backends' contracts)
+    from difftest.matrix.definition import load_matrix
 
     print(matrix_cell.plan_matrix(load_matrix(args.file)).render())
     return ExitStatus.OK
 
 
 def _matrix_emit(args: argparse.Namespace) -> int:
-    from difftest import matrix_cell, matrix_emit  # deferred: loads torch (the backends' contracts)
-    from difftest.matrix import load_matrix
-    from difftest.serialize import atomic_write
+    from difftest.core.files import atomic_write  # deferred: with the matrix, below
+    from difftest.matrix import cell as matrix_cell  # deferred: loads torch (the backends' contracts)
+    from difftest.matrix import emit as matrix_emit  # deferred: with the cell, above
+    from difftest.matrix.definition import load_matrix
 
     text = matrix_emit.emit(matrix_cell.plan_matrix(load_matrix(args.file)), args.system)
     if args.output is None:
@@ -644,7 +647,8 @@ def _matrix_emit(args: argparse.Namespace) -> int:
 
 def _matrix_run(args: argparse.Namespace) -> int:
     """Status 0 once the cell's report is written, whatever its verdicts: the merge gates on them."""
-    from difftest import matrix_cell, report  # deferred: loads torch and the runner
+    from difftest.matrix import cell as matrix_cell  # deferred: loads torch and the runner
+    from difftest.records import report  # deferred: loads torch and the runner
 
     made = matrix_cell.run_cell(args.file, args.cell, args.out)
     print(report.render_table(report.summarize(made.results)))
@@ -656,8 +660,8 @@ def _matrix_run(args: argparse.Namespace) -> int:
 
 
 def _matrix_merge(args: argparse.Namespace) -> int:
-    from difftest import matrix_merge  # deferred: loads torch (results) and matplotlib
-    from difftest.ledger import load_ledger
+    from difftest.matrix import merge as matrix_merge  # deferred: loads torch (results) and matplotlib
+    from difftest.records.ledger import load_ledger
 
     merged = matrix_merge.merge(args.reports, load_ledger(args.ledger) if args.ledger else None, args.baseline)
     written = matrix_merge.write_outputs(merged, args.out)
@@ -668,9 +672,10 @@ def _matrix_merge(args: argparse.Namespace) -> int:
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
     """`difftest fuzz`: exit 1 when the campaign found a failure."""
-    from difftest import fuzz, report  # deferred: loads torch and the runner
-    from difftest.config import RunConfig
-    from difftest.regime import Regime
+    from difftest.engine.config import RunConfig  # deferred: with the campaign, below
+    from difftest.generators.regime import Regime  # deferred: with the campaign, below
+    from difftest.records import report  # deferred: loads torch and the runner
+    from difftest.workflows import fuzz  # deferred: loads torch and the runner
 
     regime = Regime(max_batch=args.max_batch, max_context=args.max_context, heads=args.heads,
                     head_dim=args.head_dim, block_size=args.block_size)

@@ -1,4 +1,4 @@
-"""difftest's pytest plugin: `difftest_backend` and `difftest_case` fixtures, `difftest.checking`'s
+"""difftest's pytest plugin: `difftest_backend` and `difftest_case` fixtures, `difftest.workflows.checking`'s
 row-table failures, hardware markers, `--difftest-suite`, a known-divergence ledger, and xdist.
 
 The plugin lives in difftest_pytest.plugin (entry point `difftest` in pytest11); importing this

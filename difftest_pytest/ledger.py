@@ -14,14 +14,14 @@ from difftest_pytest.options import LEDGER
 from difftest_pytest.results import RESULTS
 
 if TYPE_CHECKING:
-    from difftest.ledger import Divergence, Ledger
-    from difftest.result import CaseResult
+    from difftest.engine.result import CaseResult
+    from difftest.records.ledger import Divergence, Ledger
 
 
 def load(path: Path) -> Ledger:
     """The ledger at `path`; a missing file, bad TOML or an entry without an issue is a UsageError."""
-    from difftest.errors import SpecError  # deferred: with the ledger, which loads torch
-    from difftest.ledger import load_ledger
+    from difftest.core.errors import SpecError  # deferred: with the ledger, which loads torch
+    from difftest.records.ledger import load_ledger
 
     try:
         return load_ledger(path)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from difftest.hardware import CUDA_UNAVAILABLE, Hardware
+from difftest.core.hardware import CUDA_UNAVAILABLE, Hardware
 
 MARKERS = (
     "difftest(backends=None, next_n=None): run difftest_backend over these backend names only (among the "

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from difftest import hardware
+from difftest.core import hardware
 
 BACKENDS = "--difftest-backends"
 SEED = "--difftest-seed"

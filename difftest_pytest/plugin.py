@@ -30,7 +30,7 @@ from difftest_pytest.workers import SeedToWorkers, pin_gpu
 
 if TYPE_CHECKING:
     from difftest.backends import Backend
-    from difftest.case import Case
+    from difftest.core.case import Case
 
 SELECTION = pytest.StashKey[Selection]()
 FIXTURES = frozenset({"difftest_backend", "difftest_case", "difftest_seed"})

@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from difftest import __version__, observe
+from difftest import __version__
+from difftest.workflows import observe
 from difftest_pytest.options import SEED, Settings
 
 if TYPE_CHECKING:
-    from difftest.result import CaseResult
+    from difftest.engine.result import CaseResult
 
-PROPERTY = "difftest"  # user_properties name of one result, as difftest.serialize.to_jsonable writes it
+PROPERTY = "difftest"  # user_properties name of one result, as difftest.records.serialize.to_jsonable writes it
 RESULTS = pytest.StashKey[list["CaseResult"]]()  # an item's results, in the order its checks ran
 
 
@@ -36,9 +37,9 @@ class Recorder:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
-        """Run the test with an Observer attached to difftest.check (difftest.observe)."""
+        """Run the test with an Observer attached to difftest.check (difftest.workflows.observe)."""
         def record(result: CaseResult) -> None:
-            from difftest.serialize import to_jsonable  # deferred: loads torch
+            from difftest.records.serialize import to_jsonable  # deferred: loads torch
 
             item.stash.setdefault(RESULTS, []).append(result)
             item.user_properties.append((PROPERTY, to_jsonable(result)))
@@ -49,7 +50,7 @@ class Recorder:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Gather the results of a finished test (from any xdist worker) on the controller."""
         if report.when == "teardown" and self.controller:
-            from difftest.serialize import result_from_json  # deferred: loads torch
+            from difftest.records.serialize import result_from_json  # deferred: loads torch
 
             self.results.extend(result_from_json(value) for name, value in report.user_properties
                                 if name == PROPERTY)
@@ -57,7 +58,7 @@ class Recorder:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """Write the JSON report (controller only, empty when nothing was checked) before the summary names it."""
         if self.settings.report is not None and self.controller:
-            from difftest.report import write_json  # deferred: loads torch
+            from difftest.records.report import write_json  # deferred: loads torch
 
             write_json(self.settings.report, self.results, self.run_info(session.config))
 
@@ -66,7 +67,7 @@ class Recorder:
         several, and each backend's -inf-mask headline."""
         if not self.results:
             return
-        from difftest.report import headline, render_devices, render_table, summarize  # deferred: loads torch
+        from difftest.records.report import headline, render_devices, render_table, summarize  # deferred: loads torch
 
         summaries = summarize(self.results)
         terminalreporter.write_sep("=", "difftest")

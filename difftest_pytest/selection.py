@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from difftest.kinds import CaseKind
-from difftest.plan import PlannedCase, SuiteRequest, plan
+from difftest.core.kinds import CaseKind
+from difftest.engine.plan import PlannedCase, SuiteRequest, plan
 from difftest_pytest.options import BACKENDS, Settings, usage_error
 
 if TYPE_CHECKING:
     from difftest.backends import Backend
-    from difftest.case import Case
+    from difftest.core.case import Case
 
 
 class Selection:
@@ -35,7 +35,7 @@ class Selection:
 
     def _resolve(self) -> dict[str, str]:
         from difftest.backends import available_names, load_backend  # deferred: loads torch
-        from difftest.errors import SpecError
+        from difftest.core.errors import SpecError
 
         known = available_names()
         if self.settings.backends is None:
@@ -66,7 +66,7 @@ class Selection:
         """The backend, loaded once; the calling test skips with its unavailable_reason on this device."""
         if backend_id not in self._loaded:
             from difftest.backends import load_backend  # deferred: loads torch
-            from difftest.errors import SpecError
+            from difftest.core.errors import SpecError
 
             try:
                 self._loaded[backend_id] = load_backend(self.targets()[backend_id], f"backend {backend_id!r}")
@@ -79,7 +79,7 @@ class Selection:
         return backend
 
     def cases(self, next_n: tuple[int, ...] | None = None) -> list[PlannedCase]:
-        """Every selected case (difftest.plan); `next_n` makes one copy of each spec per value."""
+        """Every selected case (difftest.engine.plan); `next_n` makes one copy of each spec per value."""
         request = SuiteRequest(cases=CaseKind(self.settings.cases), count=self.settings.count,
                                seed=self.settings.seed, next_n=next_n)
         return plan(request)

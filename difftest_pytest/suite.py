@@ -21,7 +21,7 @@ from difftest_pytest.selection import Selection, case_ids
 if TYPE_CHECKING:
     from _pytest._code.code import TerminalRepr
 
-    from difftest.plan import PlannedCase
+    from difftest.engine.plan import PlannedCase
 
 COLLECTOR = "difftest"
 
@@ -65,7 +65,7 @@ class SuiteItem(pytest.Item):
 
     def runtest(self) -> None:
         """Check the backend (skipped with its reason where it cannot run) on the drawn case."""
-        from difftest.checking import check  # deferred: loads torch
+        from difftest.workflows.checking import check  # deferred: loads torch
 
         check(self.selection.backend(self.backend_id), self.selection.build(self.planned))
 

@@ -13,13 +13,13 @@ import dataclasses
 import torch
 
 from difftest.backends.deep_gemm import DeepGemmFlattened, DeepGemmNative
-from difftest.case import Case
-from difftest.comparison import compare
+from difftest.core.case import Case
+from difftest.core.kernel_inputs import encode
+from difftest.engine.comparison import compare
 from difftest.generators import build_case
 from difftest.generators.cases import suite
-from difftest.kernel_inputs import encode
 from difftest.oracles.paged_mqa_logits import paged_mqa_logits
-from difftest.reference import make_reference
+from difftest.oracles.reference import make_reference
 
 PROBE_POSITIONS = 2048  # positions of a wrong row compared against each candidate explanation
 

@@ -33,8 +33,8 @@ import time
 import torch
 
 from difftest.backends.user import FunctionBackend, backend
-from difftest.contract import Contract
-from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
+from difftest.core.contract import Contract
+from difftest.core.kinds import CacheLayout, LengthEncoding, MaskConvention
 from tests.user_backends import logits_with_limits
 
 CONTRACT = Contract(length_encoding=LengthEncoding.PER_ROW, cache_layout=CacheLayout.BLOCK_SPLIT,

@@ -25,9 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-from difftest.contract import Contract
-from difftest.kernel_inputs import KernelInputs
-from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
+from difftest.core.contract import Contract
+from difftest.core.kernel_inputs import KernelInputs
+from difftest.core.kinds import CacheLayout, LengthEncoding, MaskConvention
 
 # Elements past the output that BUG = 2 stores to: far outside any allocation. A constexpr, since
 # a jit function may read no other kind of global.

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from difftest.case import Case
 from difftest.cli import main
+from difftest.core.case import Case
+from difftest.core.kinds import Fp8Flavour
 from difftest.generators import CaseSpec, LengthDist, Stale, Values
-from difftest.kinds import Fp8Flavour
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GOLDEN_DIR = REPO_ROOT / "tests" / "golden"

@@ -18,9 +18,7 @@ grimp = pytest.importorskip("grimp", reason="grimp (import-linter's graph librar
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("difftest", "difftest_pytest")
-# Where their sources lie: difftest/generators and difftest/oracles are symlinks to these top-level
-# folders, and Path.rglob does not follow symlinks.
-SOURCES = ("difftest", "generators", "oracles", "difftest_pytest")
+SOURCES = PACKAGES
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
@@ -43,11 +41,11 @@ def test_a_planted_upward_import_breaks_the_contract(tmp_path):
     for package in PACKAGES:
         shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    with (tmp_path / "difftest" / "errors.py").open("a") as errors:
-        errors.write("\nimport difftest.report  # planted: the bottom layer reaching for the top\n")
+    with (tmp_path / "difftest" / "core" / "errors.py").open("a") as errors:
+        errors.write("\nimport difftest.records.report  # planted: the bottom layer reaching for the top\n")
     done = _lint_imports(tmp_path)
     assert done.returncode != 0, done.stdout
-    assert "difftest.errors is not allowed to import difftest.report" in done.stdout, done.stdout
+    assert "difftest.core.errors -> difftest.records.report" in done.stdout, done.stdout
 
 
 def test_every_module_sits_in_a_layer():
@@ -117,8 +115,9 @@ def _modules_loaded_by(code: str) -> set[str]:
 
 
 def test_the_errors_module_loads_no_other_project_module():
-    loaded = _modules_loaded_by("import difftest.errors")
-    assert {m for m in loaded if m.split(".")[0] in PACKAGES} == {"difftest", "difftest.errors"}, sorted(loaded)
+    loaded = _modules_loaded_by("import difftest.core.errors")
+    project = {m for m in loaded if m.split(".")[0] in PACKAGES}
+    assert project == {"difftest", "difftest.core", "difftest.core.errors"}, sorted(loaded)
 
 
 def test_generators_do_not_import_hypothesis():
@@ -130,4 +129,5 @@ def test_generators_do_not_import_hypothesis():
 def test_the_cli_help_imports_neither_torch_nor_the_runner(argv):
     loaded = _modules_loaded_by(f"import sys; sys.argv = ['difftest', *{argv!r}]\n"
                                 "from difftest.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass")
-    assert "torch" not in loaded and "difftest.runner" not in loaded, sorted(m for m in loaded if "difftest" in m)
+    assert "torch" not in loaded and "difftest.engine.runner" not in loaded, \
+        sorted(m for m in loaded if "difftest" in m)

@@ -28,9 +28,8 @@ pytestmark = pytest.mark.wheel
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-# What the build reads. difftest/generators, difftest/oracles and difftest/ledgers are relative symlinks
-# to the top-level folders: copied as links, they point into the copy.
-SOURCES = ("pyproject.toml", "README.md", "difftest", "difftest_pytest", "generators", "oracles", "ledgers")
+# What the build reads.
+SOURCES = ("pyproject.toml", "README.md", "difftest", "difftest_pytest")
 EXAMPLES = {"mymodule.py": "writing-a-backend.md", "buggy.py": "bundles.md", "test_mykernel.py": "pytest-plugin.md"}
 BUNDLE = "bundles/drops_last_key--block-boundaries-s3000"
 SHIPPED_LEDGER = "difftest/ledgers/amd-aiter-0.1.7.post2.dev18.toml"

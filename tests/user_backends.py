@@ -14,11 +14,11 @@ from collections.abc import Callable
 import torch
 
 from difftest.backends.user import backend
-from difftest.contract import Contract
-from difftest.fp8 import decode
-from difftest.kernel_inputs import KernelInputs
-from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention
-from difftest.layout import unpack_cache
+from difftest.core.contract import Contract
+from difftest.core.fp8 import decode
+from difftest.core.kernel_inputs import KernelInputs
+from difftest.core.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention
+from difftest.core.layout import unpack_cache
 from difftest.oracles.paged_mqa_logits import paged_mqa_logits
 
 PER_SEQUENCE = Contract(LengthEncoding.PER_SEQUENCE, CacheLayout.BLOCK_SPLIT, MaskConvention.TAIL_NEG_INF,

@@ -24,13 +24,13 @@ from types import ModuleType
 
 import torch
 
-from difftest import hardware
 from difftest.backends.aiter_triton import VARIANTS as KERNELS
 from difftest.backends.aiter_triton import KernelVariant, kernel_contract
 from difftest.backends.base import Backend
-from difftest.contract import Contract
-from difftest.kernel_inputs import KernelInputs
-from difftest.kinds import Fp8Flavour
+from difftest.core import hardware
+from difftest.core.contract import Contract
+from difftest.core.kernel_inputs import KernelInputs
+from difftest.core.kinds import Fp8Flavour
 
 WRAPPER_MODULES = ("aiter.ops.triton.pa_mqa_logits", "aiter.ops.triton.attention.pa_mqa_logits")
 

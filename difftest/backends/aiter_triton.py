@@ -44,13 +44,13 @@ from types import ModuleType
 
 import torch
 
-from difftest import hardware
 from difftest.backends import aiter_triton_paged
 from difftest.backends.base import Backend
-from difftest.contract import Contract, Siblings, WorkingMemory, WorkPartition
-from difftest.kernel_inputs import KernelInputs
-from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention, PartitionScope
-from difftest.triton_interpret import interpreter_compat, load_kernel_module
+from difftest.core import hardware
+from difftest.core.contract import Contract, Siblings, WorkingMemory, WorkPartition
+from difftest.core.kernel_inputs import KernelInputs
+from difftest.core.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention, PartitionScope
+from difftest.core.triton_interpret import interpreter_compat, load_kernel_module
 
 DISTRIBUTION = "amd-aiter"
 # Where the kernels live inside the `aiter` package: 0.1.7.x first, then newer AITER's layout.

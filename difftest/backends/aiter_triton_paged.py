@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
-from difftest import hardware
-from difftest.kernel_inputs import KernelInputs
-from difftest.kinds import CacheLayout, MaskConvention
-from difftest.triton_interpret import interpreter_compat
+from difftest.core import hardware
+from difftest.core.kernel_inputs import KernelInputs
+from difftest.core.kinds import CacheLayout, MaskConvention
+from difftest.core.triton_interpret import interpreter_compat
 
 _COMMON = ("batch_size", "next_n", "heads_num", "Q_buffer", "stride_q_batch", "stride_q_next_n", "stride_q_heads",
            "KV_buffer", "stride_k_block", "stride_k_token", "scale_buffer", "stride_scale_block",

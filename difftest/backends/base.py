@@ -12,13 +12,13 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from difftest.kinds import TimedRegion
+from difftest.core.kinds import TimedRegion
 
 if TYPE_CHECKING:
     import torch
 
-    from difftest.contract import Contract
-    from difftest.kernel_inputs import KernelInputs
+    from difftest.core.contract import Contract
+    from difftest.core.kernel_inputs import KernelInputs
 
 
 @runtime_checkable

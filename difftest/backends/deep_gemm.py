@@ -30,11 +30,11 @@ from types import ModuleType
 
 import torch
 
-from difftest import hardware
 from difftest.backends.base import Backend
-from difftest.contract import Contract, Siblings, WorkPartition
-from difftest.kernel_inputs import KernelInputs
-from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention, PartitionScope
+from difftest.core import hardware
+from difftest.core.contract import Contract, Siblings, WorkPartition
+from difftest.core.kernel_inputs import KernelInputs
+from difftest.core.kinds import CacheLayout, LengthEncoding, MaskConvention, PartitionScope
 
 _MODULES = ("deep_gemm", "vllm.third_party.deep_gemm")
 # FP8 MMA accumulates with ~14 bits (and bf16 output on sm100): on the H200 the largest error of a

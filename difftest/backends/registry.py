@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 
 from difftest.backends.base import Backend, Loaded, Origin
-from difftest.errors import SpecError
+from difftest.core.errors import SpecError
 
 ENTRY_POINT_GROUP = "difftest.backends"
 # Modules whose BACKENDS tables make the built-in names, in listing order. They import torch but no
@@ -121,7 +121,7 @@ def as_backend(obj: object, field: str, target: str) -> Backend:
     """A Backend from an instance, a class or factory returning one, or a decorated function;
     SpecError(field, target, ...) for anything else."""
     from difftest.backends.user import FunctionBackend  # deferred: it imports torch
-    from difftest.contract import Contract
+    from difftest.core.contract import Contract
 
     if isinstance(obj, Loaded):
         return obj.backend

@@ -7,13 +7,13 @@ from collections.abc import Callable
 
 import torch
 
-from difftest import hardware
 from difftest.backends.base import Backend
-from difftest.contract import Contract
-from difftest.fp8 import decode
-from difftest.kernel_inputs import KernelInputs, decode_row_lens
-from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
-from difftest.layout import unpack_cache
+from difftest.core import hardware
+from difftest.core.contract import Contract
+from difftest.core.fp8 import decode
+from difftest.core.kernel_inputs import KernelInputs, decode_row_lens
+from difftest.core.kinds import CacheLayout, LengthEncoding, MaskConvention
+from difftest.core.layout import unpack_cache
 from difftest.oracles.paged_mqa_logits import paged_mqa_logits
 
 

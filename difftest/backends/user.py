@@ -8,8 +8,8 @@ from typing import Protocol, TypeVar
 
 import torch
 
-from difftest.contract import Contract
-from difftest.kernel_inputs import KernelInputs
+from difftest.core.contract import Contract
+from difftest.core.kernel_inputs import KernelInputs
 
 
 class PagedMqaLogitsFn(Protocol):

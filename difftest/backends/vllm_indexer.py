@@ -40,12 +40,12 @@ from types import ModuleType
 
 import torch
 
-from difftest import hardware
 from difftest.backends import deep_gemm, vllm_triton_decode
 from difftest.backends.base import Backend
-from difftest.contract import Contract
-from difftest.kernel_inputs import KernelInputs
-from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention
+from difftest.core import hardware
+from difftest.core.contract import Contract
+from difftest.core.kernel_inputs import KernelInputs
+from difftest.core.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention
 
 OPS = "vllm.v1.attention.ops.rocm_aiter_mla_sparse"
 DEEP_GEMM = "vllm.utils.deep_gemm"

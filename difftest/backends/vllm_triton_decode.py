@@ -5,7 +5,7 @@ vllm/v1/attention/ops/rocm_aiter_mla_sparse.py, imports half of vLLM (config, fo
 platforms, custom-op registration). What the decode path runs from it is three top-level functions
 (DEFS): the @triton.jit kernel, its wrapper rocm_fp8_paged_mqa_logits_triton, which vLLM's
 rocm_fp8_paged_mqa_logits calls, and _decode_cu_count. They are executed verbatim from the file
-(difftest.triton_interpret.load_kernel_defs; on the CPU under the Triton interpreter), and the wrapper
+(difftest.core.triton_interpret.load_kernel_defs; on the CPU under the Triton interpreter), and the wrapper
 is called with the arguments vLLM's caller passes. The wrapper reads three names the rest of vLLM
 provides; each is replaced by what it does for this call (NAMESPACE):
 * triton, tl          vllm.triton_utils re-exports the real triton (its placeholder is only for
@@ -39,9 +39,9 @@ from types import ModuleType
 
 import torch
 
-from difftest import hardware
-from difftest.kernel_inputs import KernelInputs
-from difftest.triton_interpret import global_names, interpreter_compat, load_kernel_defs
+from difftest.core import hardware
+from difftest.core.kernel_inputs import KernelInputs
+from difftest.core.triton_interpret import global_names, interpreter_compat, load_kernel_defs
 
 FILE = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
 VERSION_FILE = "vllm/_version.py"

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from difftest.cli import main
-from difftest.kinds import ExitStatus
+from difftest.core.kinds import ExitStatus
 
 SMALL = ["--no-progress", "--count", "1", "--max-model-len", "48", "--heads", "4", "--head-dim", "16"]
 
@@ -111,7 +111,7 @@ def test_encoding_override_reproduces_vllm_59420(capsys):
 
 
 def test_spec_option_redraws_exactly_the_named_case(capsys):
-    """`--spec JSON --seed N` (the line difftest.checking prints) draws the one case {name}-s{N}."""
+    """`--spec JSON --seed N` (the line difftest.workflows.checking prints) draws the one case {name}-s{N}."""
     spec = '{"name":"mtp2","next_n":2,"max_model_len":64,"lengths":[17,5]}'
     code = main(["run", "--backends", "torch", "--backend-module", "tests.user_backends:window_one_short",
                  "--spec", spec, "--seed", "41"])

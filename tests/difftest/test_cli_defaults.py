@@ -1,5 +1,5 @@
 """`[tool.difftest]` in the current project's pyproject.toml: defaults for `difftest run`'s options,
-validated by difftest.schema, overridden by the options given."""
+validated by difftest.core.schema, overridden by the options given."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from difftest.kinds import ExitStatus
+from difftest.core.kinds import ExitStatus
 from tests.support import REPO_ROOT, run_cli
 
 DEFAULTS = """\

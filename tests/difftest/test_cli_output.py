@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from difftest.cli import main
-from difftest.kinds import ExitStatus
+from difftest.core.kinds import ExitStatus
 from tests.support import REPO_ROOT, run_cli
 
 ONE_CASE = ["run", "--cases", "edges", "--case-filter", "length-one-*", "--backends", "torch"]

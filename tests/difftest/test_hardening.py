@@ -21,18 +21,19 @@ from difftest.backends import Origin
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend
 from difftest.cli import main
-from difftest.config import RunConfig
-from difftest.errors import OutputError, SpecError
+from difftest.core.errors import OutputError, SpecError
+from difftest.core.files import OutputLock, atomic_write
+from difftest.core.kernel_inputs import encode
+from difftest.core.kinds import CaseKind, ExitStatus
+from difftest.core.verdict import Verdict
+from difftest.engine.config import RunConfig
+from difftest.engine.guards import Launch
+from difftest.engine.isolate import Worker
+from difftest.engine.plan import SuiteRequest
+from difftest.engine.runner import run
 from difftest.generators import build_case
-from difftest.guards import Launch
-from difftest.isolate import Worker
-from difftest.kernel_inputs import encode
-from difftest.kinds import CaseKind, ExitStatus
-from difftest.plan import SuiteRequest
-from difftest.runner import run
-from difftest.serialize import OutputLock, atomic_write, load_results
-from difftest.session import RunRequest, execute
-from difftest.verdict import Verdict
+from difftest.records.serialize import load_results
+from difftest.workflows.session import RunRequest, execute
 from tests import broken_backends as bb
 from tests.support import REPO_ROOT, TINY
 

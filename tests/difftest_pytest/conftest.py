@@ -11,7 +11,7 @@ import pytest
 # before any of them, or the next run would import it a second time and fail to register.
 import torch._dynamo  # noqa: F401
 
-import difftest.checking  # noqa: F401
+import difftest.workflows.checking  # noqa: F401
 
 PLANTED_SOURCE = Path(__file__).with_name("planted_backends.py").read_text()
 

@@ -1,4 +1,4 @@
-"""difftest.checking: the CaseResult on PASS, the row table and one replay line on failure, skips."""
+"""difftest.workflows.checking: the CaseResult on PASS, the row table and one replay line on failure, skips."""
 
 from __future__ import annotations
 
@@ -11,21 +11,21 @@ from pathlib import Path
 import pytest
 
 import difftest
-from difftest.bundle import load_bundle
-from difftest.case import Case
-from difftest.errors import SpecError
+from difftest.core.case import Case
+from difftest.core.errors import SpecError
+from difftest.core.verdict import Verdict
+from difftest.engine.result import CaseResult
 from difftest.generators import CaseSpec, build_case
 from difftest.generators.cases import edge_cases
-from difftest.observe import Observer, observed
-from difftest.result import CaseResult
-from difftest.verdict import Verdict
+from difftest.records.bundle import load_bundle
+from difftest.workflows.observe import Observer, observed
 from tests.difftest_pytest.planted_backends import CONTRACT, off_by_one
 
 LENGTH_ONE = next(spec for spec in edge_cases() if spec.name == "length-one")  # L = [1, 1], next_n = 1
 
 
 def check_unobserved(backend: object, case: Case) -> CaseResult:
-    """difftest.checking with no observer: these checks fail on purpose, so they stay out of the bundles
+    """difftest.workflows.checking with no observer: these checks fail on purpose, so they stay out of the bundles
     and the difftest summary of the run that tests them."""
     with observed(Observer()):
         return difftest.check(backend, case)  # type: ignore[arg-type]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from difftest import cli
-from difftest.bundle import load_bundle
-from difftest.kinds import ExitStatus
-from difftest.verdict import Verdict
+from difftest.core.kinds import ExitStatus
+from difftest.core.verdict import Verdict
+from difftest.records.bundle import load_bundle
 
 TEST_FILE = '''
 from hypothesis import given, settings

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from difftest.errors import SpecError
-from difftest.ledger import load_ledger
-from difftest.result import CaseResult
-from difftest.verdict import Verdict
+from difftest.core.errors import SpecError
+from difftest.core.verdict import Verdict
+from difftest.engine.result import CaseResult
+from difftest.records.ledger import load_ledger
 
 SUITE = ["--difftest-suite", "--difftest-seed=4000", "-k", "length-one", "-rxf"]
 ENTRY = """
@@ -179,11 +179,11 @@ def test_an_entry_without_an_issue_is_a_usage_error(pytester: pytest.Pytester) -
 
 
 def test_the_shipped_aiter_ledger_covers_the_edge_suite(pytester: pytest.Pytester) -> None:
-    """ledgers/amd-aiter-*.toml: every edge case the interpreted stage1 kernel fails is an xfail citing
+    """difftest/ledgers/amd-aiter-*.toml: every edge case the interpreted stage1 kernel fails is an xfail citing
     ROCm/aiter#4290, and the one it passes (all-padding) an XPASS of its loose entry."""
     from pathlib import Path
 
-    ledger = Path(__file__).parents[2] / "ledgers" / "amd-aiter-0.1.7.post2.dev18.toml"
+    ledger = Path(__file__).parents[2] / "difftest" / "ledgers" / "amd-aiter-0.1.7.post2.dev18.toml"
     result = pytester.runpytest_inprocess("--difftest-suite", "--difftest-cases=edges", "--difftest-seed=0",
                                           "--difftest-backends=aiter-triton-stage1", f"--difftest-ledger={ledger}")
     result.assert_outcomes(xpassed=1, xfailed=13)

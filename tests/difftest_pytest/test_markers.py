@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from difftest.hardware import Hardware
+from difftest.core.hardware import Hardware
 from difftest_pytest.markers import skip_reason
 
 NO_GPU = Hardware(gpu=False, rocm=False, arch=None)

@@ -81,7 +81,8 @@ def test_cuda_without_a_gpu_is_a_usage_error(pytester: pytest.Pytester) -> None:
 
 def test_importing_the_plugin_imports_no_torch_and_nothing_heavy_of_difftest() -> None:
     code = ("import sys, difftest_pytest.plugin; "
-            "print(sorted(m for m in ('torch', 'hypothesis', 'difftest.oracles', 'difftest.runner', 'difftest.case') "
+            "print(sorted(m for m in ('torch', 'hypothesis', 'difftest.oracles', 'difftest.engine.runner', "
+            "'difftest.core.case') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -92,7 +93,7 @@ def test_a_run_that_never_uses_difftest_never_imports_torch(pytester: pytest.Pyt
         import sys
 
         def test_plain():
-            assert "torch" not in sys.modules and "difftest.runner" not in sys.modules
+            assert "torch" not in sys.modules and "difftest.engine.runner" not in sys.modules
     """)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)

@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from difftest import cli
-from difftest.bundle import load_bundle
-from difftest.kinds import ExitStatus
-from difftest.verdict import Verdict
+from difftest.core.kinds import ExitStatus
+from difftest.core.verdict import Verdict
+from difftest.records.bundle import load_bundle
 
 SUITE = ["--difftest-suite", "--difftest-seed=4000"]  # edge seeds: all-padding s4000, length-one s5000, ...
 

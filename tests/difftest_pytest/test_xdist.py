@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from difftest.serialize import load_results
+from difftest.records.serialize import load_results
 from difftest_pytest.workers import gpu_for_worker
 
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from difftest.backends import aiter_triton, aiter_triton_paged, load_backend
-from difftest.config import RunConfig
+from difftest.core.kinds import CacheLayout, LengthEncoding, MaskConvention
+from difftest.core.verdict import Verdict
+from difftest.engine.config import RunConfig
+from difftest.engine.runner import run
 from difftest.generators import CaseSpec, build_case
-from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
-from difftest.runner import run
-from difftest.verdict import Verdict
 
 TREE = Path(__file__).resolve().parents[3] / ".device-deps/versions/aiter-main"
 pytestmark = pytest.mark.skipif(

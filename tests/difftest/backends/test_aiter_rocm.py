@@ -8,10 +8,10 @@ import torch
 
 from difftest.backends import get_backends
 from difftest.backends.aiter_rocm import WRAPPER_MODULES, load_wrappers, native_fp8
-from difftest.config import RunConfig
+from difftest.core.kinds import Fp8Flavour, LengthEncoding, MaskConvention
+from difftest.engine.config import RunConfig
+from difftest.engine.runner import run
 from difftest.generators import CaseSpec, build_case
-from difftest.kinds import Fp8Flavour, LengthEncoding, MaskConvention
-from difftest.runner import run
 
 NAMES = ("aiter-rocm-stage1", "aiter-rocm-fused", "aiter-rocm-stage1-ragged", "aiter-rocm-fused-ragged")
 OFF_ROCM = pytest.mark.skipif(torch.version.hip is not None, reason="checks the reasons given off ROCm")

@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from difftest.backends import load_backend
-from difftest.case import Case
-from difftest.kernel_inputs import encode, token_table
-from difftest.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention
+from difftest.core.case import Case
+from difftest.core.kernel_inputs import encode, token_table
+from difftest.core.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention
 from difftest.oracles.paged_mqa_logits import reference
 from tests.support import golden_params
 
@@ -228,7 +228,7 @@ def test_a_kernel_with_other_arguments_is_refused(monkeypatch):
 
 
 def test_fused_skips_heads_that_are_not_a_power_of_two():
-    from difftest.runner import unsupported_reason
+    from difftest.engine.runner import unsupported_reason
 
     case = positive_case([3], next_n=1, heads=24, max_model_len=64)
     assert unsupported_reason(backend("aiter-triton-fused"), case, "cpu") == "heads=24 is not a power of two"

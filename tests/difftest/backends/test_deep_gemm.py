@@ -11,18 +11,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from difftest import hardware
 from difftest.backends import load_backend
 from difftest.backends.deep_gemm import VARIANTS, DeepGemm, describe, load_deep_gemm
-from difftest.config import RunConfig
-from difftest.contract import WorkPartition
+from difftest.core import hardware
+from difftest.core.contract import WorkPartition
+from difftest.core.kernel_inputs import encode
+from difftest.core.kinds import CacheLayout, LengthEncoding, MaskConvention, PartitionScope
+from difftest.core.verdict import Verdict
+from difftest.engine.config import RunConfig
+from difftest.engine.runner import run
 from difftest.generators import CaseSpec, build_case
 from difftest.generators.cases import suite
-from difftest.kernel_inputs import encode
-from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention, PartitionScope
-from difftest.reference import make_reference
-from difftest.runner import run
-from difftest.verdict import Verdict
+from difftest.oracles.reference import make_reference
 
 ENCODINGS = {"deepgemm": LengthEncoding.PER_ROW, "deepgemm-flattened": LengthEncoding.FLATTENED,
              "deepgemm-varlen": LengthEncoding.FLATTENED_INDICES}

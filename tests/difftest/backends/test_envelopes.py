@@ -15,10 +15,10 @@ import pytest
 
 from difftest.backends import aiter_rocm, aiter_triton, deep_gemm, load_backend, torch_ref, vllm_indexer
 from difftest.backends.user import FunctionBackend
-from difftest.contract import WorkingMemory, WorkPartition
+from difftest.core.contract import WorkingMemory, WorkPartition
+from difftest.core.kinds import PartitionScope
+from difftest.engine.plan import envelope_plan
 from difftest.generators.envelope import EdgeFamily, Target, envelope_specs
-from difftest.kinds import PartitionScope
-from difftest.plan import envelope_plan
 from tests.user_backends import raises
 
 TABLES = {aiter_triton: aiter_triton.VARIANTS, aiter_rocm: aiter_rocm.WRAPPERS, deep_gemm: deep_gemm.VARIANTS,

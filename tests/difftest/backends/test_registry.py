@@ -27,7 +27,7 @@ from difftest.backends import (
 from difftest.backends import registry as reg
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend, backend
-from difftest.errors import SpecError
+from difftest.core.errors import SpecError
 from tests import broken_backends as bb
 from tests import user_backends as ub
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from difftest.backends.torch_ref import TorchBackend
+from difftest.core.kernel_inputs import encode
+from difftest.core.kinds import CacheLayout, LengthEncoding, MaskConvention
 from difftest.generators import build_case
-from difftest.kernel_inputs import encode
-from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
 from difftest.oracles.paged_mqa_logits import reference
 from tests.support import TINY
 

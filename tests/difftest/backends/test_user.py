@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from difftest.backends.user import FunctionBackend, backend
+from difftest.core.kernel_inputs import encode
 from difftest.generators import build_case
-from difftest.kernel_inputs import encode
 from difftest.oracles.paged_mqa_logits import reference
 from tests import user_backends as ub
 from tests.support import TINY

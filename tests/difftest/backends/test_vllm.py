@@ -20,17 +20,17 @@ import torch
 
 from difftest.backends import load_backend
 from difftest.backends import vllm_indexer as vi
-from difftest.case import Case
-from difftest.config import RunConfig
+from difftest.core.case import Case
+from difftest.core.kernel_inputs import KernelInputs, decode_row_lens, encode
+from difftest.core.kinds import CacheLayout, LengthEncoding, MaskConvention
+from difftest.core.layout import unpack_cache
+from difftest.core.verdict import Verdict
+from difftest.engine.config import RunConfig
+from difftest.engine.result import CaseResult
+from difftest.engine.runner import run
 from difftest.generators import CaseSpec, build_case
 from difftest.generators.cases import suite
-from difftest.kernel_inputs import KernelInputs, decode_row_lens, encode
-from difftest.kinds import CacheLayout, LengthEncoding, MaskConvention
-from difftest.layout import unpack_cache
 from difftest.oracles.paged_mqa_logits import paged_mqa_logits
-from difftest.result import CaseResult
-from difftest.runner import run
-from difftest.verdict import Verdict
 
 NAMES = ("vllm-torch-ref", "vllm-triton-decode", "vllm-deepgemm")
 VLLM_MISSING = importlib.util.find_spec("vllm") is None

@@ -15,11 +15,11 @@ import pytest
 
 from difftest.backends import load_backend
 from difftest.backends import vllm_triton_decode as vtd
-from difftest.config import RunConfig
+from difftest.core.kinds import LengthEncoding
+from difftest.core.verdict import Verdict
+from difftest.engine.config import RunConfig
+from difftest.engine.runner import run
 from difftest.generators import CaseSpec, build_case
-from difftest.kinds import LengthEncoding
-from difftest.runner import run
-from difftest.verdict import Verdict
 
 TREE = Path(__file__).resolve().parents[3] / ".device-deps/versions/vllm-0.33.0"
 needs_tree = pytest.mark.skipif(

@@ -1,0 +1,136 @@
+"""The enums every layer shares, in a module that imports nothing heavy (the CLI parses with them).
+
+Encodings and layouts are described in docs/reference/encodings.md and docs/reference/layouts.md.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+
+class LengthEncoding(str, enum.Enum):
+    """How the causal limits reach the kernel (docs/reference/encodings.md)."""
+
+    PER_ROW = "per-row"  # (B, next_n): len[b, j] = max(L_b - next_n + j + 1, 0)
+    PER_SEQUENCE = "per-sequence"  # (B,): L_b; the kernel derives each row's limit itself
+    FLATTENED = "flattened"  # (B * next_n,) rows of next_n = 1, block-table rows repeated
+    FLATTENED_INDICES = "flattened-indices"  # (T,) limits plus (T,) request id of each row
+    PREFIX_SUM = "prefix-sum"  # (B + 1,) prefix sums of L_b over flat token indices (ragged)
+
+
+class CacheLayout(str, enum.Enum):
+    """Byte layout of the uint8 [num_blocks, block_size, 1, D + 4] cache (docs/reference/layouts.md)."""
+
+    BLOCK_SPLIT = "block-split"  # per block: block_size * D key bytes, then block_size fp32 scales
+    TOKEN_INTERLEAVED = "token-interleaved"  # per token: D key bytes, then its 4 scale bytes
+
+
+class MaskConvention(str, enum.Enum):
+    """What a backend promises about positions at or past a row's limit (docs/reference/masks.md)."""
+
+    TAIL_NEG_INF = "tail-neg-inf"  # every position past the limit is -inf
+    TAIL_UNSPECIFIED = "tail-unspecified"  # past the limit anything may be written (not cleaned)
+
+
+class Fp8Flavour(str, enum.Enum):
+    """Which e4m3 encoding a byte is in. e4m3fnuz's exponent bias is one higher: half the value."""
+
+    E4M3FN = "e4m3fn"
+    E4M3FNUZ = "e4m3fnuz"
+
+    @property
+    def dtype(self) -> Any:
+        """The torch dtype of this flavour."""
+        import torch  # deferred: this module stays importable without torch
+
+        return {Fp8Flavour.E4M3FN: torch.float8_e4m3fn, Fp8Flavour.E4M3FNUZ: torch.float8_e4m3fnuz}[self]
+
+    @property
+    def nan_byte(self) -> int:
+        """A byte that decodes to NaN: the canary written into blocks nobody should read."""
+        return {Fp8Flavour.E4M3FN: 0x7F, Fp8Flavour.E4M3FNUZ: 0x80}[self]
+
+
+class PartitionScope(str, enum.Enum):
+    """Over what a kernel spreads its units of work among workers (difftest.core.contract.WorkPartition)."""
+
+    GLOBAL = "global"  # the units of every request laid end to end, cut into contiguous ranges per worker
+    PER_ROW = "per-row"  # each query row's units cut among a fixed number of programs of its own
+
+
+class Device(str, enum.Enum):
+    """Where a run computes."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class SanitizerTool(str, enum.Enum):
+    """The compute-sanitizer tool a failing result is replayed under."""
+
+    MEMCHECK = "memcheck"
+    RACECHECK = "racecheck"
+    INITCHECK = "initcheck"
+    SYNCCHECK = "synccheck"
+
+
+class Transport(str, enum.Enum):
+    """How tensors reach a worker process."""
+
+    COPY = "copy"  # CPU copies through the pipe
+    CUDA_IPC = "cuda-ipc"  # CUDA memory handles: no bytes go through the pipe
+
+
+class Isolation(str, enum.Enum):
+    """Where a backend's call ran."""
+
+    WORKER = "worker"  # a worker process of its own
+    IN_PROCESS = "in-process"  # the run's own process (the result's isolation note says why, when isolation was asked)
+
+
+class CaseKind(str, enum.Enum):
+    """Which cases a suite draws."""
+
+    ENVELOPE = "envelope"  # each backend's declared envelope, at the device's scale (engine.plan.envelope_plan)
+    RANDOM = "random"  # the fixed toy-shape random specs
+    EDGES = "edges"  # the fixed toy-shape edge list
+    ALL = "all"  # random and edges
+
+
+class CiSystem(str, enum.Enum):
+    """The CI systems `difftest matrix emit` writes configuration for (difftest.matrix.emit)."""
+
+    GITHUB = "github"  # a GitHub Actions workflow
+    BUILDKITE = "buildkite"  # a Buildkite pipeline
+
+
+class OracleKind(str, enum.Enum):
+    """Which oracle a run compares against."""
+
+    EXACT = "exact"  # the float64 torch oracle: the truth, to float64 rounding
+    FAST = "fast"  # the fused Triton oracle: fp32 sums of exact products, with a rigorous per-row bound
+
+
+class TimingMethod(str, enum.Enum):
+    """How a backend's launches were timed (`difftest run --time K`, difftest.engine.timing)."""
+
+    CUDA_EVENTS = "cuda-events"  # a torch.cuda.Event pair around each launch, L2 flushed before it
+    PERF_COUNTER = "perf-counter"  # time.perf_counter around each launch (the CPU)
+
+
+class TimedRegion(str, enum.Enum):
+    """What the timed launches covered."""
+
+    KERNEL = "kernel"  # the per-layer call alone: per-batch schedule/metadata built once, outside (Backend.prepare)
+    WHOLE_CALL = "whole-call"  # the backend declares no prepare(): the whole call, its per-batch set-up included
+
+
+class ExitStatus(enum.IntEnum):
+    """What `difftest` exits with (docs/cli.md lists them)."""
+
+    OK = 0  # every result passed or was skipped
+    FAILED = 1  # some backend failed (or a shard of a spread run died)
+    USAGE = 2  # a bad option or an impossible spec: one line names the field, its value and what is allowed
+    IO = 3  # an output (report, stream, bundle) could not be written, or another run holds it: one line says why
+    INTERRUPTED = 130  # Ctrl-C: what finished is kept (stream, report marked incomplete); --resume continues

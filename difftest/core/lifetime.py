@@ -1,0 +1,160 @@
+"""What a run leaves behind when it is killed: child processes that die with it, temporary folders
+that the next run sweeps away.
+
+A child process (an isolated worker, a shard of a spread run) asks the kernel to SIGKILL it when its
+parent dies (die_with_parent: prctl(PR_SET_PDEATHSIG) on Linux), so a SIGKILLed run leaves no process
+running a kernel nobody waits for. PR_SET_PDEATHSIG is set by the child itself, after exec, rather
+than in a preexec_fn: the parent has torch's threads, and Python documents preexec_fn as unsafe in a
+threaded process.
+
+A program that cannot ask, and whose children do not either, runs under this module's wrapper,
+`python -m difftest.core.lifetime --parent PID -- ARGV...` (main, run_as_group): compute-sanitizer starts
+its target through a helper of its own (TreeLauncherSubreaper) that outlives it, SIGKILL or SIGTERM,
+so no chain of parents reaches the replay under it. The wrapper leads a process group, runs ARGV in
+it and asks for SIGTERM when its parent dies, on which it SIGKILLs the whole group: ARGV and all it
+started, at any depth, as long as none left the group (compute-sanitizer's tree does not).
+
+Temporary folders live in one folder per process, `difftest-run-<pid>-*` in the system's temp
+folder, whose `owner` file records the pid and that process's start time (so a reused pid is not
+taken for the run). A clean exit removes it (atexit); a SIGKILL cannot, so every run first sweeps the
+folders whose owner no longer runs (sweep). The isolated path's reaper removes its own at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import NoReturn
+
+from difftest.core.files import pid_alive
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+ORPHANED = 1  # exit status of a child whose run (its parent) was gone before it could ask
+CANNOT_RUN = 127  # the wrapper's exit status when ARGV cannot be run, as a shell's
+PREFIX = "difftest-run-"
+OWNER = "owner"  # in a run folder: "<pid> <start time>"
+_folder: Path | None = None  # this process's run folder, once made
+
+
+def die_with_parent(run_pid: int | None) -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux; elsewhere nothing), and exit
+    at once if the run `run_pid` (the parent, or the parent's parent for a fork server's child) is
+    already gone: it died before the request, so no signal comes."""
+    _ask_for_signal_with_parent(signal.SIGKILL)
+    if run_pid is not None and not pid_alive(run_pid):
+        os._exit(ORPHANED)
+
+
+def _ask_for_signal_with_parent(signum: int) -> None:
+    """prctl(PR_SET_PDEATHSIG, signum) on Linux; nothing elsewhere."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # no prctl here: the child outlives a killed parent until its work ends
+
+
+def run_as_group(parent: int, argv: Sequence[str]) -> int:
+    """Run `argv` (searching PATH) in this process's own process group and SIGKILL the whole group,
+    this process included, when `parent`, this process's parent, dies. Returns `argv`'s exit status
+    (128 + N when signal N ended it, as a shell says), ORPHANED at once if `parent` is gone already
+    (this process was handed to another), CANNOT_RUN with a line on stderr if `argv` cannot be run."""
+    if os.getpgid(0) != os.getpid():
+        os.setpgid(0, 0)
+    signal.signal(signal.SIGTERM, _kill_own_group)
+    _ask_for_signal_with_parent(signal.SIGTERM)  # catchable, unlike SIGKILL: the handler takes the group along
+    if os.getppid() != parent:
+        return ORPHANED
+    try:
+        child = subprocess.Popen(list(argv))
+    except OSError as exc:
+        print(f"difftest.core.lifetime: cannot run {argv[0]!r}: {exc.strerror or exc}", file=sys.stderr)
+        return CANNOT_RUN
+    status = child.wait()
+    return status if status >= 0 else 128 - status
+
+
+def _kill_own_group(signum: int, frame: FrameType | None) -> None:
+    """run_as_group's SIGTERM handler: SIGKILL its process group, itself included."""
+    os.killpg(os.getpid(), signal.SIGKILL)
+
+
+def _started(pid: int) -> str | None:
+    """When process `pid` started (clock ticks since boot, /proc/PID/stat field 22); None without /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2:].split()[19]
+
+
+def _owner_alive(folder: Path) -> bool:
+    """Whether the process that made run folder `folder` still runs (True when its owner file is not
+    written yet: it is being made right now)."""
+    try:
+        pid_text, _, started = (folder / OWNER).read_text().partition(" ")
+    except OSError:
+        return True
+    if not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    return pid_alive(pid) and (started.strip() in ("", "None") or started.strip() == _started(pid))
+
+
+def sweep(root: Path | None = None) -> list[Path]:
+    """Remove the run folders in `root` (default: the temp folder) whose owner no longer runs, a run
+    killed with SIGKILL; the folders removed."""
+    root = Path(root or tempfile.gettempdir())
+    try:
+        folders = [p for p in root.iterdir() if p.name.startswith(PREFIX) and p.is_dir()]
+    except OSError:
+        return []
+    dead = [folder for folder in folders if folder != _folder and not _owner_alive(folder)]
+    for folder in dead:
+        shutil.rmtree(folder, ignore_errors=True)
+    return dead
+
+
+def run_folder() -> Path:
+    """This process's run folder, made (after a sweep) the first time it is asked for."""
+    global _folder
+    if _folder is None or not _folder.is_dir():
+        sweep()
+        folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
+        (folder / OWNER).write_text(f"{os.getpid()} {_started(os.getpid())}\n")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        _folder = folder
+    return _folder
+
+
+@contextlib.contextmanager
+def scratch(prefix: str) -> Iterator[Path]:
+    """A temporary folder in this process's run folder, removed when the block ends."""
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=run_folder()) as folder:
+        yield Path(folder)
+
+
+def main(args: Sequence[str] | None = None) -> NoReturn:
+    """`python -m difftest.core.lifetime --parent PID -- ARGV...`: exit with run_as_group(PID, ARGV)."""
+    parser = argparse.ArgumentParser(prog="python -m difftest.core.lifetime",
+                                     description="Run ARGV in a process group that is SIGKILLed when PID dies.")
+    parser.add_argument("--parent", type=int, required=True, metavar="PID",
+                        help="the pid of the process starting this one")
+    parser.add_argument("argv", nargs="+", metavar="ARGV", help="the program and its arguments, after --")
+    options = parser.parse_args(args)
+    sys.exit(run_as_group(options.parent, options.argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,303 @@
+"""What the engine does around one backend call: poison, checksum and repeat.
+
+Poisoning (what a backend that leaves output unwritten shows as FAIL(unwritten)):
+* Guaranteed, CPU and CUDA: a buffer the engine hands over (contract.writes_into_output) is all
+  poison (difftest.core.poison); and every float32/bfloat16/float16 tensor the backend creates through
+  torch's empty-family factories while it runs (torch.empty, empty_like, new_empty, empty_strided,
+  and at::empty called by a C++ extension, since that goes through the dispatcher) starts as poison.
+* Best effort, CUDA only: before each launch, blocks the size of the output are taken from the
+  caching allocator, poisoned and freed, so memory the backend takes from the allocator without
+  the dispatcher (raw_alloc, a registered custom op's internal outputs) is likely, not certain, to
+  be poisoned: the allocator hands back a cached block of that size, but other cached blocks of
+  the same size, or PYTORCH_NO_CUDA_MEMORY_CACHING=1, defeat it.
+* Not on the CPU: glibc's malloc reuses a freed block for the next allocation of that size only
+  sometimes (measured: from 0 to 100 % of outputs landing on poison depending on the size and
+  what was allocated before), so raw CPU memory is not poisoned at all rather than unreliably.
+
+Checksums: every input tensor (q, kv_cache, weights, context_lens, block_table, indices) is
+fingerprinted before the first launch and after the last; a change names the tensor.
+Repeats: the backend is launched `repeat` times on the same inputs; difftest.engine.stability compares the
+outputs. Timing (`time` launches, difftest.engine.timing) comes after the last checksum, unpoisoned, and
+touches no verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from difftest.backends import Backend
+from difftest.core.contract import Contract
+from difftest.core.kernel_inputs import KernelInputs
+from difftest.core.poison import INT_OF_SIZE, POISON_BITS, poisoned
+from difftest.core.verdict import Verdict
+from difftest.engine.timing import Timing, time_launches
+
+INPUT_FIELDS = ("q", "kv_cache", "weights", "context_lens", "block_table", "indices")
+# Words summed at once by fingerprint(): bounds the int64 temporaries to 2 x 128 MiB.
+_CHUNK_WORDS = 1 << 24
+# Cached CUDA blocks of the output's size poisoned before each launch (see the module docstring).
+_POISONED_BLOCKS = 4
+_EMPTY_FACTORIES = {torch.ops.aten.empty, torch.ops.aten.empty_strided, torch.ops.aten.empty_like,
+                    torch.ops.aten.new_empty, torch.ops.aten.new_empty_strided}
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """How the engine calls a backend on one case: the output it expects and how many launches."""
+
+    rows: int
+    max_model_len: int
+    repeat: int = 1
+    time: int = 0  # launches timed after the checked ones (difftest.engine.timing); 0: none
+
+
+@dataclasses.dataclass(frozen=True)
+class Execution:
+    """The backend ran: one output per launch, the inputs it wrote into, the first launch's time."""
+
+    outputs: tuple[torch.Tensor, ...]
+    mutated: tuple[str, ...]
+    seconds: float
+    timing: Timing | None = None  # the timed launches, when asked for
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """The backend did not return: ERROR (it raised), CRASH (its process or device died) or TIMEOUT."""
+
+    verdict: Verdict
+    reason: str
+    seconds: float
+    error_type: str | None = None  # the class name of the exception, when one was raised
+
+
+Outcome = Execution | Fault
+
+
+# --------------------------------------------------------------------------- checksums
+
+def fingerprint(tensor: torch.Tensor) -> tuple[int, int]:
+    """(sum of words, sum of words weighted by position + 1) over the tensor's bytes, on its device.
+
+    Words are int32 where the byte count allows, else bytes; int64 sums wrap, which keeps them
+    independent of the summation order. Any change of one word changes the first sum; moving words
+    around changes the second. Computed on the tensor's device, so a 1 GiB cache costs no copy.
+    """
+    plain, weighted = _fingerprint_sums(tensor).tolist()
+    return plain, weighted
+
+
+def _fingerprint_sums(tensor: torch.Tensor) -> torch.Tensor:
+    """fingerprint()'s two sums as an int64 tensor (2,) on the tensor's device: nothing waits for them."""
+    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    words = raw.view(torch.int32) if raw.numel() % 4 == 0 else raw
+    sums = torch.zeros(2, dtype=torch.int64, device=raw.device)
+    for start in range(0, words.numel(), _CHUNK_WORDS):
+        chunk = words[start:start + _CHUNK_WORDS].to(torch.int64)
+        positions = torch.arange(start + 1, start + 1 + chunk.numel(), device=raw.device)
+        sums += torch.stack([chunk.sum(), (chunk * positions).sum()])
+    return sums
+
+
+def input_fingerprints(inputs: KernelInputs) -> dict[str, tuple[int, int]]:
+    """fingerprint() of every tensor a backend is handed, by field name; read back from each device
+    at once (one wait per device instead of two per tensor: a dozen on every GPU call)."""
+    tensors = {name: t for name in INPUT_FIELDS if isinstance(t := getattr(inputs, name), torch.Tensor)}
+    sums = {name: _fingerprint_sums(t) for name, t in tensors.items()}
+    prints: dict[str, tuple[int, int]] = {}
+    for device in {t.device for t in sums.values()}:
+        names = [name for name, t in sums.items() if t.device == device]
+        for name, (plain, weighted) in zip(names, torch.stack([sums[n] for n in names]).tolist(), strict=True):
+            prints[name] = (plain, weighted)
+    return {name: prints[name] for name in tensors}
+
+
+# --------------------------------------------------------------------------- poisoning
+
+class PoisonFreshTensors(TorchDispatchMode):
+    """While active, every tensor made by an empty-family factory starts as the poison NaN."""
+
+    def __torch_dispatch__(self, func: Callable[..., Any], types: tuple[type, ...], args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if getattr(func, "overloadpacket", None) in _EMPTY_FACTORIES and isinstance(out, torch.Tensor):
+            fill_poison(out)
+        return out
+
+
+def fill_poison(tensor: torch.Tensor) -> None:
+    """Overwrite `tensor` with the poison of its dtype, bit for bit; other dtypes are left alone."""
+    if tensor.dtype not in POISON_BITS or tensor.numel() == 0:
+        return
+    as_int = INT_OF_SIZE[tensor.element_size()]
+    # Copied as integers: a float copy may quiet or canonicalise the NaN payload.
+    sentinel = poisoned((), tensor.dtype, tensor.device).view(as_int)
+    tensor.view(as_int).copy_(sentinel.expand(tensor.shape))
+
+
+def poison_cached_memory(nbytes: int, dtype: torch.dtype, device: torch.device) -> None:
+    """CUDA: leave poisoned blocks of `nbytes` in the caching allocator for the next allocations."""
+    if device.type != "cuda" or dtype not in POISON_BITS or nbytes == 0:
+        return
+    count = -(-nbytes // dtype.itemsize)
+    held = [poisoned((count,), dtype, device) for _ in range(_POISONED_BLOCKS)]
+    del held  # freed into the cache, poison and all
+
+
+# --------------------------------------------------------------------------- the guarded call
+
+def execute(backend: Backend, inputs: KernelInputs, launch: Launch) -> Outcome:
+    """Call `backend` launch.repeat times under poison and checksums; never raises for its faults.
+
+    A raised exception is ERROR, unless the device no longer runs anything afterwards (a sticky
+    CUDA error such as an illegal memory access): then CRASH, since nothing after it can be trusted.
+    That covers a BaseException the backend raises (SystemExit, a KeyboardInterrupt of its own), but
+    not a Ctrl-C that arrives while it runs: that one stops the run. An output of the wrong type,
+    shape, dtype or device is ERROR with the reason 'contract: expected ..., got ...'.
+    """
+    start = time.perf_counter()
+    try:
+        with _SigintWatch() as watch:
+            return _launches(backend, inputs, launch, watch)
+    except ContractViolation as exc:
+        return Fault(Verdict.ERROR, str(exc), time.perf_counter() - start, "contract")
+    except Exception as exc:  # the backend's fault becomes its verdict, never the run's end
+        seconds = time.perf_counter() - start
+        exc = exc.raised if isinstance(exc, BackendRaised) else exc
+        reason = f"{type(exc).__name__}: {exc}"
+        broken = device_failure(inputs.q.device)
+        if broken is not None:
+            return Fault(Verdict.CRASH, f"{reason} (device unusable afterwards: {broken})", seconds, type(exc).__name__)
+        return Fault(Verdict.ERROR, reason, seconds, type(exc).__name__)
+
+
+class ContractViolation(Exception):
+    """The backend returned something other than the output its contract promises."""
+
+
+class BackendRaised(Exception):
+    """A BaseException that is no Exception (SystemExit, KeyboardInterrupt, GeneratorExit) raised by
+    the backend itself, carried as an Exception so that it becomes the backend's ERROR."""
+
+    def __init__(self, raised: BaseException) -> None:
+        self.raised = raised
+        super().__init__(f"{type(raised).__name__}: {raised}")
+
+
+class _SigintWatch:
+    """Around a backend call in the main thread: remembers whether a SIGINT (Ctrl-C) arrived, so a
+    KeyboardInterrupt it caused is told apart from one the backend raised itself. The handler in
+    place (Python's default, or the caller's) still runs; an ignored SIGINT stays ignored."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self.previous: Any = None
+
+    def __enter__(self) -> _SigintWatch:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        previous = signal.getsignal(signal.SIGINT)
+        if previous in (signal.SIG_IGN, None):
+            return self
+        self.previous = previous
+
+        def heard(signum: int, frame: Any) -> None:
+            self.seen = True
+            if callable(previous):
+                previous(signum, frame)
+            else:
+                raise KeyboardInterrupt
+
+        signal.signal(signal.SIGINT, heard)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
+def _launches(backend: Backend, inputs: KernelInputs, launch: Launch, watch: _SigintWatch) -> Execution:
+    contract, device = backend.contract, inputs.q.device
+    before = input_fingerprints(inputs)
+    outputs, seconds = [], []
+    for _ in range(launch.repeat):
+        out = _fresh_out(contract, launch, device)
+        nbytes = launch.rows * launch.max_model_len * contract.output_dtype.itemsize
+        poison_cached_memory(nbytes, contract.output_dtype, device)
+        start = time.perf_counter()
+        try:
+            with PoisonFreshTensors():
+                got = backend(inputs, out)
+        except Exception:
+            raise
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt) and watch.seen:
+                raise  # a real Ctrl-C: the run stops
+            raise BackendRaised(exc) from exc
+        synchronize(device)
+        seconds.append(time.perf_counter() - start)
+        got = _checked_output(got, launch, contract.output_dtype, device)
+        # A backend may hand back the same buffer every launch, timed ones included: keep each launch's bits apart.
+        outputs.append(_bit_copy(got) if launch.repeat > 1 or launch.time else got)
+    after = input_fingerprints(inputs)
+    mutated = tuple(name for name in before if before[name] != after[name])
+    # After the checksums: whatever the timed launches do, the verdict is made of what came before.
+    timing = time_launches(backend, inputs, _fresh_out(contract, launch, device), launch.time) if launch.time else None
+    return Execution(tuple(outputs), mutated, seconds[0], timing)
+
+
+def _fresh_out(contract: Contract, launch: Launch, device: torch.device) -> torch.Tensor | None:
+    """The poisoned buffer a backend that writes into one is handed; None for the others."""
+    if not contract.writes_into_output:
+        return None
+    return poisoned((launch.rows, launch.max_model_len), contract.output_dtype, device)
+
+
+def _checked_output(got: object, launch: Launch, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """`got` when it is the dense tensor the contract promises: shape [rows, max_model_len], the
+    contract's output_dtype (or float64: exact logits, as the reference computes them on the CPU), on
+    the inputs' device; ContractViolation (the backend's ERROR) otherwise."""
+    shape = (launch.rows, launch.max_model_len)
+    dtypes = list(dict.fromkeys((dtype, torch.float64)))
+    expected = (f"a dense torch.Tensor of shape [rows, max_model_len] = {list(shape)}, dtype "
+                f"{' or '.join(map(str, dtypes))}, on {device}")
+    if not isinstance(got, torch.Tensor):
+        raise ContractViolation(f"contract: expected {expected}, got {type(got).__name__}")
+    actual = f"a {got.layout} tensor of shape {list(got.shape)}, dtype {got.dtype}, on {got.device}"
+    if got.layout != torch.strided or tuple(got.shape) != shape or got.dtype not in dtypes or got.device != device:
+        raise ContractViolation(f"contract: expected {expected}, got {actual}")
+    return got
+
+
+def _bit_copy(values: torch.Tensor) -> torch.Tensor:
+    """A copy of `values`, NaN payloads (the poison) included: copied as integers of the same width."""
+    if not values.dtype.is_floating_point:
+        return values.clone()
+    as_int = INT_OF_SIZE[values.element_size()]
+    return values.view(as_int).clone().view(values.dtype)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so errors and timings belong to the call that caused them."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def device_failure(device: torch.device) -> str | None:
+    """Why `device` can no longer run work (a sticky CUDA error), or None when it still can."""
+    if device.type != "cuda":
+        return None
+    try:
+        torch.cuda.synchronize(device)
+        torch.ones(1, device=device).add_(1).item()
+    except Exception as exc:  # any failure here means the context is gone
+        return f"{type(exc).__name__}: {exc}"
+    return None

@@ -1,0 +1,51 @@
+"""CaseResult: one backend on one case, as data every layer above the runner reads."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from difftest.core.kinds import CacheLayout, Isolation, LengthEncoding
+from difftest.core.verdict import Verdict
+from difftest.engine.comparison import Comparison
+from difftest.engine.sanitize import SanitizerReport
+from difftest.engine.stability import Stability
+from difftest.engine.timing import Timing
+
+
+@dataclasses.dataclass(frozen=True)
+class Reach:
+    """How far into the envelope a case went: what the reach table adds up per backend."""
+
+    families: tuple[str, ...]  # the named edge families the case was drawn for
+    longest: int  # the longest sequence, in tokens
+    pool_bytes: int  # the cache the backend was handed
+    batch: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseResult:
+    """One backend on one case."""
+
+    backend: str
+    case: str
+    description: str
+    rows: int
+    verdict: Verdict
+    device: str
+    encoding: LengthEncoding  # the length encoding the backend was handed
+    layout: CacheLayout
+    overridden: bool  # True when a what-if encoding/layout replaced the backend's declared one
+    seconds: float
+    comparison: Comparison | None = None
+    reason: str | None = None  # the exception of an ERROR, CRASH or TIMEOUT, the cause of a SKIP
+    error_type: str | None = None  # the exception's class name, for an ERROR or CRASH that raised one
+    spec: dict[str, object] | None = None
+    mutated_inputs: tuple[str, ...] = ()  # input tensors the backend wrote into
+    stability: Stability | None = None  # how `repeat` launches agreed; None for one launch
+    isolation: Isolation | None = None  # where the call ran, when the run asked for isolation
+    isolation_note: str | None = None  # why it ran in-process although isolation was asked for
+    sanitizer: SanitizerReport | None = None  # the compute-sanitizer replay, when one was asked for
+    gpu: str | None = None  # the physical GPU it was computed on (hardware.gpu_description); None on the CPU
+    reach: Reach | None = None
+    timing: Timing | None = None  # the median of the timed launches, under `time` (difftest.engine.timing)
+    library: str = ""  # the backend's Contract.library: what it loaded (distribution, version, where from)

@@ -1,0 +1,879 @@
+"""Edge cases derived from a backend's declared envelope (difftest.core.contract.Contract), at the scale of
+the device they are for, each with what it costs in memory.
+
+Nothing here knows a kernel or its bugs: every length, batch and pool size follows from declared
+facts (tiles, work partition, next_n, heads, head dims, block sizes, max_context, max_pool_bytes)
+and from the target (device, SM count, memory). Each case is tagged with the named edge families it
+reaches; a family that cannot be reached is an Omission that says why, with the numbers.
+
+Families and how each is derived:
+
+* TILE_MULTIPLES: for every tile t (declared tiles, the partition's unit, the block sizes the kernel
+  sees), lengths k*t - 1, k*t, k*t + 1 for k = 1, 2 and, at production scale, the largest k that fits
+  the longest context.
+* PARTITION_STRADDLE: for every worker count the partition takes (per next_n, from its declared
+  workers or the target's SMs): GLOBAL, a request of exactly W units then [0, 1] (one unit too many,
+  so a contiguous range spans the empty request whichever end gets the remainder: both orders are
+  drawn) and 2W one-unit requests with empty ones between (every range spans one); PER_ROW with k
+  programs, rows of m = 1, k - 1, k (+ k + 1, 2k + 1) units ending with a full or a one-token unit, so
+  programs get uneven shares and empty chunks, with empty rows between.
+* SHORT_LENGTHS: all-empty, length-one and 0..next_n requests (rows with no keys at all).
+* PADDING: trailing padding requests whose stale table entries point at other sequences' blocks.
+* NEXT_N, HEADS, HEAD_DIMS, BLOCK_SIZES, FP8_FLAVOURS: every supported value (declared, or a
+  representative set where the contract takes any) in at least one case, at the nearest shape the
+  contract takes.
+* POSITIONS_2_15, POSITIONS_2_16: lengths 2^k - 1 .. 2^k + 2, so key positions 2^k - 1, 2^k, 2^k + 1 exist.
+* MAX_CONTEXT: every sequence at the longest context, and the MTP overhang column past it.
+* POOL_2_31_BYTES: pools just under and just over 2^31 bytes, the used blocks at the top ids.
+* LOGITS_2_31_ELEMENTS: rows * max_model_len just under and just over 2^31, the last request non-empty.
+* HIGH_BLOCK_IDS: used block ids past 2^16 (and past 2^31 bytes in the pool families).
+* STALE_TABLES: columns past each sequence's blocks holding canary ids, block 0, an extra column.
+* SHARED_BLOCKS: neighbours sharing full prefix blocks, as prefix caching does.
+* VALUES: heavy-tailed and integer-exact values.
+* RANDOM: drawn lengths at the target's scale (up to B = 128 at production scale).
+
+At SMALL scale (CPU CI) the same recipes run at the toy shape (H 32, D 64, block 16,
+max_model_len 128: for a contract that takes anything they are exactly difftest.generators.cases' edges and
+default specs); families whose essence is size become Omissions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import itertools
+import math
+import os
+from collections.abc import Callable, Hashable, Iterable
+from typing import NamedTuple
+
+from difftest.core.case import Case
+from difftest.core.contract import Contract
+from difftest.core.errors import SpecError
+from difftest.core.kinds import Device, Fp8Flavour, PartitionScope
+from difftest.generators.spec import CaseSpec, LengthDist, Stale, Values
+
+
+class EdgeFamily(str, enum.Enum):
+    """A named kind of edge case; a report says which families a run reached."""
+
+    TILE_MULTIPLES = "tile-multiples"
+    PARTITION_STRADDLE = "partition-straddle"
+    SHORT_LENGTHS = "short-lengths"
+    PADDING = "padding"
+    NEXT_N = "next-n"
+    HEADS = "heads"
+    HEAD_DIMS = "head-dims"
+    BLOCK_SIZES = "block-sizes"
+    FP8_FLAVOURS = "fp8-flavours"
+    POSITIONS_2_15 = "positions-2^15"
+    POSITIONS_2_16 = "positions-2^16"
+    MAX_CONTEXT = "max-context"
+    POOL_2_31_BYTES = "pool-2^31-bytes"
+    LOGITS_2_31_ELEMENTS = "logits-2^31-elements"
+    HIGH_BLOCK_IDS = "high-block-ids"
+    STALE_TABLES = "stale-tables"
+    SHARED_BLOCKS = "shared-blocks"
+    VALUES = "values"
+    RANDOM = "random"
+
+
+class Scale(str, enum.Enum):
+    """How big the cases are: SMALL for a CPU CI run, PRODUCTION for a GPU."""
+
+    SMALL = "small"
+    PRODUCTION = "production"
+
+
+# --------------------------------------------------------------------------- constants
+
+TWO_31 = 2**31
+# The toy shape of difftest.generators.cases (SMALL) and the DeepSeek-V3.2 indexer's (PRODUCTION).
+SMALL_SHAPE = dict(heads=32, head_dim=64, block_size=16, max_model_len=128)
+PRODUCTION_SHAPE = dict(heads=64, head_dim=128, block_size=64)
+PRODUCTION_CONTEXT = 131072  # the longest context when the contract names none: past 2^16, 128K as deployed
+CONTEXT_CAP = 1 << 20  # a contract may declare more; cases stop here so the oracle's work stays bounded
+PRODUCTION_BATCH = 128
+# SMALL stays where the CPU's interpreted kernels finish the whole plan in well under 2 minutes: the
+# AITER Triton kernels under the interpreter took ~0.2 s per (row, 64-position chunk) on 2 cores.
+SMALL_MAX_CONTEXT = 1024
+SMALL_MAX_POOL_BYTES = 250 * 10**6
+SMALL_MAX_LOGITS = 1 << 22  # rows * max_model_len
+SMALL_MEMORY = 2 << 30  # what a CI runner is assumed to spare when the host's free memory is unknown
+MEMORY_HEADROOM = 0.85  # of the free memory a probe finds: allocator fragmentation, the CUDA context
+# Representative values where the contract takes any; the first of each scale's shape is preferred.
+REPRESENTATIVE = {
+    Scale.SMALL: dict(next_n=(1, 2, 3, 4), heads=(32, 64), head_dim=(64, 128), block_size=(1, 16, 64)),
+    Scale.PRODUCTION: dict(next_n=(1, 2, 3, 4), heads=(16, 32, 64, 128), head_dim=(64, 128),
+                           block_size=(1, 16, 64)),
+}
+# Memory model constants. generators may not import difftest.oracles (the layering contract), so the torch
+# oracle's chunk size is restated: difftest.oracles.paged_mqa_logits._CHUNK_ELEMENTS.
+ORACLE_CHUNK_ELEMENTS = 1 << 22
+# difftest.engine.comparison: float64 copies of both logits, ~8 boolean masks and three float64 temporaries
+# (errors, row scales, top-k ranking) per logit, for COMPARE_CHUNK_ELEMENTS logits at a time
+# (restated: difftest.engine.comparison.CHUNK_ELEMENTS; generators may not import the comparison).
+COMPARE_BYTES_PER_LOGIT = 48
+COMPARE_CHUNK_ELEMENTS = 1 << 25
+# Case.validate's visible-slot check: a bool mask, the repeated int32 table, its int64 index and the
+# float32 gathered scales over (B, W * block_size). 25 measured on the H200 (logits-over-2^31).
+VALIDATE_BYTES_PER_SLOT = 26
+# difftest.core.fp8.convert of a pool between flavours: float32 values, bytes, a float32 decode to check,
+# and the int64 (block, slot, dim) indices of its boolean masks. 43 measured on the H200.
+CONVERT_BYTES_PER_KEY = 44
+# Small tensors round up to the allocator's blocks: tiny cases measured up to 2 MB over the sum of their parts.
+BUILD_SLACK = 4 << 20
+
+
+# --------------------------------------------------------------------------- public types
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What the cases are for: the device, its SM count (0 on a CPU), usable memory, and the scale."""
+
+    device: Device
+    sms: int
+    memory_bytes: int
+    scale: Scale
+
+    @classmethod
+    def small_cpu(cls, memory_bytes: int = SMALL_MEMORY) -> Target:
+        """A CPU CI run."""
+        return cls(Device.CPU, 0, memory_bytes, Scale.SMALL)
+
+    @classmethod
+    def production_gpu(cls, sms: int, memory_bytes: int) -> Target:
+        """A GPU with `sms` SMs and `memory_bytes` usable."""
+        return cls(Device.CUDA, sms, memory_bytes, Scale.PRODUCTION)
+
+    @classmethod
+    def probe(cls, device: Device, scale: Scale | None = None) -> Target:
+        """This machine's `device`: SMs and free memory (times MEMORY_HEADROOM) asked of difftest.core.hardware
+        on a GPU, the host's available memory on the CPU; PRODUCTION on a GPU, SMALL on the CPU by default."""
+        if device == Device.CUDA:
+            from difftest.core import hardware  # deferred: it imports torch's CUDA state
+
+            return cls(device, hardware.sm_count(), int(hardware.free_memory() * MEMORY_HEADROOM),
+                       scale or Scale.PRODUCTION)
+        return cls(device, 0, _host_memory(), scale or Scale.SMALL)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedSpec:
+    """A spec and the edge families it reaches; `shrunk` says what fit() changed, empty when nothing."""
+
+    spec: CaseSpec
+    families: tuple[EdgeFamily, ...]
+    shrunk: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Omission:
+    """A family (or one case of it) left out, and why, with the numbers."""
+
+    family: EdgeFamily
+    reason: str
+    spec_name: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Footprint:
+    """Bytes a case costs, as upper bounds (drawn lengths counted at their longest)."""
+
+    pool_bytes: int  # num_blocks * block_size * (D + 4): keys and fp32 scales
+    other_bytes: int  # q, weights, block table, lengths
+    logits_bytes: int  # a backend's fp32 output: rows * max_model_len * 4
+    oracle_fused_bytes: int  # the fused fp32 GPU oracle: its logits and per-row bounds
+    oracle_cpu_bytes: int  # the float64 torch oracle: its logits, decoded pool and one chunk's scores
+    compare_bytes: int  # judging one backend: COMPARE_BYTES_PER_LOGIT per logit
+    kernel_bytes: int  # what the engine hands a kernel: a packed copy of the pool, re-paged or converted
+    working_bytes: int  # what the backend's call allocates besides its logits (Contract.working_memory)
+    build_bytes: int  # the peak build_case and Case.validate add while the case is made
+    key_reads: int  # (row, key) pairs a kernel scores: the sum of the row limits
+
+    @property
+    def case_bytes(self) -> int:
+        """The case's own tensors."""
+        return self.pool_bytes + self.other_bytes
+
+    def oracle_bytes(self, device: Device) -> int:
+        """The oracle used on `device`: fused fp32 on a GPU, float64 torch on the CPU."""
+        return self.oracle_fused_bytes if device == Device.CUDA else self.oracle_cpu_bytes
+
+    def total(self, device: Device) -> int:
+        """Peak bytes on `device`: the case, then the larger of making it and running one backend on it
+        (its inputs, its logits and its own working memory, beside the oracle's answer and the comparison)."""
+        running = (self.kernel_bytes + self.logits_bytes + self.working_bytes + self.oracle_bytes(device)
+                   + self.compare_bytes)
+        return self.case_bytes + max(self.build_bytes, running)
+
+    def describe(self, device: Device) -> str:
+        """'2.1 GB pool + 8.6 GB logits + ...': the parts of total(device)."""
+        parts = [(self.pool_bytes, "pool"), (self.other_bytes, "q/weights/table"), (self.logits_bytes, "logits"),
+                 (self.oracle_bytes(device), "oracle"), (self.compare_bytes, "compare"),
+                 (self.kernel_bytes, "kernel inputs"), (self.working_bytes, "kernel working memory")]
+        shown = " + ".join(f"{_size(n)} {what}" for n, what in parts if n >= 1 << 20) or "under 1 MB in all"
+        return f"{shown}; building peaks at {_size(self.case_bytes + self.build_bytes)}"
+
+
+# --------------------------------------------------------------------------- memory
+
+class CallSizes(NamedTuple):
+    """What the memory of one backend call depends on: a built case's sizes (of_case) or a spec's
+    upper bounds (estimate_bytes)."""
+
+    pool_bytes: int  # keys and fp32 scales
+    other_bytes: int  # q, weights, block table, lengths
+    key_bytes: int  # the keys alone
+    slots: int  # batch * table width * block size: the token table of a re-paged case has one per slot
+    logits: int  # rows * max_model_len
+    heads: int
+    block_size: int
+    fp8: Fp8Flavour
+
+    @classmethod
+    def of_case(cls, case: Case) -> CallSizes:
+        """The sizes of a built case."""
+        table = case.block_table
+        other = case.q.numel() + case.weights.numel() * 4 + table.numel() * 4 + case.seq_lens.numel() * 8
+        return cls(pool_bytes=case.pool_bytes, other_bytes=other, key_bytes=case.k_pool.numel(),
+                   slots=table.numel() * case.block_size, logits=case.rows * case.max_model_len, heads=case.heads,
+                   block_size=case.block_size, fp8=case.fp8)
+
+
+class CallBytes(NamedTuple):
+    """What one backend call holds besides the case itself."""
+
+    kernel: int  # the inputs the engine hands it: a packed copy of the pool, re-paged or converted
+    logits: int  # its fp32 output
+    working: int  # what its call allocates besides the logits (Contract.working_memory)
+
+    @property
+    def total(self) -> int:
+        return self.kernel + self.logits + self.working
+
+
+def call_bytes(sizes: CallSizes, contract: Contract | None) -> CallBytes:
+    """The memory of one call of a backend with `contract` (None: no backend's extras) on a case of `sizes`:
+    the engine re-pages to the block size it takes or converts the pool to its fp8 flavour, and its call
+    declares its working memory."""
+    kernel = sizes.pool_bytes + sizes.other_bytes
+    if contract is None:
+        return CallBytes(kernel, sizes.logits * 4, 0)
+    if contract.block_size_for(sizes.block_size) != sizes.block_size:
+        kernel += sizes.slots * 8
+    if contract.fp8 != sizes.fp8:
+        kernel += sizes.key_bytes * CONVERT_BYTES_PER_KEY
+    return CallBytes(kernel, sizes.logits * 4, contract.working_memory.bytes_for(sizes.logits, sizes.heads))
+
+
+def estimate_bytes(spec: CaseSpec, contract: Contract | None = None) -> Footprint:
+    """What `spec` costs in memory (upper bounds), and what running a backend of `contract` adds when it
+    is given (call_bytes)."""
+    batch, rows = spec.total_batch, spec.total_batch * spec.next_n
+    width = -(-spec.max_model_len // spec.block_size) + spec.extra_columns
+    slots = batch * width * spec.block_size
+    blocks = spec.pool_blocks if spec.pool_blocks is not None else spec.max_used_blocks + spec.canary_blocks
+    key_bytes = blocks * spec.block_size * spec.head_dim
+    pool = blocks * spec.block_size * (spec.head_dim + 4)
+    other = batch * spec.next_n * spec.heads * (spec.head_dim + 4) + batch * width * 4 + batch * 8
+    logits = rows * spec.max_model_len
+    call = call_bytes(CallSizes(pool, other, key_bytes, slots, logits, spec.heads, spec.block_size, spec.fp8), contract)
+    return Footprint(pool_bytes=pool, other_bytes=other, logits_bytes=call.logits,
+                     oracle_fused_bytes=logits * 4 + rows * 4, oracle_cpu_bytes=_torch_oracle_bytes(spec, key_bytes),
+                     compare_bytes=min(logits, COMPARE_CHUNK_ELEMENTS) * COMPARE_BYTES_PER_LOGIT,
+                     kernel_bytes=call.kernel, working_bytes=call.working,
+                     build_bytes=_build_bytes(spec, blocks, slots), key_reads=_key_reads(spec))
+
+
+def _longest(spec: CaseSpec) -> int:
+    """The longest length `spec` can draw."""
+    if spec.lengths is not None:
+        return max(spec.lengths)
+    return min(spec.max_model_len, 2 * spec.next_n + 1) if spec.length_dist == LengthDist.SHORT else spec.max_model_len
+
+
+def _key_reads(spec: CaseSpec) -> int:
+    """The sum of every row's limit, drawn lengths counted at their longest (all equal: one sum, times the
+    batch; a fuzz campaign asks this of every case it plans)."""
+    if spec.lengths is not None:
+        return sum(_limits_sum(n, spec.next_n) for n in spec.lengths)
+    return spec.batch * _limits_sum(_longest(spec), spec.next_n)
+
+
+def _limits_sum(length: int, next_n: int) -> int:
+    """The sum of the limits of one request's next_n rows."""
+    return sum(max(length - next_n + j + 1, 0) for j in range(next_n))
+
+
+def _torch_oracle_bytes(spec: CaseSpec, key_bytes: int) -> int:
+    """difftest.oracles.paged_mqa_logits in float64: its output, the pool and q decoded whole (reference's
+    k_values/q_values), and one chunk of sequences' scores (twice: einsum's temporary) and keys."""
+    batch, visible = spec.total_batch, max(_longest(spec), 1)
+    per_sequence = spec.next_n * spec.heads * visible
+    chunk = min(batch, max(1, ORACLE_CHUNK_ELEMENTS // per_sequence))
+    scores = chunk * per_sequence * 8 * 2
+    keys = chunk * visible * (spec.head_dim * 9 + 8)
+    decoded = key_bytes * 8 + batch * spec.next_n * spec.heads * spec.head_dim * 8
+    return batch * spec.next_n * spec.max_model_len * 8 + decoded + scores + keys
+
+
+def _build_bytes(spec: CaseSpec, blocks: int, slots: int) -> int:
+    """The largest transient of build_case: drawing keys or queries (float32 normals, clamped; heavy
+    values twice that), converting to e4m3fnuz, the table's masks, or Case.validate's per-slot check."""
+    drawn = blocks if spec.pool_blocks is None else min(blocks, spec.max_used_blocks)
+    per_value = 16 if spec.values == Values.HEAVY else 8
+    draw = drawn * spec.block_size * (spec.head_dim * per_value + 8)
+    queries = spec.total_batch * spec.next_n * spec.heads * (spec.head_dim + 2) * per_value
+    convert = blocks * spec.block_size * spec.head_dim * CONVERT_BYTES_PER_KEY if spec.fp8 != Fp8Flavour.E4M3FN else 0
+    table = slots // spec.block_size * 18
+    return max(draw, queries, convert, table, slots * VALIDATE_BYTES_PER_SLOT) + BUILD_SLACK
+
+
+def fit(planned: PlannedSpec, budget_bytes: int, *, device: Device = Device.CUDA,
+        contract: Contract | None = None) -> PlannedSpec | Omission:
+    """`planned` if it fits `budget_bytes` on `device`; else a smaller copy that does, saying what changed;
+    else an Omission with the numbers.
+
+    It shrinks by halving the batch (down to 1), then by halving max_model_len, and only where that
+    keeps what the case tests: explicit lengths, a set pool size and the size families
+    (2^31 pools and logits, high block ids) are never shrunk, and neither is the context of a
+    context family (positions, max context, tiles, partitions).
+    """
+    spec = planned.spec
+    need = estimate_bytes(spec, contract).total(device)
+    if need <= budget_bytes:
+        return planned
+    for smaller in _shrinks(planned):
+        if estimate_bytes(smaller, contract).total(device) <= budget_bytes:
+            changed = [f for f in ("batch", "max_model_len") if getattr(spec, f) != getattr(smaller, f)]
+            change = ", ".join(f"{f} {getattr(spec, f)} -> {getattr(smaller, f)}" for f in changed)
+            note = f"{change}: {_size(need)} needed, {_size(budget_bytes)} allowed"
+            return dataclasses.replace(planned, spec=smaller, shrunk="; ".join(filter(None, (planned.shrunk, note))))
+    why = "" if _shrinkable(planned) else " and shrinking it would lose what it tests"
+    return Omission(planned.families[0], f"{spec.name} needs {_size(need)} "
+                    f"({estimate_bytes(spec, contract).describe(device)}), {_size(budget_bytes)} allowed{why}",
+                    spec.name)
+
+
+_SIZE_FAMILIES = frozenset({EdgeFamily.POOL_2_31_BYTES, EdgeFamily.LOGITS_2_31_ELEMENTS, EdgeFamily.HIGH_BLOCK_IDS})
+_CONTEXT_FAMILIES = frozenset({EdgeFamily.MAX_CONTEXT, EdgeFamily.POSITIONS_2_15, EdgeFamily.POSITIONS_2_16,
+                               EdgeFamily.TILE_MULTIPLES, EdgeFamily.PARTITION_STRADDLE, *_SIZE_FAMILIES})
+
+
+def _shrinkable(planned: PlannedSpec) -> bool:
+    """Whether fewer sequences would still test what `planned` tests: drawn lengths, no set pool, no size family."""
+    spec = planned.spec
+    return spec.lengths is None and spec.pool_blocks is None and not _SIZE_FAMILIES & set(planned.families)
+
+
+def _shrinks(planned: PlannedSpec) -> Iterable[CaseSpec]:
+    """Ever smaller copies: halved batches, then (where the context is not the point) halved contexts."""
+    if not _shrinkable(planned):
+        return
+    spec = planned.spec
+    while spec.batch > 1:
+        spec = spec.replace(batch=spec.batch // 2)
+        yield spec
+    if _CONTEXT_FAMILIES & set(planned.families):
+        return
+    while spec.max_model_len > spec.block_size:
+        spec = spec.replace(max_model_len=spec.max_model_len // 2)
+        yield spec
+
+
+# --------------------------------------------------------------------------- grouping
+
+def envelope_key(contract: Contract) -> Hashable:
+    """Equal for contracts whose envelopes plan the same cases, so backends sharing one share cases (and
+    the oracle runs once per case). Encoding, layout, mask, fp8 flavour and tolerance do not change
+    which cases; the devices do (a contract that excludes the target's device gets none), and so does
+    the working memory (a case that fits one backend may not fit another)."""
+
+    def norm(values: Iterable[int] | None) -> tuple[int, ...] | None:
+        return None if values is None else tuple(sorted(set(values)))
+
+    return (norm(contract.next_n), norm(contract.block_sizes), norm(contract.head_dims), norm(contract.heads),
+            contract.heads_multiple_of, contract.heads_power_of_two, contract.max_context,
+            contract.max_pool_bytes, norm(contract.tiles), contract.partition, tuple(sorted(contract.devices)),
+            contract.working_memory)
+
+
+# --------------------------------------------------------------------------- planning
+
+class _Dims(NamedTuple):
+    """The four dimensions Contract.shape_reason judges, in its argument order."""
+
+    next_n: int
+    heads: int
+    head_dim: int
+    block_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What every family builder reads: the contract, the target and the shape cases start from."""
+
+    contract: Contract
+    target: Target
+    base: CaseSpec  # the nearest shape the contract takes to the scale's preferred one
+    context: int  # max_model_len of most cases
+    longest: int  # the longest max_model_len any case may have
+    align: int  # contexts are rounded up to a multiple of this (tiles, unit, block)
+
+    @property
+    def small(self) -> bool:
+        return self.target.scale == Scale.SMALL
+
+    def nn(self, wanted: int) -> int:
+        """The supported next_n nearest to `wanted` (the larger on a tie: more draft rows)."""
+        return _nearest(self.contract.next_n, wanted)
+
+    def batch(self, small: int) -> int:
+        """A batch of `small` sequences at SMALL scale, four times that (at most 128) at production scale."""
+        return small if self.small else min(4 * small, PRODUCTION_BATCH)
+
+    def ctx(self, length: int) -> int:
+        """A max_model_len that holds `length`: rounded up to `align` where that stays within `longest`."""
+        rounded = -(-length // self.align) * self.align
+        return rounded if rounded <= self.longest else length
+
+    def spec(self, name: str, next_n: int, **fields: object) -> CaseSpec:
+        """The base spec named `name`, at the supported next_n nearest `next_n`, with `fields` replaced."""
+        return self.base.replace(name=name, next_n=self.nn(next_n), **fields)
+
+    def dims(self, **pinned: int) -> _Dims | None:
+        """The base shape with `pinned` values, the others moved to the nearest the contract takes."""
+        want = _Dims(self.base.next_n, self.base.heads, self.base.head_dim, self.base.block_size)._replace(**pinned)
+        return _nearest_dims(self.contract, want, tuple(pinned))
+
+    def supported(self, field: str) -> tuple[int, ...]:
+        """Declared values of `field`, or the scale's representative ones where the contract takes any,
+        kept where some shape the contract takes has them."""
+        declared = {"next_n": self.contract.next_n, "heads": self.contract.heads,
+                    "head_dim": self.contract.head_dims, "block_size": self.contract.block_sizes}[field]
+        values = declared if declared is not None else REPRESENTATIVE[self.target.scale][field]
+        return tuple(v for v in sorted(set(values)) if self.dims(**{field: v}) is not None)
+
+
+Built = list[PlannedSpec | Omission]  # what a family builder returns: cases, or why a case is left out
+
+
+def envelope_specs(contract: Contract, target: Target) -> tuple[list[PlannedSpec], list[Omission]]:
+    """The cases `contract`'s envelope calls for on `target`, each tagged with its families, and what was
+    left out and why. Seed-independent: the caller picks seeds. Every spec passes the contract's own
+    shape and size checks and fits target.memory_bytes (shrunk by fit() where it may be)."""
+    if target.device.value not in contract.devices:
+        why = f"the contract's devices {list(contract.devices)} exclude {target.device.value}"
+        return [], [Omission(family, why) for family in EdgeFamily]
+    plan = _make_plan(contract, target)
+    if plan is None:
+        why = "no shape (next_n, heads, head_dim, block_size) satisfies the contract"
+        return [], [Omission(family, why) for family in EdgeFamily]
+    built: Built = [item for builder in _BUILDERS for item in builder(plan)]
+    planned, omitted = _admit(plan, built)
+    return planned, omitted + _unreached(planned, omitted)
+
+
+def _make_plan(contract: Contract, target: Target) -> _Plan | None:
+    """The base shape (the scale's preferred one, or the nearest the contract takes), the contexts the
+    scale allows and the alignment of max_model_len; None when no shape satisfies the contract."""
+    small = target.scale == Scale.SMALL
+    shape = SMALL_SHAPE if small else PRODUCTION_SHAPE
+    want = _Dims(_nearest(contract.next_n, 1), shape["heads"], shape["head_dim"], shape["block_size"])
+    dims = _nearest_dims(contract, want)
+    if dims is None:
+        return None
+    declared = contract.max_context
+    if small:
+        longest = min(declared or SMALL_MAX_CONTEXT, SMALL_MAX_CONTEXT)
+        context = min(SMALL_SHAPE["max_model_len"], longest)
+    else:
+        longest = context = min(declared, CONTEXT_CAP) if declared else PRODUCTION_CONTEXT
+    tiles = [t for t in (*contract.tiles, *_unit(contract), dims.block_size) if 1 < t <= longest]
+    align = math.lcm(*tiles) if tiles else 1
+    align = align if align <= longest else max(tiles)
+    base = CaseSpec(batch=4, next_n=dims.next_n, heads=dims.heads, head_dim=dims.head_dim,
+                    block_size=dims.block_size, max_model_len=context)
+    return _Plan(contract, target, base, context, longest, align)
+
+
+def _unit(contract: Contract) -> tuple[int, ...]:
+    """The partition's unit as a tile, when a partition is declared."""
+    return (contract.partition.unit_tokens,) if contract.partition is not None else ()
+
+
+def _nearest(allowed: Iterable[int] | None, wanted: int) -> int:
+    """The value of `allowed` (any when None) nearest to `wanted` on a log scale, the larger on a tie."""
+    if allowed is None:
+        return wanted
+    return min(allowed, key=lambda v: (abs(math.log2(v / wanted)), -v))
+
+
+def _nearest_dims(contract: Contract, want: _Dims, pinned: tuple[str, ...] = ()) -> _Dims | None:
+    """The shape Contract.shape_reason accepts that is nearest `want`, judged dimension by dimension
+    (heads first, then head_dim, block_size, next_n); `pinned` dimensions keep their wanted value."""
+    options = {
+        "next_n": contract.next_n or (want.next_n,),
+        "heads": contract.heads or _head_lattice(contract, want.heads),
+        "head_dim": contract.head_dims or (want.head_dim,),
+        # a wanted block size stays a candidate: the contract may take it by re-paging to tokens
+        "block_size": (want.block_size, *(contract.block_sizes or ())),
+    }
+    for field in pinned:
+        options[field] = (getattr(want, field),)
+    shapes = [_Dims(*values) for values in itertools.product(*options.values())]
+    valid = [d for d in shapes if d.next_n >= 1 and contract.shape_reason(*d) is None]
+    order = ("heads", "head_dim", "block_size", "next_n")
+
+    def distance(d: _Dims) -> tuple[float, ...]:
+        return (*(abs(math.log2(getattr(d, f) / getattr(want, f))) for f in order), *(-getattr(d, f) for f in order))
+
+    return min(valid, key=distance) if valid else None
+
+
+def _head_lattice(contract: Contract, wanted: int) -> tuple[int, ...]:
+    """Head counts to try where the contract names none: `wanted`, the multiples of heads_multiple_of
+    on either side of it, powers of two and their multiples of it, up to 1024 (shape_reason then
+    keeps those its constraints allow)."""
+    step = contract.heads_multiple_of
+    around = {step * (wanted // step), step * -(-wanted // step)}
+    return tuple(sorted(h for h in {wanted, *around, *(m * 2**k for k in range(11) for m in (1, step))}
+                        if 1 <= h <= 1024))
+
+
+def _admit(plan: _Plan, built: Built) -> tuple[list[PlannedSpec], list[Omission]]:
+    """Specs the contract takes and the target holds (fit), merged where two families built the same
+    spec; everything else an Omission per family, with the reason."""
+    kept: dict[CaseSpec, PlannedSpec] = {}
+    omitted: list[Omission] = []
+    for item in built:
+        if isinstance(item, Omission):
+            omitted.append(item)
+            continue
+        taken = _within_envelope(plan, item)
+        if isinstance(taken, Omission):
+            omitted += [dataclasses.replace(taken, family=f) for f in item.families]
+            continue
+        fitted = fit(taken, plan.target.memory_bytes, device=plan.target.device, contract=plan.contract)
+        if isinstance(fitted, Omission):
+            omitted += [dataclasses.replace(fitted, family=f) for f in item.families]
+            continue
+        if fitted.spec in kept:
+            families = tuple(dict.fromkeys((*kept[fitted.spec].families, *fitted.families)))
+            fitted = dataclasses.replace(kept[fitted.spec], families=families)
+        kept[fitted.spec] = fitted
+    names = [p.spec.name for p in kept.values()]
+    assert len(set(names)) == len(names), f"two different specs share a name: {names}"
+    return list(kept.values()), omitted
+
+
+def _within_envelope(plan: _Plan, planned: PlannedSpec) -> PlannedSpec | Omission:
+    """`planned` if the contract and the scale take it; else, for a drawn spec, the first smaller copy
+    (as fit() shrinks) they take, saying why; else an Omission with the reason."""
+    reason = _reject_reason(plan, planned.spec)
+    if not reason:
+        return planned
+    for smaller in _shrinks(planned):
+        if not _reject_reason(plan, smaller):
+            changed = [f for f in ("batch", "max_model_len") if getattr(planned.spec, f) != getattr(smaller, f)]
+            change = ", ".join(f"{f} {getattr(planned.spec, f)} -> {getattr(smaller, f)}" for f in changed)
+            return dataclasses.replace(planned, spec=smaller, shrunk=f"{change}: {reason}")
+    return Omission(planned.families[0], f"{planned.spec.name}: {reason}", planned.spec.name)
+
+
+def _reject_reason(plan: _Plan, spec: CaseSpec) -> str | None:
+    """Why the contract or the scale does not take `spec`; None when both do."""
+    try:
+        spec.validate()
+    except SpecError as err:  # e.g. a declared head_dim that is not a multiple of 16
+        return str(err)
+    contract = plan.contract
+    reason = contract.shape_reason(spec.next_n, spec.heads, spec.head_dim, spec.block_size)
+    if reason:
+        return reason
+    pool = estimate_bytes(spec).pool_bytes
+    if contract.max_context is not None and spec.max_model_len > contract.max_context:
+        return f"max_model_len={spec.max_model_len} exceeds the contract's max_context {contract.max_context}"
+    if contract.max_pool_bytes is not None and pool > contract.max_pool_bytes:
+        return f"a {pool}-byte pool exceeds the contract's max_pool_bytes {contract.max_pool_bytes}"
+    return _scale_reason(plan, spec.max_model_len, pool, spec.total_batch * spec.next_n * spec.max_model_len)
+
+
+def _scale_reason(plan: _Plan, context: int, pool_bytes: int, logits: int) -> str | None:
+    """Why SMALL scale leaves out a case of this size (CPU CI keeps contexts, pools and logits small)."""
+    if not plan.small:
+        return None
+    if context > plan.longest:
+        return f"needs max_model_len {context}; SMALL scale keeps contexts <= {plan.longest} for a CPU run"
+    if pool_bytes > SMALL_MAX_POOL_BYTES:
+        return f"needs a {_size(pool_bytes)} pool; SMALL scale keeps pools <= {_size(SMALL_MAX_POOL_BYTES)}"
+    if logits > SMALL_MAX_LOGITS:
+        return f"needs {logits} logits; SMALL scale keeps rows * max_model_len <= {SMALL_MAX_LOGITS}"
+    return None
+
+
+def _unreached(planned: list[PlannedSpec], omitted: list[Omission]) -> list[Omission]:
+    """An Omission for any family no builder produced anything for, so every family is accounted for."""
+    seen = {f for p in planned for f in p.families} | {o.family for o in omitted}
+    return [Omission(f, "no case derived from this envelope") for f in EdgeFamily if f not in seen]
+
+
+# --------------------------------------------------------------------------- families
+
+def _tiles(plan: _Plan) -> Built:
+    """TILE_MULTIPLES: k*t - 1, k*t, k*t + 1 for every tile t the kernel is known to use (its tiles, its
+    partition unit, the block sizes it sees), k = 1, 2 and at production scale the largest k that fits."""
+    seen = {plan.contract.block_size_for(bs) for bs in (plan.base.block_size, *(plan.contract.block_sizes or ()))}
+    tiles = sorted({t for t in (*plan.contract.tiles, *_unit(plan.contract), *seen) if t is not None and t > 1})
+    if not tiles:
+        return [Omission(EdgeFamily.TILE_MULTIPLES, "the contract declares no tiles and its kernel sees block size 1")]
+    out: Built = []
+    for tile in tiles:
+        top = (plan.longest - 1) // tile
+        multiples = sorted({1, 2} | (set() if plan.small or top <= 2 else {top}))
+        lengths = sorted({k * tile + d for k in multiples for d in (-1, 0, 1)})
+        name = "block-boundaries" if tile == plan.base.block_size and plan.small else f"tile-{tile}"
+        context = max(plan.context, plan.ctx(lengths[-1]))
+        out.append(PlannedSpec(plan.spec(name, 2, lengths=tuple(lengths), max_model_len=context),
+                               (EdgeFamily.TILE_MULTIPLES,)))
+    return out
+
+
+def _straddles(plan: _Plan) -> Built:
+    """PARTITION_STRADDLE: for each worker count the partition runs with (next_n values grouped by it),
+    requests placed so that one worker's range of units spans an empty or one-token request."""
+    family, partition = EdgeFamily.PARTITION_STRADDLE, plan.contract.partition
+    if partition is None:
+        return [Omission(family, "the contract declares no work partition")]
+    if partition.workers is None and plan.target.sms < 1:
+        return [Omission(family, f"the partition's workers are the GPU's SMs and a {plan.target.device.value} "
+                                 "target has none")]
+    groups: dict[int, list[int]] = {}
+    for next_n in _straddle_next_ns(plan):
+        groups.setdefault(partition.worker_count(next_n, plan.target.sms), []).append(next_n)
+    out: Built = []
+    for workers, next_ns in sorted(groups.items(), reverse=True):
+        next_n = min(next_ns)  # the fewest rows per request: the units are the request's own
+        recipes = _global_straddles if partition.scope == PartitionScope.GLOBAL else _per_row_straddles
+        for name, lengths in recipes(partition.unit_tokens, workers, plan.small):
+            out.append(PlannedSpec(plan.spec(f"straddle-w{workers}-{name}", next_n, lengths=lengths,
+                                             max_model_len=plan.ctx(max(lengths))), (family,)))
+    return out
+
+
+def _straddle_next_ns(plan: _Plan) -> tuple[int, ...]:
+    """next_n values whose worker counts differ: the smallest supported one and every supported one the
+    partition halves its workers at."""
+    halved = plan.contract.partition.halved_at_next_n if plan.contract.partition else ()
+    supported = plan.contract.next_n
+    halved = tuple(n for n in halved if supported is None or n in supported)
+    return (_nearest(supported, 1), *halved)
+
+
+def _global_straddles(unit: int, workers: int, small: bool) -> list[tuple[str, tuple[int, ...]]]:
+    """Units of every request end to end, cut into `workers` contiguous ranges. A first request of exactly
+    `workers` units (its shortest and longest such length) then [0, 1] makes one unit too many, so the
+    range holding the remainder spans the empty request when the remainder goes to the last range; the
+    mirror order [1, 0, L] does when it goes to the first; 2 * workers one-token requests with empty
+    ones between give every range two requests around an empty one."""
+    shortest, longest = (workers - 1) * unit + 1, workers * unit
+    interleaved = (1, 0) * (2 * workers - 1) + (1,)
+    return [("tail-shortest", (shortest, 0, 1)), ("tail-longest", (longest, 0, 1)),
+            ("head", (1, 0, shortest)), ("interleaved", interleaved)]
+
+
+def _per_row_straddles(unit: int, programs: int, small: bool) -> list[tuple[str, tuple[int, ...]]]:
+    """Each row's units cut among `programs` programs of its own: rows of m units for m = 1, k - 1, k + 1
+    (and k, 2k + 1 at production scale), each once ending in a one-token unit and once in a full one,
+    so shares come out uneven around empty chunks; empty rows between them."""
+    counts = {1, programs - 1, programs + 1} | (set() if small else {programs, 2 * programs + 1})
+    rows = sorted({n for m in counts if m >= 1 for n in ((m - 1) * unit + 1, m * unit)})
+    lengths = tuple(x for n in rows for x in (n, 0))[:-1]
+    return [(f"per-row-u{unit}", lengths)]
+
+
+def _short(plan: _Plan) -> Built:
+    """SHORT_LENGTHS: all-empty requests, length-one requests, and 0..next_n (rows with no keys)."""
+    short, padding = EdgeFamily.SHORT_LENGTHS, EdgeFamily.PADDING
+    top = plan.nn(4)
+    return [PlannedSpec(plan.spec("all-padding", 2, lengths=(0, 0, 0)), (short, padding)),
+            PlannedSpec(plan.spec("length-one", 1, lengths=(1, 1)), (short,)),
+            PlannedSpec(plan.spec("shorter-than-next-n", top, lengths=tuple(range(top + 1))), (short,))]
+
+
+def _tables(plan: _Plan) -> Built:
+    """PADDING, STALE_TABLES, SHARED_BLOCKS, MAX_CONTEXT: what a paged table holds around the lengths."""
+    c = plan.context
+    shared = tuple(round(c * k / 128) for k in (70, 70, 45, 100))  # difftest.generators.cases' lengths at context 128
+    return [
+        PlannedSpec(plan.spec("max-model-len", 3, length_dist=LengthDist.FULL, batch=2), (EdgeFamily.MAX_CONTEXT,)),
+        PlannedSpec(plan.spec("padding-requests", 2, batch=plan.batch(3), padding=plan.batch(3), stale=Stale.OTHER),
+                    (EdgeFamily.PADDING, EdgeFamily.STALE_TABLES)),
+        PlannedSpec(plan.spec("shared-prefix-blocks", 2, lengths=shared, shared_blocks=True),
+                    (EdgeFamily.SHARED_BLOCKS,)),
+        PlannedSpec(plan.spec("stale-canary-table", 3, batch=plan.batch(4), extra_columns=1, stale=Stale.CANARY),
+                    (EdgeFamily.STALE_TABLES,)),
+        PlannedSpec(plan.spec("stale-zero-table", 2, batch=plan.batch(4), extra_columns=1, stale=Stale.ZERO),
+                    (EdgeFamily.STALE_TABLES,)),
+        PlannedSpec(plan.spec("mtp-overhang-column", 4, lengths=(c, c - 1), extra_columns=1),
+                    (EdgeFamily.MAX_CONTEXT, EdgeFamily.STALE_TABLES)),
+    ]
+
+
+def _values(plan: _Plan) -> Built:
+    """VALUES and FP8_FLAVOURS: heavy-tailed and integer-exact values; every fp8 flavour besides e4m3fn
+    (the base's, reached by every other case)."""
+    out: Built = [PlannedSpec(plan.spec(name, 2, batch=plan.batch(4), values=values), (EdgeFamily.VALUES,))
+                  for name, values in (("heavy-tailed-values", Values.HEAVY), ("integer-exact", Values.INTEGER))]
+    for flavour in Fp8Flavour:
+        if flavour != plan.base.fp8:
+            out.append(PlannedSpec(plan.spec(f"{flavour.value}-flavour", 1, batch=plan.batch(3), fp8=flavour),
+                                   (EdgeFamily.FP8_FLAVOURS,)))
+    return out
+
+
+def _randoms(plan: _Plan) -> Built:
+    """NEXT_N and RANDOM: one drawn spec per supported next_n (uniform lengths at odd next_n, edge lengths
+    at even), the first also standing for the base's heads, head dim, block size and e4m3fn; at
+    production scale B = 128 drawn over the whole context."""
+    out: Built = []
+    for index, next_n in enumerate(plan.supported("next_n")):
+        dist = LengthDist.EDGES if next_n % 2 == 0 else LengthDist.UNIFORM
+        families = (EdgeFamily.NEXT_N, EdgeFamily.RANDOM)
+        if index == 0:
+            families += (EdgeFamily.HEADS, EdgeFamily.HEAD_DIMS, EdgeFamily.BLOCK_SIZES, EdgeFamily.FP8_FLAVOURS)
+        spec = plan.base.replace(name=f"random-mtp{next_n}-{dist.value}", next_n=next_n, length_dist=dist,
+                                 batch=plan.batch(4) if plan.small else 32)
+        out.append(PlannedSpec(spec, families))
+    if not plan.small:
+        out.append(PlannedSpec(plan.spec(f"random-b{PRODUCTION_BATCH}", 2, batch=PRODUCTION_BATCH,
+                                         length_dist=LengthDist.UNIFORM), (EdgeFamily.RANDOM, EdgeFamily.MAX_CONTEXT)))
+    return out
+
+
+def _dimensions(plan: _Plan) -> Built:
+    """HEADS, HEAD_DIMS, BLOCK_SIZES: the DeepSeek indexer's shape (H 64, D 128, block 64, or the nearest
+    the contract takes), then a spec for every other supported value not reached yet."""
+    out = _deepseek(plan)
+    covered = {("heads", plan.base.heads), ("head_dim", plan.base.head_dim), ("block_size", plan.base.block_size)}
+    # Block sizes keep their own edge-length cases even where deepseek-heads has one: a block boundary
+    # is an edge, a head count is not.
+    covered |= {(f, getattr(p.spec, f)) for p in out for f in ("heads", "head_dim")}
+    for field, family, name in (("block_size", EdgeFamily.BLOCK_SIZES, "block-size"),
+                                ("heads", EdgeFamily.HEADS, "heads"), ("head_dim", EdgeFamily.HEAD_DIMS, "head-dim")):
+        for value in plan.supported(field):
+            if (field, value) not in covered:
+                out.append(PlannedSpec(_one_value(plan, name, field, value), (family,)))
+    return out
+
+
+def _deepseek(plan: _Plan) -> list[PlannedSpec]:
+    """H 64 with D and block nearest 128 and 64, unless that is already the production base."""
+    if 64 not in plan.supported("heads"):
+        return []
+    heads = plan.dims(heads=64)
+    assert heads is not None  # supported() keeps only values some shape has
+    shape = _nearest_dims(plan.contract, heads._replace(head_dim=128, block_size=64), ("heads",)) or heads
+    if not plan.small and shape[1:] == (plan.base.heads, plan.base.head_dim, plan.base.block_size):
+        return []
+    context = max(2 * plan.context, plan.ctx(256)) if plan.small else plan.context
+    spec = plan.spec("deepseek-heads", 2, heads=shape.heads, head_dim=shape.head_dim, block_size=shape.block_size,
+                     max_model_len=context, batch=plan.batch(2))
+    return [PlannedSpec(spec, (EdgeFamily.HEADS, EdgeFamily.HEAD_DIMS))]
+
+
+def _one_value(plan: _Plan, name: str, field: str, value: int) -> CaseSpec:
+    """Edge-distributed lengths at the nearest shape with `field` = `value`: six sequences for a block
+    size (its boundaries are the point), two otherwise."""
+    shape = plan.dims(**{field: value})
+    assert shape is not None  # supported() keeps only values some shape has
+    context = max(2 * plan.context, plan.ctx(4 * shape.block_size)) if plan.small else plan.context
+    return plan.spec(f"{name}-{value}", 2, heads=shape.heads, head_dim=shape.head_dim, block_size=shape.block_size,
+                     max_model_len=context, length_dist=LengthDist.EDGES,
+                     batch=plan.batch(6 if field == "block_size" else 2))
+
+
+def _positions(plan: _Plan) -> Built:
+    """POSITIONS_2_15, POSITIONS_2_16: lengths 2^k - 1 .. 2^k + 2, so positions 2^k - 1, 2^k, 2^k + 1 exist."""
+    out: Built = []
+    for power, family in ((15, EdgeFamily.POSITIONS_2_15), (16, EdgeFamily.POSITIONS_2_16)):
+        lengths = tuple(2**power + d for d in (-1, 0, 1, 2))
+        out.append(PlannedSpec(plan.spec(f"positions-{2**power}", 1, lengths=lengths,
+                                         max_model_len=plan.ctx(lengths[-1])), (family,)))
+    return out
+
+
+def _pools(plan: _Plan) -> Built:
+    """POOL_2_31_BYTES and HIGH_BLOCK_IDS: pools of floor(2^31 / block bytes) blocks and one more (every
+    offset below 2^31, then the top block's bytes past it), used blocks at the top ids; and a pool whose
+    used block ids all pass 2^16."""
+    bs, dim = plan.base.block_size, plan.base.head_dim
+    block_bytes = bs * (dim + 4)
+    tile = max((*plan.contract.tiles, *_unit(plan.contract), bs))
+    lengths = (2 * tile + 1, bs + 1, max(bs - 1, 1), 1, 0)
+    out: Built = []
+    under = TWO_31 // block_bytes
+    for name, blocks in (("under", under), ("over", under + 1)):
+        reason = _scale_reason(plan, plan.context, blocks * block_bytes, 0)
+        if reason:
+            out.append(Omission(EdgeFamily.POOL_2_31_BYTES, f"pool-{name}-2^31-bytes: {reason}"))
+            continue
+        spec = plan.spec(f"pool-{name}-2^31-bytes", 1, lengths=lengths, max_model_len=plan.ctx(lengths[0]),
+                         pool_blocks=blocks, high_block_ids=True)
+        out.append(PlannedSpec(spec, (EdgeFamily.POOL_2_31_BYTES, EdgeFamily.HIGH_BLOCK_IDS)))
+    short = (2 * bs + 1, bs, 1, 0)
+    blocks = 2**16 + 1 + sum(-(-n // bs) for n in short)  # used ids 2^16 + 1 and up
+    out.append(PlannedSpec(plan.spec("high-block-ids-65536", 2, lengths=short, pool_blocks=blocks,
+                                     high_block_ids=True), (EdgeFamily.HIGH_BLOCK_IDS,)))
+    return out
+
+
+def _logits(plan: _Plan) -> Built:
+    """LOGITS_2_31_ELEMENTS: at the longest context and the largest next_n (fewest requests), B requests
+    with B * next_n * max_model_len just under 2^31 and just over, short lengths cycling through 0, 1,
+    next_n and a block + 1, and the last request (whose rows lie past 2^31 in the over case) crossing
+    a few tiles."""
+    family = EdgeFamily.LOGITS_2_31_ELEMENTS
+    next_n = max(plan.supported("next_n"))
+    context = plan.longest if plan.small else plan.context
+    per_request = next_n * context
+    reason = _scale_reason(plan, context, 0, TWO_31)
+    if reason:
+        return [Omission(family, f"logits-2^31: {reason}")]
+    bs = plan.base.block_size
+    tile = max((*plan.contract.tiles, *_unit(plan.contract), bs))
+    last = min(context, 4 * tile + 1)
+    cycle = (0, 1, next_n, bs + 1)
+    out: Built = []
+    for name, batch in (("under", TWO_31 // per_request), ("over", TWO_31 // per_request + 1)):
+        if batch < 1:
+            out.append(Omission(family, f"logits-{name}-2^31: one request of next_n {next_n} at max_model_len "
+                                        f"{context} already passes 2^31 logits"))
+            continue
+        lengths = (*(cycle[i % len(cycle)] for i in range(batch - 1)), last)
+        out.append(PlannedSpec(plan.spec(f"logits-{name}-2^31", next_n, lengths=lengths, max_model_len=context),
+                               (family,)))
+    return out
+
+
+_BUILDERS: tuple[Callable[[_Plan], Built], ...] = (_short, _tiles, _tables, _values, _dimensions, _randoms,
+                                                     _straddles, _positions, _pools, _logits)
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _size(n: int) -> str:
+    """Bytes in decimal units, one decimal: '2.1 GB'."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _host_memory() -> int:
+    """Available host memory times MEMORY_HEADROOM; SMALL_MEMORY where the OS does not say."""
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * MEMORY_HEADROOM)
+    except (ValueError, OSError, AttributeError):
+        return SMALL_MEMORY

@@ -1,0 +1,334 @@
+"""The CI matrix: device kinds x library versions x backends x suites, read from a difftest.toml
+([matrix]) or a pyproject.toml ([tool.difftest.matrix]), and planned into cells.
+
+A cell is one CI job: one device kind, one library version, one suite, and the backends that run
+there. A combination (device, backend, version, suite) is left out, with its reason, when the
+backend's contract does not take the device kind (its `devices` and `archs` against the kind's facts
+in difftest.core.hardware), when the version does not provide the backend, or when an exclude rule
+matches it and no include rule does (an include rule is an exception to the exclude rules, never to
+the facts). docs/matrix.md describes the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import fnmatch
+import itertools
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from difftest.core.errors import SpecError, require
+from difftest.core.hardware import DeviceKind
+from difftest.core.kinds import CaseKind
+from difftest.core.schema import MatrixModel, MatrixSuiteModel, MatrixVersionModel, read_toml, validate
+
+if TYPE_CHECKING:
+    from difftest.core.contract import Contract
+
+FILES = ("difftest.toml", "pyproject.toml")  # where the matrix is looked for when no file is given
+FILE_FIELD = "matrix_file"  # the library parameter naming the file (the CLI's --file)
+
+
+class Source(str, enum.Enum):
+    """Where a library version comes from."""
+
+    WHEEL = "wheel"  # a pinned distribution the CI job pip-installs before the cell runs
+    PATH = "path"  # a folder put first on sys.path and PYTHONPATH: a source checkout, an unpacked tree
+    INSTALLED = "installed"  # whatever the job's environment has
+
+
+@dataclasses.dataclass(frozen=True)
+class Runner:
+    """A device kind and where its CI jobs run."""
+
+    kind: DeviceKind
+    labels: tuple[str, ...]  # GitHub Actions `runs-on`
+    queue: str  # the Buildkite agent queue
+
+
+@dataclasses.dataclass(frozen=True)
+class Version:
+    """A library version: a pinned wheel, a folder, or the installed environment."""
+
+    name: str
+    source: Source
+    target: str | None  # the requirement of a wheel, the folder of a path (as the file gives it)
+    backends: tuple[str, ...]  # fnmatch patterns of the backends it provides
+    pip_args: tuple[str, ...] = ()
+
+    def provides(self, backend: str) -> bool:
+        """Whether this version provides `backend` (a name as the matrix lists it)."""
+        return any(fnmatch.fnmatchcase(backend, pattern) for pattern in self.backends)
+
+    def describe(self) -> str:
+        """'vllm==0.33.0', 'path vendor/aiter', or 'installed'."""
+        if self.source == Source.PATH:
+            return f"path {self.target}"
+        return self.target if self.source == Source.WHEEL and self.target else Source.INSTALLED.value
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    """Which cases a cell runs: a `difftest run` suite, or a fuzz campaign of `budget` seconds."""
+
+    name: str
+    cases: CaseKind = CaseKind.ENVELOPE
+    count: int | None = None
+    seed: int = 0
+    budget: float | None = None
+    # One CaseSpec as JSON, as `--spec` takes it; left out of ==/hash (a dict has none): names are unique.
+    spec: dict[str, Any] | None = dataclasses.field(default=None, compare=False)
+    case_filter: tuple[str, ...] = ()
+    fuzz: bool = False
+    isolate: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Combo:
+    """One point of the product of the axes."""
+
+    device: DeviceKind
+    backend: str
+    version: str
+    suite: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """An include or exclude rule: fnmatch patterns over the axes; an exclude rule says why."""
+
+    device: str = "*"
+    backend: str = "*"
+    version: str = "*"
+    suite: str = "*"
+    reason: str | None = None
+
+    def matches(self, combo: Combo) -> bool:
+        """Whether every pattern matches its axis of `combo`."""
+        pairs = ((self.device, combo.device.value), (self.backend, combo.backend), (self.version, combo.version),
+                 (self.suite, combo.suite))
+        return all(fnmatch.fnmatchcase(value, pattern) for pattern, value in pairs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Matrix:
+    """A matrix file, read and checked. Paths in it are relative to its folder."""
+
+    path: Path
+    runners: tuple[Runner, ...]
+    backends: tuple[str, ...]
+    versions: tuple[Version, ...]
+    suites: tuple[Suite, ...]
+    include: tuple[Rule, ...] = ()
+    exclude: tuple[Rule, ...] = ()
+    ledger: str | None = None
+    baseline: str | None = None
+    setup: tuple[str, ...] = ()  # shell commands every CI job runs first (install difftest)
+    merge_runner: tuple[str, ...] = ("ubuntu-latest",)
+
+    def resolve(self, relative: str) -> Path:
+        """A path the file gives, relative to the file's folder."""
+        return Path(os.path.normpath(self.path.parent / relative))
+
+
+class Why(str, enum.Enum):
+    """Why a combination is not run."""
+
+    ARCH = "arch unsupported"  # the backend's contract does not take the device kind
+    VERSION = "version lacks the backend"  # the version does not provide it
+    RULE = "excluded"  # an exclude rule matched it
+
+
+@dataclasses.dataclass(frozen=True)
+class Exclusion:
+    """A (device, backend, version) not run in `suites` (every suite when empty), and why."""
+
+    device: DeviceKind
+    backend: str
+    version: str
+    why: Why
+    reason: str
+    suites: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One CI job: a device kind, a version, a suite and the backends run there."""
+
+    runner: Runner
+    version: Version
+    suite: Suite
+    backends: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        """'sm90/vllm-0.33.0/quick': what `difftest matrix run` takes."""
+        return f"{self.runner.kind.value}/{self.version.name}/{self.suite.name}"
+
+    @property
+    def slug(self) -> str:
+        """The name as a CI job id and artifact name take it: 'sm90_vllm-0_33_0_quick'."""
+        return re.sub(r"[^A-Za-z0-9_-]", "_", self.name)
+
+
+@dataclasses.dataclass(frozen=True)
+class MatrixPlan:
+    """The cells of a matrix, and every combination left out with its reason."""
+
+    matrix: Matrix
+    cells: tuple[Cell, ...]
+    excluded: tuple[Exclusion, ...]
+
+    def cell(self, name: str) -> Cell:
+        """The cell called `name`; SpecError listing the cells otherwise."""
+        found = next((cell for cell in self.cells if cell.name == name), None)
+        require(found is not None, "cell", name, f"a cell of {self.matrix.path}, one of {[c.name for c in self.cells]}")
+        assert found is not None
+        return found
+
+    def render(self) -> str:
+        """What `difftest matrix plan` prints: the cells with their backends, then what is left out and why."""
+        lines = [f"{len(self.cells)} cells ({self.matrix.path})"]
+        lines += [f"  {cell.name:<40} runner {'/'.join(cell.runner.labels)}, {cell.version.describe()}: "
+                  f"{', '.join(cell.backends)}" for cell in self.cells]
+        if self.excluded:
+            lines.append(f"{len(self.excluded)} left out (device kinds that share a reason on one line)")
+            lines += [f"  {line}" for line in self._grouped()]
+        return "\n".join(lines)
+
+    def _grouped(self) -> list[str]:
+        """One line per (version, backend, suites, reason), its device kinds joined."""
+        devices: dict[tuple[str, str, tuple[str, ...], Why, str], list[str]] = {}
+        for e in self.excluded:
+            devices.setdefault((e.version, e.backend, e.suites, e.why, e.reason), []).append(e.device.value)
+        return [f"{','.join(kinds)}/{version} {backend} ({', '.join(suites) or 'every suite'}): {why.value}: {reason}"
+                for (version, backend, suites, why, reason), kinds in devices.items()]
+
+
+# --------------------------------------------------------------------------- reading the file
+
+def load_matrix(path: str | Path | None = None) -> Matrix:
+    """The matrix of `path` (a difftest.toml or a pyproject.toml), else of the first of FILES in the
+    working folder that holds one; SpecError naming the first field that does not fit."""
+    path = Path(path) if path is not None else _found()
+    document = read_toml(path, FILE_FIELD, "matrix file (TOML)")
+    prefix = "tool.difftest.matrix" if path.name == "pyproject.toml" else "matrix"
+    table = _table(document, prefix.split("."))
+    require(table is not None, f"{path} {prefix}", None, f"a [{prefix}] table")
+    if prefix == "matrix":
+        extra = sorted(set(document) - {"matrix"})
+        require(not extra, f"{path} tables", extra, "only a [matrix] table")
+    return _built(validate(MatrixModel, table, f"{path} {prefix}."), path)
+
+
+def _found() -> Path:
+    for name in FILES:
+        path = Path(name)
+        if path.is_file() and (name != "pyproject.toml" or _table(read_toml(path, FILE_FIELD, "TOML file"),
+                                                                  ["tool", "difftest", "matrix"]) is not None):
+            return path
+    raise SpecError(FILE_FIELD, None, "a difftest.toml with a [matrix] table or a pyproject.toml with "
+                    "[tool.difftest.matrix] in the working folder")
+
+
+def _table(document: dict[str, Any], keys: list[str]) -> Any:
+    for key in keys:
+        if not isinstance(document, dict) or key not in document:
+            return None
+        document = document[key]
+    return document
+
+
+def _built(model: MatrixModel, path: Path) -> Matrix:
+    runners = tuple(Runner(DeviceKind(kind), _labels(d.runner), d.queue or _labels(d.runner)[-1])
+                    for kind, d in model.devices.items())
+    return Matrix(
+        path=path, runners=runners, backends=tuple(dict.fromkeys(model.backends)),
+        versions=tuple(_version(name, v) for name, v in model.versions.items()),
+        suites=tuple(_suite(name, s) for name, s in model.suites.items()),
+        include=tuple(Rule(r.device, r.backend, r.version, r.suite) for r in model.include),
+        exclude=tuple(Rule(r.device, r.backend, r.version, r.suite, r.reason) for r in model.exclude),
+        ledger=model.ledger, baseline=model.baseline, setup=tuple(model.setup),
+        merge_runner=_labels(model.merge_runner))
+
+
+def _labels(runner: str | list[str]) -> tuple[str, ...]:
+    return (runner,) if isinstance(runner, str) else tuple(runner)
+
+
+def _version(name: str, model: MatrixVersionModel) -> Version:
+    source = Source.WHEEL if model.wheel else Source.PATH if model.path else Source.INSTALLED
+    return Version(name, source, model.wheel or model.path, tuple(model.backends), tuple(model.pip_args))
+
+
+def _suite(name: str, model: MatrixSuiteModel) -> Suite:
+    spec = model.spec.model_dump(exclude_unset=True) if model.spec is not None else None
+    return Suite(name, CaseKind(model.cases), model.count, model.seed, model.budget, spec,
+                 tuple(model.case_filter), model.fuzz, model.isolate)
+
+
+# --------------------------------------------------------------------------- planning
+
+def arch_reason(kind: DeviceKind, contract: Contract) -> str | None:
+    """Why `contract` does not take `kind` (its devices, then its archs), or None when it does."""
+    if kind.device not in contract.devices:
+        return f"contract devices {list(contract.devices)} exclude {kind.device}"
+    if kind.arch is not None and contract.archs is not None and kind.arch not in contract.archs:
+        return f"contract archs {list(contract.archs)} exclude {kind.arch}"
+    return None
+
+
+def plan(matrix: Matrix, contracts: Mapping[str, Contract]) -> MatrixPlan:
+    """The cells of `matrix`, given each backend's contract (by its name in the matrix), and what is
+    left out. A (device, version, suite) with no backend left is no cell."""
+    excluded: list[Exclusion] = []
+    chosen: dict[tuple[Runner, Version, Suite], list[str]] = {}
+    for runner, version, backend in itertools.product(matrix.runners, matrix.versions, matrix.backends):
+        fact = _fact(runner.kind, backend, version, contracts[backend])
+        left = [fact] if fact is not None else _ruled(matrix, runner.kind, backend, version)
+        excluded += left
+        gone = {suite for e in left for suite in e.suites or [s.name for s in matrix.suites]}
+        for suite in matrix.suites:
+            if suite.name not in gone:
+                chosen.setdefault((runner, version, suite), []).append(backend)
+    cells = tuple(Cell(*where, tuple(backends)) for where, backends in chosen.items())
+    _unique_slugs(cells)
+    return MatrixPlan(matrix, cells, tuple(excluded))
+
+
+def _fact(kind: DeviceKind, backend: str, version: Version, contract: Contract) -> Exclusion | None:
+    """The exclusion the facts make (arch first, then version), for every suite."""
+    why = arch_reason(kind, contract)
+    if why is not None:
+        return Exclusion(kind, backend, version.name, Why.ARCH, why)
+    if not version.provides(backend):
+        return Exclusion(kind, backend, version.name, Why.VERSION,
+                         f"{version.name} ({version.describe()}) provides {list(version.backends)}")
+    return None
+
+
+def _ruled(matrix: Matrix, kind: DeviceKind, backend: str, version: Version) -> list[Exclusion]:
+    """One exclusion per exclude rule that takes suites of this (device, backend, version) out, with
+    the suites it takes (those no include rule puts back)."""
+    taken: dict[str, list[str]] = {}
+    for suite in matrix.suites:
+        combo = Combo(kind, backend, version.name, suite.name)
+        if any(rule.matches(combo) for rule in matrix.include):
+            continue
+        rule = next((rule for rule in matrix.exclude if rule.matches(combo)), None)
+        if rule is not None:
+            taken.setdefault(rule.reason or "", []).append(suite.name)
+    return [Exclusion(kind, backend, version.name, Why.RULE, reason, tuple(suites)) for reason, suites in taken.items()]
+
+
+def _unique_slugs(cells: tuple[Cell, ...]) -> None:
+    """Two cells whose names differ only where a CI id takes no character would share jobs and artifacts."""
+    seen: dict[str, str] = {}
+    for cell in cells:
+        other = seen.setdefault(cell.slug, cell.name)
+        require(other == cell.name, "versions", cell.name, f"names whose CI id differs from {other!r}'s "
+                f"({cell.slug}): rename a version or a suite")

@@ -1,0 +1,275 @@
+"""Reports: the per-backend table with the -inf-mask headline, the results per GPU, failure details, JSON and JSONL.
+
+The JSON report (write_json) is written once at the end: the run, the summaries, every result.
+The JSONL stream and reading results back live in difftest.records.serialize.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from difftest.core.files import atomic_write
+from difftest.core.kinds import TimedRegion
+from difftest.core.verdict import Verdict, worst
+from difftest.engine.comparison import STRIP_LEGEND, Comparison
+from difftest.engine.performance import format_seconds, races
+from difftest.engine.plan import EnvelopePlan
+from difftest.engine.result import CaseResult
+from difftest.engine.stability import Stability, StabilityKind
+from difftest.records.serialize import to_jsonable
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendSummary:
+    """One backend over a whole run."""
+
+    backend: str
+    cases: int  # cases it ran (not skipped)
+    skipped: int
+    rows: int  # rows compared
+    mask_rows: int  # rows with a wrong -inf mask: the headline numerator
+    max_rel_err: float
+    topk_overlap: float  # worst case's mean overlap
+    verdict: Verdict
+    counts: dict[str, int]  # verdict -> cases
+    skip_reasons: list[str]
+    stability: str | None = None  # the least stable kind over its repeated cases, with the launches
+    seconds: float = 0.0  # its calls' seconds over the cases it ran (CaseResult.seconds), summed
+    median_seconds: float = 0.0  # the median of those per case
+    kernel_seconds: float | None = None  # under --time: the median over its cases of their median timed launch
+    timed_region: TimedRegion | None = None  # what those launches covered
+    # What it loaded (Contract.library), as its results name it; '; '-joined where they name several (a
+    # resumed run whose earlier part loaded another version).
+    library: str = ""
+
+
+def summarize(results: list[CaseResult]) -> list[BackendSummary]:
+    """One summary per backend, in the order backends first appear."""
+    names = list(dict.fromkeys(r.backend for r in results))
+    return [_summary(name, [r for r in results if r.backend == name]) for name in names]
+
+
+def _summary(name: str, results: list[CaseResult]) -> BackendSummary:
+    compared = [r.comparison for r in results if r.comparison is not None]
+    ran = [r for r in results if r.verdict != Verdict.SKIP]
+    verdicts = [r.verdict for r in results]
+    counts = {v.value: verdicts.count(v) for v in Verdict if v in verdicts}
+    overall = Verdict.SKIP if not ran else worst([r.verdict for r in ran])
+    return BackendSummary(
+        backend=name, cases=len(ran), skipped=len(results) - len(ran),
+        rows=sum(c.rows for c in compared), mask_rows=sum(len(c.mask_rows) for c in compared),
+        max_rel_err=max((c.max_rel_err for c in compared), default=0.0),
+        topk_overlap=min((c.topk_overlap for c in compared), default=math.nan),
+        verdict=overall, counts=counts,
+        skip_reasons=sorted({r.reason or "" for r in results if r.verdict == Verdict.SKIP}),
+        stability=_least_stable([r.stability for r in results if r.stability is not None]),
+        library="; ".join(dict.fromkeys(r.library for r in results if r.library)), **_times(ran))
+
+
+def _times(ran: list[CaseResult]) -> dict[str, Any]:
+    """The time columns of a backend's summary: its calls' seconds (total, median per case) and,
+    under --time, the median of its cases' median timed launches and what those covered."""
+    seconds = [r.seconds for r in ran]
+    timed = [r.timing for r in ran if r.timing is not None and r.timing.error is None]
+    return dict(seconds=sum(seconds), median_seconds=statistics.median(seconds) if seconds else 0.0,
+                kernel_seconds=statistics.median(t.median for t in timed) if timed else None,
+                timed_region=timed[0].region if timed else None)
+
+
+def _least_stable(stabilities: list[Stability]) -> str | None:
+    """'bitwise-stable x3', 'unstable x3', ...: the least stable of the cases and its launch count."""
+    order = list(StabilityKind)
+    least = max(stabilities, key=lambda s: order.index(s.kind), default=None)
+    return None if least is None else f"{least.kind.value} x{least.launches}"
+
+
+def headline(summary: BackendSummary) -> str:
+    """'48/48 rows with the wrong -inf mask': the number a kernel engineer reads first."""
+    return f"{summary.mask_rows}/{summary.rows} rows with the wrong -inf mask"
+
+
+def render_table(summaries: list[BackendSummary]) -> str:
+    """The fixed-width table `difftest run` ends with: the time columns are each backend's calls,
+    total and per case, and under --time the median kernel launch; then what each backend loaded."""
+    timed = any(s.kernel_seconds is not None for s in summaries)
+    header = (f"{'backend':<28} {'cases':>5} {'rows':>6}  {'-inf-mask mismatch':<18}  "
+              f"{'max rel err':>11}  {'top-k overlap':>13}  {'time':>8} {'per case':>8}  "
+              + (f"{'kernel':>9}  " if timed else "") + "verdict")
+    lines = [header]
+    for s in summaries:
+        overlap = "-" if math.isnan(s.topk_overlap) else f"{s.topk_overlap:.3f}"
+        err = "-" if not s.rows else f"{s.max_rel_err:.2e}" if s.max_rel_err else "0"
+        mismatch = f"{s.mask_rows}/{s.rows}" if s.cases else "-"
+        verdict = s.verdict.value if s.verdict != Verdict.PASS or not s.skipped else f"PASS ({s.skipped} skipped)"
+        if s.verdict == Verdict.SKIP:
+            verdict = f"SKIP: {s.skip_reasons[0] if s.skip_reasons else ''}"
+        if s.stability:
+            verdict += f" [{s.stability}]"
+        lines.append(f"{s.backend:<28} {s.cases:>5} {s.rows:>6}  {mismatch:<18}  {err:>11}  "
+                     f"{overlap:>13}  {_time_cells(s, timed)}{verdict}")
+    if any(s.timed_region == TimedRegion.WHOLE_CALL for s in summaries):
+        lines.append(WHOLE_CALL_NOTE)
+    return "\n".join(lines + _library_lines(summaries))
+
+
+def _library_lines(summaries: list[BackendSummary]) -> list[str]:
+    """After a blank line, what each backend loaded (Contract.library), for those that say: below the
+    table, which has no room for a version and the path it came from, and indented, so that the
+    table's row is still the one line that starts with the backend's name."""
+    named = [s for s in summaries if s.library]
+    if not named:
+        return []
+    return ["", "libraries loaded:"] + [f"  {s.backend:<26} {s.library}" for s in named]
+
+
+WHOLE_CALL_NOTE = ("* whole call timed: the backend declares no prepare(), so its per-batch set-up (a schedule, "
+                   "metadata) is timed with the kernel")
+
+
+def _time_cells(s: BackendSummary, timed: bool) -> str:
+    """'1.23 s  41.2 ms  ' (and the kernel cell under --time, '*' marking a whole call), '-' where it ran nothing."""
+    total, per_case = (format_seconds(s.seconds), format_seconds(s.median_seconds)) if s.cases else ("-", "-")
+    cells = f"{total:>8} {per_case:>8}  "
+    if not timed:
+        return cells
+    kernel = "-" if s.kernel_seconds is None else format_seconds(s.kernel_seconds)
+    return cells + f"{kernel + ('*' if s.timed_region == TimedRegion.WHOLE_CALL else ''):>9}  "
+
+
+def render_devices(results: list[CaseResult]) -> str:
+    """'results per device: cuda:0 NVIDIA H200 (PCI ...): 44, cuda:0 NVIDIA H200 (PCI ...): 44' when the
+    results were computed on more than one GPU (CaseResult.gpu); '' otherwise."""
+    counts = Counter(r.gpu for r in results if r.gpu is not None)
+    if len(counts) < 2:
+        return ""
+    return "results per device: " + ", ".join(f"{gpu}: {n}" for gpu, n in counts.items())
+
+
+def render_failures(results: list[CaseResult], limit: int = 20) -> str:
+    """One block per failing (backend, case): verdict, mask rows, first mismatch or the error, and
+    what the guards found (inputs written, launches disagreeing, sanitizer errors)."""
+    lines = []
+    for r in [r for r in results if r.verdict.failed][:limit]:
+        lines.append(f"{r.backend} on {r.case} [{r.description}]: {r.verdict.value} "
+                     f"(encoding {r.encoding.value}{', overridden' if r.overridden else ''})")
+        lines += [f"    {line}" for line in _comparison_lines(r) + _guard_lines(r)]
+    hidden = sum(r.verdict.failed for r in results) - limit
+    if hidden > 0:
+        lines.append(f"... and {hidden} more failing results in the JSON report")
+    return "\n".join(lines)
+
+
+def render_results(results: list[CaseResult]) -> str:
+    """One line per result, passing and skipped ones too: backend, case, verdict, seconds, and the
+    reason of a SKIP or an ERROR."""
+    return "\n".join(f"{r.backend} on {r.case} [{r.description}]: {r.verdict.value} in {r.seconds:.3f} s"
+                     + (f": {r.reason}" if r.reason else "") for r in results)
+
+
+def _comparison_lines(r: CaseResult) -> list[str]:
+    if r.comparison is None:
+        return [r.reason or ""]
+    c = r.comparison
+    lines = [f"{len(c.mask_rows)}/{c.rows} rows with the wrong -inf mask {_few(c.mask_rows)}; "
+             f"NaN rows {_few(c.nan_rows)}; unwritten rows {_few(c.unwritten_rows)}; "
+             f"value rows {_few(c.value_rows)}"]
+    if c.first_mismatch:
+        m = c.first_mismatch
+        lines.append(f"first mismatch: row {m.row}, position {m.position}: expected {m.expected!r}, "
+                     f"got {m.got!r} ({m.kind.value})")
+    return lines + _mask_lines(c)
+
+
+def _mask_lines(c: Comparison, shown: int = 4) -> list[str]:
+    """Why the masks are wrong: the pattern, a few rows' limits (the oracle's and the one the kernel
+    behaved as if it had), and the first wrong row's mask around its boundaries."""
+    lines = []
+    if c.explanation is not None:
+        lines.append(f"pattern: {c.explanation.summary()}")
+    for row, oracle, apparent in c.mask_limits[:shown]:
+        behaved = "a mask that is not a prefix (-inf between values)" if apparent is None else apparent
+        lines.append(f"row {row}: oracle limit {oracle}, kernel behaved as {behaved}")
+    if c.mask_strip:
+        lines += [f"mask: {c.mask_strip}", f"      ({STRIP_LEGEND})"]
+    return lines
+
+
+def _guard_lines(r: CaseResult) -> list[str]:
+    lines = []
+    if r.mutated_inputs:
+        lines.append(f"wrote into its inputs: {', '.join(r.mutated_inputs)}")
+    s = r.stability
+    if s is not None and s.kind != StabilityKind.BITWISE:
+        lines.append(f"{s.kind.value} over {s.launches} launches: rows {_few(s.moved_rows)} moved, "
+                     f"{_few(s.unstable_rows)} past the tolerance (max |diff| {s.max_abs_diff:.3g})")
+    if r.sanitizer is not None:
+        lines.append(r.sanitizer.summary())
+    return lines
+
+
+def _few(rows: list[int], shown: int = 8) -> str:
+    if not rows:
+        return "none"
+    text = ",".join(map(str, rows[:shown]))
+    return f"[{text}{',...' if len(rows) > shown else ''}]"
+
+
+def write_json(path: str | Path, results: list[CaseResult], run_info: dict[str, Any]) -> Path:
+    """The whole run: how it was made, the summaries, every result and the sibling races of a --time run
+    (difftest.engine.performance). Written atomically (a crash leaves the old report or the new one, never a
+    part); OutputError (field 'report') when it cannot be."""
+    doc = {"run": run_info, "summaries": to_jsonable(summarize(results)), "results": to_jsonable(results),
+           "performance": to_jsonable(races(results))}
+    return atomic_write(Path(path), json.dumps(doc, indent=1) + "\n", "report")
+
+
+def render_reach(results: list[CaseResult], plan: EnvelopePlan | None = None) -> str:
+    """How far each backend went: cases run and skipped, the longest context, the largest cache and
+    batch, the edge families reached, then what the plan left out and why. '' when nothing ran."""
+    names = list(dict.fromkeys([r.backend for r in results] + list(plan.idle if plan else ())))
+    if not names:
+        return ""
+    lines = [f"{'reach':<28} {'run':>5} {'skip':>5} {'longest':>8} {'pool':>14} {'B':>5}  families"]
+    lines += [_reach_line(name, [r for r in results if r.backend == name]) for name in names]
+    return "\n".join(lines + _left_out(names, results, plan))
+
+
+def _reach_line(name: str, results: list[CaseResult]) -> str:
+    ran = [r for r in results if r.verdict != Verdict.SKIP and r.reach is not None]
+    families = sorted({f for r in ran for f in r.reach.families})  # type: ignore[union-attr]
+    longest = max((r.reach.longest for r in ran), default=0)  # type: ignore[union-attr]
+    pool = max((r.reach.pool_bytes for r in ran), default=0)  # type: ignore[union-attr]
+    batch = max((r.reach.batch for r in ran), default=0)  # type: ignore[union-attr]
+    skipped = sum(r.verdict == Verdict.SKIP for r in results)
+    return (f"{name:<28} {len(ran):>5} {skipped:>5} {longest:>8} {_bytes(pool):>14} {batch:>5}  "
+            f"{len(families)}: {', '.join(families) or '-'}")
+
+
+def _left_out(names: list[str], results: list[CaseResult], plan: EnvelopePlan | None) -> list[str]:
+    """One line per backend that ran nothing (why) and per family its plan left out (the first reason)."""
+    lines = []
+    for name in names:
+        if plan and name in plan.idle:
+            lines.append(f"  {name}: runs nothing here: {plan.idle[name]}")
+            continue
+        reached = {f for r in results if r.backend == name and r.reach for f in r.reach.families}
+        left = {}
+        for family, reason in (plan.omitted.get(name, []) if plan else []):
+            if family not in reached:
+                left.setdefault(family, reason)
+        lines += [f"  {name}: {family} left out: {reason}" for family, reason in sorted(left.items())]
+    return lines
+
+
+def _bytes(n: int) -> str:
+    """Binary units, with digits enough to tell a cache just past 2^31 bytes from one just under."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.8g} {unit}"
+    return f"{n} B"

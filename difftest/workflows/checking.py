@@ -1,0 +1,77 @@
+"""`check(backend, case)`: one backend on one case against the oracle, as a test assertion.
+
+A PASS returns the CaseResult; a failure raises AssertionError whose message is the row table
+(rows with the wrong -inf mask, the first mismatch, the verdict) and the one command line that
+replays it; a backend that cannot take the case skips the calling test (pytest.skip) with the reason.
+A test runner attaches an Observer (the pytest plugin does) to hear every result and to say where
+failing cases leave a reproducer bundle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from difftest.backends import Backend, Loaded, as_loaded, get_backends
+from difftest.core.case import Case
+from difftest.core.verdict import Verdict
+from difftest.engine.config import RunConfig
+from difftest.engine.result import CaseResult
+from difftest.generators.spec import CaseSpec
+from difftest.records.bundle import replay_command as bundle_replay_command
+from difftest.records.bundle import write_bundle
+from difftest.records.report import render_failures
+from difftest.workflows.observe import Observer, current_observer
+from difftest.workflows.running import run_one
+from difftest.workflows.shrink import spec_command
+
+
+def check(backend: Backend | str | Callable[..., object], case: Case,
+          config: RunConfig | None = None) -> CaseResult:
+    """Run `backend` on `case` and compare with the oracle, row by row.
+
+    `backend` is a Backend, a registered name ("torch") or 'package.module:object', or a function
+    decorated with difftest.backend(contract=...). `config` defaults to the case's device with the
+    backend's declared encoding and layout. Returns the CaseResult of a PASS; raises AssertionError
+    (the row table and the replay line) for any failure or error; skips the calling test
+    (pytest.skip, with the reason) when the backend cannot take the case here.
+    """
+    __tracebackhide__ = True
+    backend = _as_backend(backend)
+    config = config or RunConfig(device=case.device.type)
+    result = run_one(backend, case, config)
+    observer = current_observer() or Observer()
+    if observer.on_result is not None:
+        observer.on_result(result)
+    if result.verdict == Verdict.SKIP:
+        import pytest  # deferred: check() is also called outside pytest
+
+        pytest.skip(f"{backend.name} cannot take {case.name}: {result.reason}")
+    if result.verdict.failed:
+        raise AssertionError(failure_message(result, replay_command(backend, case, result, config,
+                                                                    observer.repro_dir)))
+    return result
+
+
+def _as_backend(backend: Backend | str | Callable[..., object]) -> Loaded:
+    if isinstance(backend, str):
+        return get_backends([backend], "backend")[0]
+    return as_loaded(backend, "backend")
+
+
+def failure_message(result: CaseResult, replay: str) -> str:
+    """The report's failure block for `result` (mask rows, first mismatch, verdict) and its replay line."""
+    return f"{render_failures([result])}\n    replay: {replay}"
+
+
+def replay_command(backend: Loaded, case: Case, result: CaseResult, config: RunConfig,
+                   repro_dir: Path | None) -> str:
+    """`difftest replay <bundle>` when a repro dir is set (the bundle is written there), else the
+    `difftest run` line that draws the same case; a hint when the case has no spec to draw it from."""
+    if repro_dir is not None:
+        folder = write_bundle(repro_dir, case, result, config, backend.origin, backend.contract.library)
+        return bundle_replay_command(folder, backend.origin)
+    spec, seed = case.meta.get("spec"), case.meta.get("seed")
+    if spec is None or seed is None:
+        return "none from the command line (the case was not drawn from a CaseSpec): set a repro dir for a bundle"
+    return spec_command(backend.origin.target or backend.name, CaseSpec.from_json(spec), int(seed), config)

@@ -1,0 +1,762 @@
+"""`difftest fuzz`: a time-budgeted campaign over the envelope planner, its failures deduplicated.
+
+Rounds of envelope plans (difftest.engine.plan.envelope_plan) with fresh seeds go through one runner, so the
+worker processes start once per campaign, not once per round. Every failing result is reduced to a
+signature (backend, verdict, and how the rows fail: the failure kinds present and which draft row of
+its request the first wrong row is); the first case of each signature is kept, written as a bundle,
+and shrunk (difftest.workflows.shrink) after the campaign, each probe where the campaign runs the backend: in a
+fresh worker process per signature under isolation, so neither a crash nor what the campaign left in
+this process (a faulted CUDA context, memory) decides a probe. A crash is shrunk only so; a hang never
+(each probe would cost a timeout): its bundle is written as found. The campaign ends at its budget or at
+`until_failures` distinct signatures, whichever comes first.
+
+A Regime (difftest.generators.regime) bounds the drawn cases (batch, context, shape). Small cases go in batches
+(difftest.engine.batch) where every backend that runs them declares itself batchable: cases of one shape
+and one set of backends are collected across rounds and launched together, so the per-call costs
+(a round trip to each worker, an oracle launch) are paid once per batch; a case that fails in a
+batch is tried again (with the batch's other failures, then alone) and that result counts
+(difftest.engine.runner); where it passes then, the kernel is wrong on the merged case itself, and that case
+is the failure (signature, bundle, shrink). Results are streamed in buffered writes (at most
+STREAM_FLUSH_SECONDS of them lost if the campaign is killed).
+
+With `jobs` > 1 the cases are drawn by that many campaigns side by side, each in a child process with
+its own workers and its share of the plan; the parent joins their results and streams, merges their
+signatures, stops them all once their signatures together reach `until_failures`, and bundles and
+shrinks each signature once. A small-case campaign's main thread is its limit, so jobs multiply its
+rate; a large case needs the GPU's time and memory, so job 0 draws every large case and the other jobs
+only small ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import multiprocessing
+import os
+import pickle
+import shlex
+import shutil
+import time
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as connection_wait
+from multiprocessing.process import BaseProcess
+from multiprocessing.synchronize import Event as EventType
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from difftest.backends import Loaded, get_backends
+from difftest.core.case import Case
+from difftest.core.errors import SpecError, first_line, require
+from difftest.core.kinds import Device
+from difftest.core.lifetime import die_with_parent
+from difftest.core.prefetch import Prefetched
+from difftest.core.verdict import Verdict
+from difftest.engine.batch import Batch, BatchKey, Retry, batch_key, merge
+from difftest.engine.config import RunConfig
+from difftest.engine.isolate import exit_description
+from difftest.engine.plan import PlannedCase, build_together, envelope_plan
+from difftest.engine.result import CaseResult
+from difftest.generators.envelope import Target, estimate_bytes
+from difftest.generators.regime import Regime
+from difftest.records.bundle import write_bundle
+from difftest.records.serialize import ResultStream
+from difftest.workflows.running import run
+from difftest.workflows.shrink import ShrinkResult, shrink
+
+ROUND_SEEDS = 1_000_000  # seeds a round's plan spans: rounds never repeat a (spec, seed)
+# A case is small enough to batch at this many logits (rows x max_model_len: B = 32 at next_n 4 and
+# 8K); a batch holds at most BATCH_CASES cases and BATCH_LOGITS logits (64 MiB of fp32 per output).
+SMALL_LOGITS = 1 << 20
+BATCH_CASES = 64
+BATCH_LOGITS = 1 << 24
+# The merged case is every member's rows by the widest member's max_model_len: each output, the oracle's
+# and the comparisons are that shape. One wide small case (1 row of 2^20) among many rows of 8K would make
+# it thousands of times a member's own logits (on the H200 two jobs ran out of memory asking for 5.8 GiB:
+# reports/h200/session12): a batch closes before its merged shape passes BATCH_MERGED_LOGITS (256 MiB of
+# fp32 per output). The small regime's widest batch (4096 rows of 8K) stays under it.
+BATCH_MERGED_LOGITS = 1 << 26
+# Small logits do not make a small case: the envelope's pool families (2^31-byte caches, block ids past
+# 2^16) hold gigabytes of keys for a few rows. A case batches only with a pool of at most SMALL_POOL
+# bytes, and a batch closes before its pools pass BATCH_POOL (merged, copied per worker: on the H200 a
+# batch of such pools once asked for 36 GiB at a time).
+SMALL_POOL = 64 << 20
+BATCH_POOL = 1 << 30
+STREAM_FLUSH_SECONDS = 1.0
+# Batches drawn ahead of the runner, which itself takes the next item while a batch is in flight: at
+# most PREFETCH_DEPTH + 2 batches are drawn and not finished (a few MiB each in the small regime). Two,
+# so that the drawing thread can bank a batch during a long wait (a batch with many reruns).
+PREFETCH_DEPTH = 2
+DIVERGED_SHOWN = 5  # batch-only failures the campaign's end lists one by one
+# A campaign's main thread is busy the whole time (launching, judging, re-running) while the GPU and the
+# workers mostly wait (reports/h200/session10): several campaigns side by side, each in its own process
+# with its own workers and its own share of the plan, draw cases that much faster. Each is one process
+# and a worker per backend.
+MAX_JOBS = 64
+# What each process of a job holds beyond what its cases need: a CUDA context (518 MiB on the H200,
+# reports/h200/session11/visit2) and the free memory its allocator keeps (isolate.CACHE_KEPT_BYTES).
+JOB_PROCESS_BYTES = 1 << 30
+# Of several jobs, job 0 draws every large case and the others only small ones (at most SMALL_LOGITS and
+# SMALL_POOL): side by side, large cases would share the GPU's memory and time (four jobs at production
+# shapes ran no faster than one and ran out of memory: reports/h200/session11). What a job of small cases
+# holds at most: batches of at most BATCH_POOL of pools, PREFETCH_DEPTH + 2 of them drawn, a copy of one
+# in each worker, and its outputs and comparisons.
+SMALL_JOB_BYTES = 8 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Campaign:
+    """What a campaign is asked to do. Errors name these fields."""
+
+    budget: float  # seconds of cases (shrinking comes after)
+    backends: tuple[str, ...] | None = None
+    config: RunConfig = dataclasses.field(default_factory=RunConfig)
+    until_failures: int | None = None  # stop at this many distinct failure signatures
+    seed: int = 0
+    repro_dir: Path | None = None  # the first case of each signature goes here as a bundle
+    stream: Path | None = None
+    shrink_seconds: float = 30.0  # per signature
+    regime: Regime = dataclasses.field(default_factory=Regime)  # bounds on the drawn cases
+    batching: bool = True  # small cases of one shape in one launch, where every backend allows it
+    jobs: int = 1  # campaigns side by side in child processes, each drawing its share of the plan
+
+    def __post_init__(self) -> None:
+        require(0 < self.budget <= 7 * 86400, "budget", self.budget, "seconds in (0, one week]")
+        require(self.until_failures is None or self.until_failures >= 1, "until_failures", self.until_failures,
+                "an integer >= 1")
+        require(0 <= self.shrink_seconds <= 3600, "shrink_seconds", self.shrink_seconds, "seconds in [0, 3600]")
+        require(isinstance(self.regime, Regime), "regime", self.regime, "a difftest.generators.regime.Regime")
+        require(self.batching in (True, False), "batching", self.batching, "True or False")
+        require(type(self.jobs) is int and 1 <= self.jobs <= MAX_JOBS, "jobs", self.jobs,
+                f"an integer in [1, {MAX_JOBS}]")
+        require(self.jobs == 1 or self.config.time is None, "jobs", self.jobs,
+                "1 when launches are timed (jobs side by side share the GPU: each would time the others too)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    """How a backend fails, coarsely enough that one bug gives one signature."""
+
+    backend: str
+    verdict: Verdict
+    kinds: tuple[str, ...]  # the failure kinds present: mask, nan, unwritten, value
+    draft_row: int | None  # which draft row (j) of its request the first wrong row is
+
+    def describe(self) -> str:
+        where = "" if self.draft_row is None else f", first wrong row is draft row {self.draft_row}"
+        return f"{self.backend}: {self.verdict.value} ({'+'.join(self.kinds) or 'no rows'}{where})"
+
+
+@dataclasses.dataclass
+class Found:
+    """The first failure of a signature: its case and result, then its bundle and shrunk form."""
+
+    signature: Signature
+    case: Case
+    result: CaseResult
+    target: str  # what loads its backend again: a registered name or 'package.module:object'
+    seen: int = 1  # failing results with this signature
+    bundle: Path | None = None
+    shrunk: ShrinkResult | None = None
+    unshrunk: str | None = None  # why shrinking it raised, if it did (the bundle of the case found stays)
+
+
+@dataclasses.dataclass(frozen=True)
+class CampaignOutcome:
+    """What a campaign made: every result, its distinct failures, and its rate."""
+
+    results: list[CaseResult]
+    found: list[Found]
+    cases: int
+    seconds: float
+    batched: int = 0  # cases that ran inside a batch
+    launches: int = 0  # batches those cases made
+    # failed in a batch, passed when tried again: the kernel's answer depends on the batch
+    diverged: tuple[CaseResult, ...] = ()
+    # (seconds, cases drawn) when the first result came: worker start-up and first compilations are before it
+    warm: tuple[float, int] = (0.0, 0)
+    retries: tuple[Retry, ...] = ()  # the launches that tried batches' failed members again
+    jobs: int = 1  # campaigns side by side that made it (Campaign.jobs)
+    lost_jobs: tuple[str, ...] = ()  # jobs that died or raised before handing their results over, and how
+    undrawn: tuple[str, ...] = ()  # "name: why" of each planned case that ran out of memory being drawn
+
+    @property
+    def warm_cases_per_second(self) -> float:
+        """The rate after the first result: what a long campaign approaches."""
+        seconds, cases = self.warm
+        return (self.cases - cases) / (self.seconds - seconds) if self.seconds > seconds else 0.0
+
+    @property
+    def cases_per_second(self) -> float:
+        return self.cases / self.seconds if self.seconds > 0 else 0.0
+
+
+def signature(result: CaseResult, next_n: int) -> Signature:
+    """The signature of a failing result."""
+    c = result.comparison
+    kinds = () if c is None else tuple(kind for kind, rows in (("mask", c.mask_rows), ("nan", c.nan_rows),
+                                                                 ("unwritten", c.unwritten_rows),
+                                                                 ("value", c.value_rows)) if rows)
+    first = None if c is None or c.first_mismatch is None else c.first_mismatch.row % next_n
+    return Signature(result.backend, result.verdict, kinds, first)
+
+
+def fuzz(campaign: Campaign) -> CampaignOutcome:
+    """Run `campaign`: cases until its budget or failure count (drawn by `jobs` campaigns side by side,
+    each its share of the plan, when jobs > 1), then a bundle (shrunk) per signature."""
+    backends = get_backends(list(campaign.backends) if campaign.backends else None)
+    drawn = _in_jobs(campaign, backends) if campaign.jobs > 1 else _drawn(campaign, backends)
+    by_name = {backend.name: backend for backend in backends}
+    for found in drawn.found:
+        _keep(found, by_name[found.signature.backend], campaign)
+    return dataclasses.replace(drawn, found=_merged(drawn.found))
+
+
+def _drawn(campaign: Campaign, backends: list[Loaded], link: _Link | None = None) -> CampaignOutcome:
+    """The campaign's cases, run until its budget or failure count, nothing kept yet; as one job of several
+    (`link`), its share of the plan, until the campaign's stop too."""
+    state = _State(campaign, backends, link)
+    start = time.monotonic()
+    stream = ResultStream(campaign.stream, flush_seconds=STREAM_FLUSH_SECONDS) if campaign.stream else None
+    try:
+        results = run(backends, state.items(start), campaign.config, on_result=state.heard(stream),
+                      takes=state.takes, on_done=state.finished)
+    finally:
+        if stream:
+            stream.close()
+    seconds = time.monotonic() - start
+    warm = (state.warm[0] - start, state.warm[1]) if state.warm else (seconds, state.drawn)
+    return CampaignOutcome(results, list(state.found.values()), state.drawn, seconds, state.batched,
+                           state.launches, tuple(state.diverged), warm, tuple(state.retries),
+                           undrawn=tuple(state.undrawn))
+
+
+def _merged(found: list[Found]) -> list[Found]:
+    """One entry per distinct shrunk case: signatures that shrink to the same case are one bug."""
+    kept: dict[object, Found] = {}
+    for item in found:
+        key = (item.signature.backend, item.signature.verdict, item.shrunk.line() if item.shrunk else id(item))
+        if key in kept:
+            kept[key].seen += item.seen
+        else:
+            kept[key] = item
+    return list(kept.values())
+
+
+# --------------------------------------------------------------------------- jobs side by side
+
+def _in_jobs(campaign: Campaign, backends: list[Loaded]) -> CampaignOutcome:
+    """The campaign drawn by campaign.jobs child processes side by side, each with its own workers and its
+    share of one plan (_Link.takes: small case k goes to job k mod jobs, every large case to job 0),
+    streaming into a part of its own (`<stream>.job<i>`, joined into the stream at the end); their outcomes
+    joined. A script that asks for jobs needs the `if __name__ == "__main__":` guard that multiprocessing's
+    spawn asks of every program. A job that dies or raises costs only its own results (its streamed part
+    stays), and the outcome says which and how (lost_jobs). A plan without a small case runs as one job."""
+    target = _job_target(campaign, len(backends))
+    # A regime no planned case fits: one SpecError here, not one per job.
+    if not any(_small(case) for case in first_round(backends, target, campaign.regime, campaign.seed)):
+        return _drawn(campaign, backends)  # only large cases: every job but job 0 would have none to draw
+    if campaign.stream is not None:
+        ResultStream(campaign.stream).close()  # an unwritable stream: one OutputError here, before any job
+    context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+    stop = context.Event()
+    start = time.monotonic()  # the campaign's clock: the jobs' start-up counts, as a worker's does
+    jobs = [_started(context, campaign, index, stop, target) for index in range(campaign.jobs)]
+    try:
+        outcomes, lost = _gathered(jobs, stop, campaign.until_failures)
+    finally:
+        for _receive, process in jobs:  # all done, unless one raised or this process is interrupted
+            if process.is_alive():
+                process.kill()
+            process.join()
+        _join_parts(campaign)
+    return _joined(outcomes, campaign, lost, start, time.monotonic() - start)
+
+
+def _job_target(campaign: Campaign, backends: int) -> Target:
+    """What every job plans for: this device, with the memory job 0's large cases may use: what the probe
+    finds less the other jobs' reserve (_reserve), but at least half of it, or on a small host (a CI
+    runner's 9 GiB) the reserve would leave job 0 nothing to plan with."""
+    probed = Target.probe(Device(campaign.config.device))
+    kept = min(_reserve(campaign, backends), probed.memory_bytes // 2)
+    return dataclasses.replace(probed, memory_bytes=probed.memory_bytes - kept)
+
+
+def _reserve(campaign: Campaign, backends: int) -> int:
+    """Bytes job 0's plan leaves to the rest: SMALL_JOB_BYTES for each other job and, on a GPU, what each
+    process of every job holds besides cases (the job and, isolated, a worker per backend)."""
+    processes = 1 + (backends if campaign.config.isolated else 0) if campaign.config.device == "cuda" else 0
+    return (campaign.jobs - 1) * SMALL_JOB_BYTES + campaign.jobs * processes * JOB_PROCESS_BYTES
+
+
+def _started(context: multiprocessing.context.SpawnContext, campaign: Campaign, index: int, stop: EventType,
+             target: Target) -> tuple[Connection, BaseProcess]:
+    """Job `index` of campaign.jobs, started: the end of its pipe this process reads, and its process."""
+    receive, send = context.Pipe(duplex=False)
+    part = None if campaign.stream is None else _part(campaign.stream, index)
+    # One job each, streaming into its own part, nothing kept: the parent keeps what they find.
+    job = dataclasses.replace(campaign, stream=part, jobs=1, repro_dir=None)
+    process = context.Process(target=_job, args=(job, _Link(index, campaign.jobs, stop, send, target), os.getpid()),
+                              name=f"difftest-fuzz-job-{index}")
+    process.start()
+    send.close()  # the child's end, closed here: EOF here when it dies
+    return receive, process
+
+
+def _part(stream: Path, index: int) -> Path:
+    return stream.with_name(f"{stream.name}.job{index}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Link:
+    """What ties a job to its campaign: which job of how many it is (its share of the plan: `takes`), the
+    campaign's stop (set when the jobs' signatures together reach the failure count), the pipe its news
+    goes up, and the target it plans for."""
+
+    index: int
+    count: int
+    stop: EventType
+    send: Connection
+    target: Target  # what every job plans for (_job_target)
+
+    def takes(self, planned: Iterable[PlannedCase]) -> Iterator[PlannedCase]:
+        """This job's cases of the plan: the small ones dealt out in turn (small case k to job k mod count),
+        and to job 0 every large one. Dealt by their count among the small cases, not by their place in
+        the plan: by place, a job whose places only ever held large cases would wait for ever."""
+        small = itertools.count()
+        for case in planned:
+            if _small(case):
+                if next(small) % self.count == self.index:
+                    yield case
+            elif self.index == 0:
+                yield case
+
+    def tell(self, message: tuple[str, object]) -> None:
+        """("found", signature) for each new signature; ("done", (outcome, began)) or ("raised", the line of the
+        exception) last."""
+        # Plain pickle: tensors by value. The connection's own pickler (torch's reductions) would hand over a
+        # file descriptor per tensor, served by this process, which exits after its last message.
+        self.send.send_bytes(pickle.dumps(message))
+
+
+def _job(campaign: Campaign, link: _Link, parent: int) -> None:
+    """A job's main: its share of the campaign, then its outcome (found cases on the CPU) to the parent."""
+    die_with_parent(parent)
+    began = time.monotonic()  # one clock for every process of the machine (CLOCK_MONOTONIC)
+    try:
+        outcome = _drawn(campaign, get_backends(list(campaign.backends) if campaign.backends else None), link)
+        found = [dataclasses.replace(f, case=f.case.to("cpu")) for f in outcome.found]
+        answer: tuple[str, object] = ("done", (dataclasses.replace(outcome, found=found), began))
+    except BaseException as exc:  # the parent lists the job as lost, with this line
+        answer = ("raised", f"{type(exc).__name__} at {_where(exc)}: {exc}")
+    link.tell(answer)
+
+
+def _where(exc: BaseException) -> str:
+    """The innermost frame an exception was raised in, as `path:line (function)`, the path from the
+    package's parent on (a lost job's line says where without its traceback)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "an unknown place"
+    frame = frames[-1]
+    parts = Path(frame.filename).parts
+    short = Path(*parts[-2:]) if len(parts) >= 2 else Path(frame.filename)
+    return f"{short}:{frame.lineno} ({frame.name})"
+
+
+def _gathered(jobs: list[tuple[Connection, BaseProcess]], stop: EventType, until_failures: int | None
+              ) -> tuple[list[tuple[CampaignOutcome, float]], tuple[str, ...]]:
+    """Each job's outcome and when it began, in job order, and how each job that died or raised did (its
+    exception's first line); `stop` set once the signatures the jobs found, together, reach `until_failures`."""
+    answers: dict[int, tuple[CampaignOutcome, float] | str] = {}
+    signatures: set[Signature] = set()
+    waiting = {receive: index for index, (receive, _process) in enumerate(jobs)}
+    while waiting:
+        for receive in connection_wait(list(waiting)):
+            index = waiting[receive]
+            kind, payload = _message(receive, jobs[index][1])
+            if kind == "found":
+                signatures.add(payload)
+                if until_failures is not None and len(signatures) >= until_failures:
+                    stop.set()
+                continue
+            # A job that raised is lost like one that died: the other jobs' results are kept.
+            answers[index] = f"raised {payload.splitlines()[0]}" if kind == "raised" else payload
+            del waiting[receive]
+    outcomes = [answer for _index, answer in sorted(answers.items()) if not isinstance(answer, str)]
+    lost = tuple(f"job {index} {answer}" for index, answer in sorted(answers.items()) if isinstance(answer, str))
+    return outcomes, lost
+
+
+def _message(receive: Connection, process: BaseProcess) -> tuple[str, Any]:
+    """A job's next message (_Link.tell), or ("died", how) when its pipe ends without its outcome."""
+    try:
+        return pickle.loads(receive.recv_bytes())  # frames from this module's own jobs
+    except EOFError:
+        process.join()
+        return "died", f"died ({exit_description(process.exitcode)}) before handing its results over"
+
+
+def _joined(outcomes: list[tuple[CampaignOutcome, float]], campaign: Campaign, lost: tuple[str, ...], start: float,
+            seconds: float) -> CampaignOutcome:
+    """One outcome of the jobs' (each with when it began): results in job order, each signature once (its
+    first job's first case, moved back to the campaign's device, and every job's count), `seconds` from
+    `start` (before the jobs were started) to the last answer."""
+    found: dict[Signature, Found] = {}
+    for item in (f for outcome, _began in outcomes for f in outcome.found):
+        if item.signature in found:
+            found[item.signature].seen += item.seen
+        else:
+            found[item.signature] = dataclasses.replace(item, case=item.case.to(campaign.config.device))
+    # Warm from the last job's first result on the campaign's clock, with every job's cases before its own.
+    warm = (max((began - start + o.warm[0] for o, began in outcomes), default=seconds),
+            sum(o.warm[1] for o, _began in outcomes))
+    runs = [outcome for outcome, _began in outcomes]
+    return CampaignOutcome([r for o in runs for r in o.results], list(found.values()), sum(o.cases for o in runs),
+                           seconds, sum(o.batched for o in runs), sum(o.launches for o in runs),
+                           tuple(r for o in runs for r in o.diverged), warm, tuple(r for o in runs for r in o.retries),
+                           campaign.jobs, lost, tuple(u for o in runs for u in o.undrawn))
+
+
+def _join_parts(campaign: Campaign) -> None:
+    """The jobs' streamed parts appended to the campaign's stream in job order, then removed."""
+    if campaign.stream is None:
+        return
+    with campaign.stream.open("wb") as joined:
+        for index in range(campaign.jobs):
+            part = _part(campaign.stream, index)
+            if part.exists():
+                with part.open("rb") as piece:
+                    shutil.copyfileobj(piece, joined)
+                part.unlink()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Undrawn:
+    """A batch that ran out of memory being drawn, and the error's line."""
+
+    reason: str
+
+
+def _quoted(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {first_line(exc)}"
+
+
+@dataclasses.dataclass
+class _Bucket:
+    """Planned cases of one shape and set of backends waiting to make a batch, with their running sizes."""
+
+    cases: list[PlannedCase] = dataclasses.field(default_factory=list)
+    logits: int = 0
+    pool_bytes: int = 0
+    rows: int = 0
+    width: int = 0  # the widest member's max_model_len
+
+    def add(self, planned: PlannedCase) -> None:
+        self.cases.append(planned)
+        self.logits += _logits(planned)
+        self.pool_bytes += _pool_bytes(planned)
+        self.rows += _rows(planned)
+        self.width = max(self.width, planned.spec.max_model_len)
+
+    def takes(self, planned: PlannedCase) -> bool:
+        """Whether the merged case stays inside BATCH_MERGED_LOGITS with `planned` in it (an empty bucket
+        takes any small case)."""
+        merged = (self.rows + _rows(planned)) * max(self.width, planned.spec.max_model_len)
+        return not self.cases or merged <= BATCH_MERGED_LOGITS
+
+    def full(self) -> bool:
+        """Whether one more case could pass a batch's caps."""
+        return len(self.cases) == BATCH_CASES or self.logits > BATCH_LOGITS - SMALL_LOGITS or \
+            self.pool_bytes > BATCH_POOL - SMALL_POOL
+
+
+class _State:
+    """What the campaign knows while it runs: the cases of the items being run, the signatures found so far."""
+
+    def __init__(self, campaign: Campaign, backends: list[Loaded], link: _Link | None = None) -> None:
+        self.campaign, self.backends, self.link = campaign, {b.name: b for b in backends}, link
+        # Jobs plan with the one target the parent probed: one plan, dealt out among them (_Link.takes).
+        self.target = Target.probe(Device(campaign.config.device)) if link is None else link.target
+        # The items drawn and not yet finished (the runner draws a batch's successor while it runs):
+        # their cases (a batch's members) by name, and who takes each.
+        self.current: dict[str, Case] = {}
+        self.takers: dict[str, frozenset[str] | None] = {}
+        self.found: dict[Signature, Found] = {}
+        self.diverged: list[CaseResult] = []
+        self.retries: list[Retry] = []
+        self.drawn = self.batched = self.launches = 0
+        self.undrawn: list[str] = []  # "name: why" of the planned cases that ran out of memory being drawn
+        self.warm: tuple[float, int] | None = None  # (time.monotonic(), cases drawn) at the first result
+
+    def items(self, start: float) -> Iterator[Case | Batch]:
+        """The planned cases, built: a small one waits in the bucket of its shape and backends until the
+        bucket makes a full batch, any other goes alone. Ends at the budget or the failure count (cases
+        still waiting in buckets are dropped).
+
+        Batches are planned and drawn in a thread, PREFETCH_DEPTH ahead (difftest.core.prefetch), while this
+        thread waits on the workers or judges; a case that goes alone is drawn here, when its turn
+        comes, since it may be large. What the campaign counts, it counts as an item is handed out."""
+        setup = _same_device(self.campaign.config.device)
+        with Prefetched(self._jobs(), self._drawn_ahead, PREFETCH_DEPTH, setup) as ahead:
+            for job, batch in ahead:
+                if self._done(start):
+                    return
+                if isinstance(batch, _Undrawn):
+                    self._not_drawn(job, batch.reason)
+                elif batch is not None:
+                    yield self._handed(job, batch)
+                elif (case := self._single(job)) is not None:
+                    yield case
+
+    def _jobs(self) -> Iterator[PlannedCase | list[PlannedCase]]:
+        """What each item will be: a planned case that goes alone, or a full bucket's planned cases."""
+        buckets: dict[tuple[BatchKey, frozenset[str] | None], _Bucket] = {}
+        planned_all = planned_cases(list(self.backends.values()), self.target, self.campaign.regime,
+                                    self.campaign.seed)
+        share = planned_all if self.link is None else self.link.takes(planned_all)
+        for planned in share:
+            key = self._bucket(planned)
+            if key is None:
+                yield planned
+                continue
+            bucket = buckets.setdefault(key, _Bucket())
+            if not bucket.takes(planned):
+                yield buckets.pop(key).cases
+                bucket = buckets.setdefault(key, _Bucket())
+            bucket.add(planned)
+            if bucket.full():
+                yield buckets.pop(key).cases
+
+    def _drawn_ahead(self, job: PlannedCase | list[PlannedCase]) -> Batch | _Undrawn | None:
+        """A bucket's batch, drawn and merged (or why it could not be: out of memory); None for a case that
+        goes alone."""
+        if not isinstance(job, list):
+            return None
+        try:
+            return merge(build_together(job, self.campaign.config.device))
+        except torch.OutOfMemoryError as exc:
+            return _Undrawn(_quoted(exc))
+
+    def _bucket(self, planned: PlannedCase) -> tuple[BatchKey, frozenset[str] | None] | None:
+        """Which batches `planned` may join; None when it runs alone (large, or a backend not batchable)."""
+        config = self.campaign.config
+        if not self.campaign.batching or config.time is not None or not _small(planned):
+            return None  # timed launches must time one case each
+        takers = planned.backends if planned.backends is not None else self.backends
+        if not all(self.backends[name].contract.batchable for name in takers):
+            return None
+        return batch_key(planned.spec), planned.backends
+
+    def _single(self, planned: PlannedCase) -> Case | None:
+        """The planned case drawn, or None when drawing it ran out of memory (then listed as not drawn)."""
+        # Not validated here: the runner validates what it runs (a batch's members through its merged case).
+        try:
+            case = planned.build(self.campaign.config.device, validate=False)
+        except torch.OutOfMemoryError as exc:
+            self._not_drawn(planned, _quoted(exc))
+            return None
+        self.current[case.name], self.takers[case.name] = case, planned.backends
+        self.drawn += 1
+        return case
+
+    def _not_drawn(self, job: PlannedCase | list[PlannedCase], reason: str) -> None:
+        # A device other campaigns share may lack the memory the plan counted on: the campaign goes on.
+        self.undrawn += [f"{planned.name}: {reason}" for planned in (job if isinstance(job, list) else [job])]
+
+    def _handed(self, bucket: list[PlannedCase], batch: Batch) -> Batch:
+        self.current.update((case.name, case) for case in batch.members)
+        self.takers[batch.case.name] = bucket[0].backends
+        self.drawn += len(bucket)
+        self.batched += len(bucket)
+        self.launches += 1
+        return batch
+
+    def _done(self, start: float) -> bool:
+        over = time.monotonic() - start > self.campaign.budget
+        enough = self.campaign.until_failures is not None and len(self.found) >= self.campaign.until_failures
+        stopped = self.link is not None and self.link.stop.is_set()  # the jobs' failures together are enough
+        return over or enough or stopped
+
+    def takes(self, backend: str, case: Case) -> bool:
+        chosen = self.takers.get(case.name)
+        return chosen is None or backend in chosen
+
+    def finished(self, item: Case | Batch) -> None:
+        """`item`'s results are all in: a batch's merged case is a case too, where the runner found it
+        failing (batch.whole)."""
+        if isinstance(item, Batch):
+            self.diverged += item.diverged
+            self.retries += item.retries
+            for result in item.whole.values():
+                self._record(result, item.case)
+        for case in item.members if isinstance(item, Batch) else (item,):
+            self.current.pop(case.name, None)
+        self.takers.pop(item.case.name if isinstance(item, Batch) else item.name, None)
+
+    def heard(self, stream: ResultStream | None) -> Callable[[CaseResult], None]:
+        def on_result(result: CaseResult) -> None:
+            self.warm = self.warm or (time.monotonic(), self.drawn)
+            if stream:
+                stream.write(result)
+            case = self.current.get(result.case)
+            if result.verdict.failed and case is not None:
+                self._record(result, case)
+        return on_result
+
+    def _record(self, result: CaseResult, case: Case) -> None:
+        """A failing result: a new signature's first case, or one more of a known one."""
+        key = signature(result, case.next_n)
+        if key in self.found:
+            self.found[key].seen += 1
+        else:
+            origin = self.backends[result.backend].origin
+            self.found[key] = Found(key, case, result, origin.target or result.backend)
+            if self.link is not None:
+                self.link.tell(("found", key))
+
+
+def planned_cases(backends: list[Loaded], target: Target, regime: Regime, seed: int) -> Iterator[PlannedCase]:
+    """Rounds of envelope plans with fresh seeds, without end, each case moved inside `regime` (or left
+    out); SpecError naming a bound when no planned case fits the regime.
+
+    Round i is envelope_plan(backends, target, seed + ROUND_SEEDS * i): the plan's specs do not depend on
+    the seed, and its seeds are the seed plus an offset, so the plan is made once and each round shifts
+    its seeds (planning took 2 ms per case at production scale, more than drawing the case on a GPU)."""
+    cases = first_round(backends, target, regime, seed)
+    for round_index in itertools.count():
+        yield from (dataclasses.replace(p, seed=p.seed + ROUND_SEEDS * round_index) for p in cases)
+
+
+def first_round(backends: list[Loaded], target: Target, regime: Regime, seed: int) -> list[PlannedCase]:
+    """Round 0 of planned_cases (every later round is its cases with other seeds); SpecError naming a bound
+    when no planned case fits the regime."""
+    plan = envelope_plan(backends, target, seed)
+    cases = [dataclasses.replace(p, spec=spec) for p in plan.cases if (spec := regime.apply(p.spec))]
+    if not plan.cases:
+        raise SpecError("backends", ",".join(b.name for b in backends), "a backend that can run a case here")
+    if not cases:
+        field = next(f.name for f in dataclasses.fields(regime) if getattr(regime, f.name) is not None)
+        raise SpecError(field, getattr(regime, field), "bounds some planned case fits (the backends' "
+                        f"envelopes plan shapes such as {sorted({_shape(p) for p in plan.cases})[:4]})")
+    return cases
+
+
+def _small(planned: PlannedCase) -> bool:
+    """Whether the planned case is small: few logits, a small pool (it may batch; any job may draw it)."""
+    return _logits(planned) <= SMALL_LOGITS and _pool_bytes(planned) <= SMALL_POOL
+
+
+def _logits(planned: PlannedCase) -> int:
+    """The logits of each output of the planned case: rows x max_model_len."""
+    return _rows(planned) * planned.spec.max_model_len
+
+
+def _rows(planned: PlannedCase) -> int:
+    spec = planned.spec
+    return spec.total_batch * spec.next_n
+
+
+def _pool_bytes(planned: PlannedCase) -> int:
+    """The planned case's paged cache: keys and scales, at most."""
+    return estimate_bytes(planned.spec).pool_bytes
+
+
+def _shape(planned: PlannedCase) -> str:
+    spec = planned.spec
+    return f"H={spec.heads} D={spec.head_dim} block={spec.block_size} B<={spec.total_batch} " \
+        f"max_model_len={spec.max_model_len}"
+
+
+def _keep(found: Found, backend: Loaded, campaign: Campaign) -> None:
+    """The found case's bundle, and its shrunk bundle where it can be probed safely."""
+    if campaign.repro_dir is None:
+        return
+    found.bundle = write_bundle(campaign.repro_dir, found.case, found.result, campaign.config, backend.origin,
+                                backend.contract.library)
+    if not _shrinkable(found.result.verdict, campaign.config) or campaign.shrink_seconds == 0:
+        return
+    try:
+        found.shrunk = shrink(found.case, backend, campaign.config, campaign.shrink_seconds)
+    except SpecError:  # it no longer fails in-process (a flaky or isolation-only failure): the bundle stays
+        return
+    except Exception as exc:  # the oracle runs in this process, and without isolation the kernel too: a
+        # probe that faults the device (an out-of-bounds write leaves CUDA's context unusable) must not cost
+        # the campaign's end, nor the other signatures' bundles
+        found.unshrunk = _quoted(exc)
+        return
+    write_bundle(campaign.repro_dir, found.shrunk.case, found.shrunk.result, campaign.config, backend.origin,
+                 backend.contract.library)
+
+
+def _shrinkable(verdict: Verdict, config: RunConfig) -> bool:
+    """Whether shrinking may probe a failure: a hang never (every probe that hangs costs a whole timeout);
+    a crash only in a worker process (shrink probes where the config runs the backend)."""
+    return verdict != Verdict.TIMEOUT and (verdict != Verdict.CRASH or config.isolated)
+
+
+def render_campaign(outcome: CampaignOutcome) -> str:
+    """The campaign's end: its rate, then each distinct failure with its count and its repro line."""
+    side_by_side = f" ({outcome.jobs} jobs side by side)" if outcome.jobs > 1 else ""
+    lines = [f"{outcome.cases} cases in {outcome.seconds:.1f} s{side_by_side}: {outcome.cases_per_second:.1f} "
+             f"cases/s ({outcome.warm_cases_per_second:.1f} after the first result); {len(outcome.found)} distinct "
+             f"failures"]
+    lines += [f"lost: {how}" for how in outcome.lost_jobs]
+    if outcome.undrawn:
+        lines.append(f"not drawn: {len(outcome.undrawn)} planned cases ran out of memory being drawn (the "
+                     f"campaign went on without them), the first: {outcome.undrawn[0]}")
+    if outcome.launches:
+        lines.append(f"batched: {outcome.batched} of the cases in {outcome.launches} launches; a case that failed "
+                     f"in a batch was tried again (with the other failures, then alone), and that result counts")
+    if outcome.retries:
+        lines.append(describe_retries(outcome.retries))
+    if outcome.diverged:
+        lines.append(f"{len(outcome.diverged)} results failed in a batch and passed when tried again (the "
+                     f"kernel's answer depends on what else is in the launch: the batch's merged case is the "
+                     f"failure), the first:")
+    for result in outcome.diverged[:DIVERGED_SHOWN]:
+        lines.append(f"  {result.backend} on {result.case}: {result.verdict.value} in a batch, passes when tried again")
+    for found in outcome.found:
+        lines.append(f"  {found.signature.describe()}: {found.seen} results, first {found.case.name} "
+                     f"[{found.case.describe()}]")
+        if found.shrunk is not None:
+            lines.append(f"    shrunk: {found.shrunk.case.describe()}")
+        if found.unshrunk is not None:
+            lines.append(f"    not shrunk, shrinking raised {found.unshrunk}")
+        lines.append(f"    repro: {repro_line(found)}")
+    return "\n".join(lines)
+
+
+def describe_retries(retries: tuple[Retry, ...]) -> str:
+    """One line on the launches that tried batches' failed members again, together and alone."""
+    together = [r for r in retries if r.members > 1]
+    alone = [r for r in retries if r.members == 1]
+    members = sum(r.members for r in together)
+    passed = members - sum(r.failed for r in together)
+    return (f"tried again: {len(together)} launches of a batch's failed members together ({members} members, "
+            f"{passed} passing there), {len(alone)} members alone ({sum(r.failed for r in alone)} failing)")
+
+
+def repro_line(found: Found) -> str:
+    """The command that draws the (shrunk) case again: `difftest run ... --spec JSON --seed N`, else the
+    replay of its bundle, else the case's description."""
+    shrunk = found.shrunk
+    if shrunk is not None and shrunk.spec is not None:
+        spec = json.dumps(shrunk.spec.to_json(), separators=(",", ":"))
+        return shlex.join(["difftest", "run", "--backends", found.target, "--spec", spec,
+                           "--seed", str(shrunk.seed)])
+    if found.bundle is not None:
+        return shlex.join(["difftest", "replay", str(found.bundle), "--trust-bundle"])
+    return found.case.describe()
+
+
+def _same_device(device: str) -> Callable[[], None] | None:
+    """What makes the drawing thread's current GPU this thread's (each thread has its own)."""
+    if device != "cuda":
+        return None
+    index = torch.cuda.current_device()
+    return lambda: torch.cuda.set_device(index)

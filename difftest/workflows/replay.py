@@ -1,0 +1,53 @@
+"""Replay a reproducer bundle: its case through its backend, with the recorded device and overrides.
+
+A bundle is data: replay imports a module named inside it only when the caller trusts the bundle;
+otherwise the backend must be a registered one or be handed in by the caller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from difftest.backends import Backend, as_loaded, get_backends, load_backend
+from difftest.core.errors import SpecError
+from difftest.engine.result import CaseResult
+from difftest.engine.runner import executors_for
+from difftest.records.bundle import Bundle
+from difftest.records.report import render_failures, render_table, summarize
+from difftest.workflows.running import run_one
+
+
+def bundle_backend(bundle: Bundle, trust: bool = False) -> Backend:
+    """The backend the bundle was recorded with: a registered name always; a 'pkg.mod:obj' origin only
+    when `trust` (importing it runs that module's code)."""
+    origin = bundle.origin
+    if origin.target is not None and origin.registered:
+        return get_backends([origin.target], "backend")[0]
+    if origin.target is not None and trust:
+        return load_backend(origin.target, "backend")
+    why = (f"the bundle names {origin.target}, which replay does not import unless trusted" if origin.target
+           else f"the bundle's backend could not be rebuilt ({origin.why_not})")
+    raise SpecError("backend", bundle.backend, f"a backend handed to replay, or trust: {why}")
+
+
+def replay(bundle: Bundle, backend: Backend | None = None, trust: bool = False,
+           isolate: bool | None = None) -> CaseResult:
+    """The bundle's case through `backend` (else its recorded one, see bundle_backend), where the bundle's
+    config runs it (or `isolate` says): in a worker process under isolation, so a recorded CRASH replays
+    as a verdict; in this process otherwise (where a sanitizer watching this process sees the kernel)."""
+    config = bundle.config
+    if isolate is not None:
+        config = dataclasses.replace(config, isolate=isolate, timeout=config.timeout if isolate else None)
+    loaded = as_loaded(backend or bundle_backend(bundle, trust))
+    with executors_for([loaded], config) as (executor,):
+        return run_one(loaded, bundle.case, config, executor)
+
+
+def render_replay(bundle: Bundle, result: CaseResult) -> str:
+    """What `difftest replay` prints: the verdict against the recorded one, the row table, the failure."""
+    same = "the same as recorded" if result.verdict == bundle.verdict else "differs from the recorded one"
+    lines = [f"replay {bundle.path}: {result.backend} on {result.case} [{result.description}] on {result.device}",
+             f"verdict: {result.verdict.value} ({same}: {bundle.verdict.value})", "",
+             render_table(summarize([result]))]
+    failures = render_failures([result])
+    return "\n".join([*lines, *(["", failures] if failures else [])])

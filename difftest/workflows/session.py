@@ -1,0 +1,411 @@
+"""One `difftest run`, as a library call: plan the cases, run them (here or spread over GPUs),
+stream and keep every result, write bundles for failures and the JSON report.
+
+The CLI builds a RunRequest from its options and prints what execute() returns; nothing here prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import platform
+import shlex
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from difftest import __version__
+from difftest.backends import Loaded, get_backends
+from difftest.core import hardware, lifetime
+from difftest.core.case import Case
+from difftest.core.errors import Interrupted, OutputError, SpecError, require
+from difftest.core.files import OutputLock, check_writable
+from difftest.core.kinds import CaseKind, Device, ExitStatus
+from difftest.core.verdict import Verdict
+from difftest.engine import performance
+from difftest.engine.config import RunConfig
+from difftest.engine.plan import EnvelopePlan, PlannedCase, Shard, SuiteRequest, envelope_plan, kept_results, plan
+from difftest.engine.result import CaseResult
+from difftest.generators.envelope import Target, estimate_bytes
+from difftest.records.bundle import bundle_name, write_bundle
+from difftest.records.ledger import Ledger
+from difftest.records.report import write_json
+from difftest.records.serialize import ResultStream, is_stream, load_results, load_run_info
+from difftest.workflows import spread
+from difftest.workflows.running import run
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRequest:
+    """Everything one run is asked to do. Errors name these fields."""
+
+    suite: SuiteRequest = dataclasses.field(default_factory=SuiteRequest)
+    backends: tuple[str, ...] | None = None  # registered names or 'pkg.mod:obj'; None: every registered one
+    config: RunConfig = dataclasses.field(default_factory=RunConfig)
+    report: Path | None = None
+    stream: Path | None = None  # default: beside the report, suffix .jsonl
+    resume: Path | None = None  # a report or stream of an earlier run of the same cases
+    repro_dir: Path | None = None  # a bundle for every failing result
+    gpus: int | None = None  # spread over this many GPUs, one child process each
+    budget: float | None = None  # seconds: no case is started after this much of the run has passed
+    argv: tuple[str, ...] = ()  # the `run` command line: recorded, and what the children of a spread run get
+    overwrite: bool = False  # replace the report and stream an earlier run left at those paths
+    fail_slow: bool = False  # a timed backend slower than its sibling by more than it allows fails the run
+    ledger: Ledger | None = None  # known divergences: the failures it expects do not fail the run
+
+    @property
+    def stream_path(self) -> Path | None:
+        """Where results stream: `stream`, else beside `report`, else nowhere."""
+        return self.stream or (self.report.with_suffix(".jsonl") if self.report else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOutcome:
+    """What a run made: every result in plan order, the run's info, and where things were written."""
+
+    results: list[CaseResult]
+    info: dict[str, Any]
+    plan: EnvelopePlan | None = None  # what an envelope suite planned and left out
+    bundles: int = 0
+    stream: Path | None = None
+    shards: tuple[spread.ShardRun, ...] = ()
+    notes: tuple[str, ...] = ()  # what the run did that its caller should hear (a stale lock taken over)
+    # a backend asked for by name that ran no case -> why
+    untested: dict[str, str] = dataclasses.field(default_factory=dict)
+    fail_slow: bool = False  # RunRequest.fail_slow: a slow sibling (difftest.engine.performance) fails the run
+    ledger: Ledger | None = None  # RunRequest.ledger: which failures are expected, which passes are not
+
+    @property
+    def status(self) -> ExitStatus:
+        """FAILED when a backend failed (with a ledger: a failure it does not expect, or a pass a strict entry
+        covers), a shard died, a backend asked for by name tested nothing or (with fail_slow) a backend
+        was slower than its sibling by more than it allows, else OK."""
+        died = any(shard.died for shard in self.shards) or bool(self.untested)
+        slow = self.fail_slow and bool(performance.slow(performance.races(self.results)))
+        failed = self.ledger.unexpected(self.results) if self.ledger else [r for r in self.results if r.verdict.failed]
+        return ExitStatus.FAILED if died or slow or failed else ExitStatus.OK
+
+
+Listener = Callable[[CaseResult], None]
+
+
+def execute(request: RunRequest, on_result: Listener | None = None,
+            shard_envs: list[dict[str, str]] | None = None,
+            on_planned: Callable[[int], None] | None = None) -> RunOutcome:
+    """Run `request`. With `gpus` (or `shard_envs`: what each child's environment adds, how the tests
+    spread a CPU run) the plan is spread over child processes, one shard each. `on_planned` hears how
+    many results this process will make (those --resume keeps not counted) before the first one, and
+    `on_result` each one as it is made."""
+    spread.join_parent()  # a shard of a spread run dies with its parent
+    lifetime.sweep()  # the temporary folders of runs killed with SIGKILL
+    require(request.budget is None or request.budget > 0, "budget", request.budget, "a number of seconds > 0")
+    require(not request.fail_slow or request.config.time is not None, "fail_slow", True,
+            "timed launches to compare (time=K, --time K)")
+    require(request.config.device != "cuda" or hardware.cuda_unavailable_reason() is None, "device", "cuda",
+            f"a device torch can see ({hardware.CUDA_UNAVAILABLE})")
+    backends = get_backends(list(request.backends) if request.backends else None)
+    planned = _envelope(request, backends)
+    cases = planned.narrowed(request.suite) if planned else _fitting(plan(request.suite), request.config.device)
+    if shard_envs is None and request.gpus is not None:
+        shard_envs = spread.gpu_environments(request.gpus, request.config.device, torch.cuda.device_count(),
+                                             os.environ.get("CUDA_VISIBLE_DEVICES"))
+    planned_info = {"plan": _plan_info(planned)} if planned else {}
+    locks = _claimed(request)
+    try:
+        if shard_envs is not None:
+            outcome = _spread(request, backends, cases, shard_envs, planned_info)
+        else:
+            outcome = _here(request, backends, cases, on_result, planned_info, on_planned)
+    finally:
+        for lock in locks:
+            lock.release()
+    # A shard's share of the plan may leave a backend out: the whole run (a spread parent) judges it.
+    named = request.backends and request.suite.shard is None
+    untested = _untested(backends, outcome.results, planned) if named else {}
+    return dataclasses.replace(outcome, plan=planned, notes=tuple(lock.note for lock in locks if lock.note),
+                               untested=untested, fail_slow=request.fail_slow, ledger=request.ledger)
+
+
+def _untested(backends: list[Loaded], results: list[CaseResult], planned: EnvelopePlan | None) -> dict[str, str]:
+    """The backends that ran no case (every result a SKIP, or none at all), each with why: a backend the
+    caller asked for by name that tests nothing must not pass as green."""
+    ran = {r.backend for r in results if r.verdict != Verdict.SKIP}
+    skipped = {r.backend: r.reason for r in results if r.verdict == Verdict.SKIP and r.reason}
+    idle = planned.idle if planned else {}
+    return {b.name: idle.get(b.name) or skipped.get(b.name) or "no case of the plan was given to it"
+            for b in backends if b.name not in ran}
+
+
+def _claimed(request: RunRequest) -> list[OutputLock]:
+    """Before any case runs: every output location can be written (OutputError naming the parameter
+    otherwise), the report and the stream are locked for this run (OutputError naming the run that
+    holds one), and neither holds an earlier run's output unless `overwrite` or `resume` says so
+    (SpecError)."""
+    outputs: dict[Path, str] = {}
+    for field, path in (("report", request.report), ("stream" if request.stream else "report", request.stream_path)):
+        if path is not None:
+            outputs.setdefault(path.resolve(), field)
+    for path, field in outputs.items():
+        check_writable(path, field)
+    if request.repro_dir is not None:
+        check_writable(request.repro_dir, "repro_dir", folder=True)
+    locks: list[OutputLock] = []
+    try:
+        for path, field in outputs.items():
+            locks.append(OutputLock(path, field).acquire())
+        for path, field in outputs.items():
+            require(request.overwrite or request.resume is not None or not path.exists(), field, str(path),
+                    "a path no earlier run wrote (one did: overwrite it, or resume from it)")
+    except BaseException:
+        for lock in locks:
+            lock.release()
+        raise
+    return locks
+
+
+def _plan_info(planned: EnvelopePlan) -> dict[str, Any]:
+    """What the report keeps of an envelope plan: what each backend left out, and which run nothing."""
+    return {"omitted": {name: [{"family": f, "reason": r} for f, r in left] for name, left in planned.omitted.items()},
+            "idle": planned.idle, "cases": len(planned.cases)}
+
+
+def _fitting(cases: list[PlannedCase], device: str) -> list[PlannedCase]:
+    """`cases`, once each distinct spec is known to fit this device's memory: SpecError with the numbers
+    before anything is allocated (an envelope plan fits its cases itself)."""
+    if not cases:
+        return cases
+    memory = Target.probe(Device(device)).memory_bytes
+    for spec in dict.fromkeys(c.spec for c in cases):
+        needed = estimate_bytes(spec).total(Device(device))
+        require(needed <= memory, "spec", spec.name, f"a case that fits the {memory / 2**30:.1f} GiB this {device} "
+                f"can spare; it needs {needed / 2**30:.1f} GiB ({estimate_bytes(spec).describe(Device(device))})")
+    return cases
+
+
+def _envelope(request: RunRequest, backends: list[Loaded]) -> EnvelopePlan | None:
+    """The envelope plan, when the suite is one: on this device, at its scale, inside its memory."""
+    if request.suite.spec is not None or request.suite.cases != CaseKind.ENVELOPE:
+        return None
+    shaped = {k: v for k, v in dict(next_n=request.suite.next_n, block_sizes=request.suite.block_sizes,
+                                    **request.suite.overrides).items() if v}
+    require(not shaped, next(iter(shaped), "cases"), next(iter(shaped.values()), None),
+            "cases random, edges or all with it: the envelope suite draws its shapes from each backend's envelope")
+    target = Target.probe(Device(request.config.device))
+    return envelope_plan(backends, target, request.suite.seed, request.suite.count or 1)
+
+
+def _drawn(cases: list[PlannedCase], device: str, deadline: float | None, left: list[str]) -> Iterator[Case]:
+    """The planned cases as tensors, drawn on the run's device (a 128K-context batch would take seconds
+    on the CPU), until `deadline` (time.monotonic()): the names of those never started go to `left`."""
+    for index, planned in enumerate(cases):
+        if deadline is not None and time.monotonic() > deadline:
+            left.extend(c.name for c in cases[index:])
+            return
+        yield planned.build(device)
+
+
+def _taker(cases: list[PlannedCase]) -> Callable[[str, Case], bool] | None:
+    """Which backends run which case: those the plan chose for it (every one for a plain suite)."""
+    chosen = {c.name: c.backends for c in cases if c.backends is not None}
+    if not chosen:
+        return None
+    return lambda backend, case: backend in chosen.get(case.name, (backend,))
+
+
+def _here(request: RunRequest, backends: list[Loaded], cases: list[PlannedCase],
+          on_result: Listener | None, extra: dict[str, Any], on_planned: Callable[[int], None] | None) -> RunOutcome:
+    config, started = request.config, time.time()
+    done = _resumed(request, cases, backends) if request.resume else {}
+    if on_planned:
+        on_planned(_pairs(cases, backends) - len(done))
+    stream = _open_stream(request, run_info(request, started, len(cases), len(done)), done)
+    repro = ReproWriter(request.repro_dir, config, backends) if request.repro_dir else None
+    left: list[str] = []
+    deadline = time.monotonic() + request.budget if request.budget else None
+    drawn = _drawn(cases, config.device, deadline, left)
+    finished: list[CaseResult] = []  # what this run made, in the order the stream holds it
+
+    def heard(result: CaseResult) -> None:
+        for listener in (stream.write if stream else None, finished.append, repro.on_result if repro else None,
+                         on_result):
+            if listener:
+                listener(result)
+
+    try:
+        results = run(backends, repro.track(drawn) if repro else drawn, config, on_result=heard, done=done,
+                      takes=_taker(cases))
+    except (KeyboardInterrupt, OutputError) as exc:
+        # Ctrl-C, or an output that can no longer be written (a full disk): the stream keeps every
+        # line written so far; the report gets what finished, marked incomplete.
+        if stream:
+            stream.close()
+        # The stream is the record (a Ctrl-C may fall between its write and `finished`'s append): the
+        # report holds what it holds, which is the whole run so far (every stream does).
+        partial = _kept(stream.path) if stream else [*done.values(), *finished]
+        info = {**run_info(request, started, len(cases), len(done)), "not_started": left, **extra,
+                "incomplete": True}
+        if isinstance(exc, OutputError):
+            with contextlib.suppress(OutputError):
+                _write_report(request, partial, info)
+            raise
+        _write_report(request, partial, info)
+        kept = tuple(str(path) for path in (stream.path if stream else None, request.report) if path)
+        raise Interrupted(len(partial), kept) from None
+    finally:
+        if stream:
+            stream.close()
+    info = {**run_info(request, started, len(cases), len(done)), "not_started": left, **extra}
+    _write_report(request, results, info)
+    return RunOutcome(results, info, bundles=len(repro.written) if repro else 0, stream=stream.path if stream else None)
+
+
+def _pairs(cases: list[PlannedCase], backends: list[Loaded]) -> int:
+    """The (backend, case) pairs of the plan: each case's chosen backends, or every one."""
+    return sum(c.backends is None or b.name in c.backends for c in cases for b in backends)
+
+
+def _spread(request: RunRequest, backends: list[Loaded], cases: list[PlannedCase],
+            envs: list[dict[str, str]], extra: dict[str, Any]) -> RunOutcome:
+    """The plan's shards in child processes (difftest.workflows.spread), their results merged in plan order."""
+    require(request.resume is None, "resume", str(request.resume), "a run that is not spread (resume a spread "
+            "run's report or stream on one GPU)")
+    require(request.suite.shard is None, "shard", str(request.suite.shard), "a run that is not spread "
+            "(a spread run shards itself)")
+    started = time.time()
+    expected = [len(Shard(i, len(envs)).of(cases)) * len(backends) for i in range(len(envs))]
+    try:
+        shards = spread.run_shards(request.argv, envs, expected)
+    except spread.ShardsInterrupted as stop:  # Ctrl-C: what the children finished, marked incomplete
+        outcome = _merged(request, cases, stop.shards, {**extra, "incomplete": True}, started)
+        kept = tuple(str(path) for path in (request.report, outcome.stream) if path)
+        raise Interrupted(len(outcome.results), kept) from None
+    return _merged(request, cases, shards, extra, started)
+
+
+def _merged(request: RunRequest, cases: list[PlannedCase], shards: list[spread.ShardRun], extra: dict[str, Any],
+            started: float) -> RunOutcome:
+    """The shards' results in plan order, written to the stream and the report."""
+    results = spread.merge([c.name for c in cases], shards)
+    info = {**run_info(request, started, len(cases)), "shards": [shard.info() for shard in shards], **extra}
+    stream = _open_stream(request, info, {})
+    if stream:
+        for result in results:
+            stream.write(result)
+        stream.close()
+    _write_report(request, results, info)
+    bundles = _bundles_written(request.repro_dir, results)
+    return RunOutcome(results, info, bundles=bundles, stream=stream.path if stream else None, shards=tuple(shards))
+
+
+def _write_report(request: RunRequest, results: list[CaseResult], info: dict[str, Any]) -> None:
+    if request.report:
+        write_json(request.report, results, info)
+
+
+def _kept(path: Path) -> list[CaseResult]:
+    """The results a stream holds ([] when it cannot be read back)."""
+    try:
+        return load_results(path, "stream")
+    except (SpecError, OSError):
+        return []
+
+
+def _bundles_written(repro_dir: Path | None, results: list[CaseResult]) -> int:
+    """The reproducer bundles of `results` that the children wrote under `repro_dir`."""
+    if repro_dir is None:
+        return 0
+    return sum((repro_dir / bundle_name(r)).is_dir() for r in results if r.verdict.failed)
+
+
+# Run-info keys a resumed run must share with the run it resumes -> the parameter that sets each.
+RESUMED_ALIKE = {"encoding_override": "encoding", "layout_override": "layout", "repeat": "repeat",
+                 "oracle": "oracle", "cases_kind": "cases"}
+
+
+def _resumed(request: RunRequest, cases: list[PlannedCase],
+             backends: list[Loaded]) -> dict[tuple[str, str], CaseResult]:
+    assert request.resume is not None
+    results = load_results(request.resume, "resume")
+    _same_options(request, load_run_info(request.resume, "resume"))
+    return kept_results(results, cases, [b.name for b in backends], request.config.device, str(request.resume))
+
+
+def _same_options(request: RunRequest, earlier: list[dict[str, Any]]) -> None:
+    """SpecError naming the first parameter (RESUMED_ALIKE) that `request` sets otherwise than the run
+    it resumes did: results made under two what-ifs, repeat counts or oracles must not be mixed.
+    A record that does not say (one the pytest plugin wrote) is taken at its word."""
+    now = run_info(request, time.time(), 0)
+    for header in earlier:
+        for key, field in RESUMED_ALIKE.items():
+            require(key not in header or header[key] == now[key], field, now[key],
+                    f"{header[key]!r}, what the run resumed from {request.resume} used (its results were made "
+                    "under it; start a new report to change it)")
+
+
+def _open_stream(request: RunRequest, info: dict[str, Any],
+                 done: dict[tuple[str, str], CaseResult]) -> ResultStream | None:
+    """The JSONL stream; a resumed run appends to its own stream, and a new stream starts with the
+    results it resumes, so every stream holds its whole run."""
+    target = request.stream_path
+    if target is None:
+        return None
+    same = request.resume is not None and request.resume.resolve() == target.resolve()
+    require(not same or is_stream(target), "stream", str(target),
+            "a JSONL stream to append to, not the JSON report given to resume")
+    stream = ResultStream(target, append=same)
+    stream.header(info)
+    if not same:
+        for result in done.values():
+            stream.write(result)
+    return stream
+
+
+def run_info(request: RunRequest, started: float, cases: int, resumed: int = 0) -> dict[str, object]:
+    """How the run was made: the command, versions, device and options, for the report and the stream."""
+    config = request.config
+    # A spread parent computes nothing: its results name their GPUs (CaseResult.gpu).
+    gpu = torch.cuda.get_device_name() if config.device == "cuda" and request.gpus is None else None
+    return {"command": "difftest " + shlex.join(request.argv), "seed": request.suite.seed, "cases": cases,
+            "device": config.device, "gpu": gpu, "torch": torch.__version__, "difftest": __version__,
+            "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "seconds": round(time.time() - started, 3),
+            "encoding_override": config.encoding.value if config.encoding else None,
+            "layout_override": config.layout.value if config.layout else None, "isolated": config.isolated,
+            "timeout": config.timeout, "repeat": config.repeat,
+            "sanitize": config.sanitize.value if config.sanitize else None, "sanitize_all": config.sanitize_all,
+            "oracle": config.oracle_kind.value, "cases_kind": request.suite.cases.value, "budget": request.budget,
+            "case_filter": list(request.suite.case_filter),
+            "shard": str(request.suite.shard) if request.suite.shard else None,
+            "resumed_from": str(request.resume) if request.resume else None, "resumed": resumed,
+            "startup_timeout": config.startup_timeout, "time": config.time, "fail_slow": request.fail_slow}
+
+
+class ReproWriter:
+    """Writes a bundle for every failing result of a run.
+
+    The runner hands `on_result` only the CaseResult, so `track` wraps the case stream and remembers
+    the case being run: results of a case arrive before the runner draws the next one.
+    """
+
+    def __init__(self, directory: Path, config: RunConfig, backends: list[Loaded]) -> None:
+        self.directory, self.config = directory, config
+        self.backends = {b.name: b for b in backends}
+        self.case: Case | None = None
+        self.written: list[Path] = []
+
+    def track(self, cases: Iterable[Case]) -> Iterator[Case]:
+        """The same cases, each remembered while the runner works on it."""
+        for case in cases:
+            self.case = case
+            yield case
+
+    def on_result(self, result: CaseResult) -> None:
+        """Write `result`'s bundle when it failed."""
+        if result.verdict.failed and self.case is not None:
+            backend = self.backends[result.backend]
+            self.written.append(write_bundle(self.directory, self.case, result, self.config, backend.origin,
+                                             backend.contract.library))

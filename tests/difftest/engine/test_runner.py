@@ -1,0 +1,296 @@
+"""The runner end to end: mutants caught with predictable row counts, ERROR, SKIP, order, streaming."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from difftest.backends.torch_ref import TorchBackend
+from difftest.backends.user import FunctionBackend, backend
+from difftest.core.hardware import describe_gpu, gpu_description
+from difftest.core.kinds import LengthEncoding
+from difftest.core.verdict import Verdict
+from difftest.engine import runner
+from difftest.engine.batch import merge
+from difftest.engine.config import RunConfig
+from difftest.engine.isolate import InProcess
+from difftest.engine.runner import run, unsupported_reason
+from difftest.generators import LengthDist, build_case
+from difftest.oracles.paged_mqa_logits import reference
+from difftest.oracles.reference import make_reference
+from tests import user_backends as ub
+from tests.support import TINY, TINY_SPECS
+
+# The vllm#59420 report: B = 16, next_n = 3, one long context per request.
+VLLM_59420 = TINY.replace(name="vllm-59420", next_n=3, max_model_len=128, block_size=16,
+                          lengths=tuple(40 + 5 * b for b in range(16)))
+
+
+def _fn(f) -> FunctionBackend:
+    return FunctionBackend.from_function(f)
+
+
+def _limits(seq_len: int, next_n: int) -> list[int]:
+    return [max(seq_len - next_n + j + 1, 0) for j in range(next_n)]
+
+
+# --------------------------------------------------------------------------- mutants
+
+def test_vllm_59420_per_sequence_reader_fed_the_per_row_table():
+    case = build_case(VLLM_59420, 0)
+    reader = _fn(ub.per_sequence_reader)
+    lens, n = case.seq_lens.tolist(), case.next_n
+    # What the reader sees: the first B entries of the flattened (B, next_n) table.
+    flat = [limit for length in lens for limit in _limits(length, n)]
+    predicted = [b * n + j for b in range(len(lens))
+                 for j, (seen, true) in enumerate(zip(_limits(flat[b], n), _limits(lens[b], n), strict=True))
+                 if seen != true]
+    assert len(predicted) == 48, f"{predicted=}"
+
+    (wrong,) = run([reader], [case], RunConfig(encoding=LengthEncoding.PER_ROW))
+    assert wrong.verdict == Verdict.FAIL_MASK and wrong.overridden and wrong.encoding == "per-row", f"{wrong=}"
+    assert wrong.comparison.mask_rows == predicted, f"{wrong.comparison.mask_rows=}"
+    assert (len(wrong.comparison.mask_rows), wrong.comparison.rows) == (48, 48)
+
+    (right,) = run([reader], [case], RunConfig())
+    assert right.verdict == Verdict.PASS and not right.overridden and right.encoding == "per-sequence", f"{right=}"
+    assert (len(right.comparison.mask_rows), right.comparison.rows) == (0, 48)
+
+
+@pytest.mark.parametrize("spec", [s for s in TINY_SPECS if s.next_n > 1], ids=lambda s: s.name)
+def test_sequence_length_for_every_row_is_caught_with_predicted_count(spec):
+    mutant = _fn(ub.sequence_length_for_every_row)
+    cases = [build_case(spec, seed) for seed in range(3)]
+    results = run([mutant], cases, RunConfig())
+    for case, result in zip(cases, results, strict=True):
+        real = [b for b, length in enumerate(case.seq_lens.tolist()) if length > 0]
+        predicted = [b * case.next_n + j for b in real for j in range(case.next_n - 1)]
+        mask_rows = result.comparison.mask_rows
+        assert mask_rows == predicted, f"{case.describe()}: {mask_rows=} {predicted=}"
+        want = Verdict.FAIL_MASK if predicted else Verdict.PASS
+        assert result.verdict == want, f"{case.describe()}: {result.verdict=}"
+
+
+def test_window_one_short_is_caught_on_every_row_with_a_window():
+    mutant = _fn(ub.window_one_short)
+    case = build_case(TINY.replace(next_n=3, lengths=(0, 1, 2, 3, 4, 20)), 0)
+    (result,) = run([mutant], [case], RunConfig())
+    predicted = [r for r, limit in enumerate(case.row_lens().reshape(-1).tolist()) if limit > 0]
+    assert result.verdict == Verdict.FAIL_MASK and result.comparison.mask_rows == predicted, f"{result.comparison=}"
+    first = result.comparison.first_mismatch
+    assert first.row == predicted[0] and first.position == case.row_lens().reshape(-1)[predicted[0]] - 1
+    assert first.got == float("-inf") and first.kind == Verdict.FAIL_MASK, f"{first=}"
+
+
+def test_correct_backends_pass_the_edge_specs():
+    from difftest.generators import edge_cases
+
+    backends = [TorchBackend(), _fn(ub.per_sequence_reader)]
+    results = run(backends, [build_case(s, 0) for s in edge_cases()], RunConfig())
+    assert len(results) == 2 * len(edge_cases())
+    bad = [(r.case, r.backend, r.verdict.value, r.reason) for r in results if r.verdict != Verdict.PASS]
+    assert not bad, f"{bad=}"
+
+
+# --------------------------------------------------------------------------- ERROR, SKIP, unwritten
+
+def test_raising_backend_is_error_and_others_still_run():
+    cases = [build_case(TINY_SPECS[1], s) for s in range(2)]
+    backends = [_fn(ub.raises), TorchBackend(), _fn(ub.wrong_shape), _fn(ub.per_sequence_reader)]
+    results = run(backends, cases, RunConfig())
+    verdicts = [(r.case, r.backend, r.verdict) for r in results]
+    want = [(c.name, b.name, v) for c in cases for b, v in zip(
+        backends, [Verdict.ERROR, Verdict.PASS, Verdict.ERROR, Verdict.PASS], strict=True)]
+    assert verdicts == want, f"{verdicts=}"
+    raised = results[0]
+    assert raised.reason == "RuntimeError: kernel exploded at launch" and raised.comparison is None, f"{raised=}"
+    shaped = results[2]
+    want_shape = f"{[cases[0].rows, cases[0].max_model_len]}"
+    assert "shape" in shaped.reason and want_shape in shaped.reason, f"{shaped.reason=}"
+
+
+def test_unwritten_row_of_a_poisoned_buffer():
+    case = build_case(TINY.replace(next_n=2, lengths=(7, 20)), 0)
+    (result,) = run([ub.LeavesLastRowUnwritten()], [case], RunConfig())
+    assert result.verdict == Verdict.FAIL_UNWRITTEN and result.comparison.unwritten_rows == [case.rows - 1], (
+        f"{result.comparison=}")
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(next_n=(1,)), "contract next_n [1] excludes 2"),
+    (dict(head_dims=(128,)), "contract head_dim [128] excludes 16"),
+    (dict(block_sizes=(64,)), "contract block_sizes [64] exclude 4 (and 1 is not listed)"),
+    (dict(heads_multiple_of=16), "heads=2 is not a multiple of 16"),
+    (dict(devices=("cuda",)), "declares devices ['cuda'], not cpu"),
+])
+def test_contract_exclusions_skip_with_reason(change, reason):
+    excluded = dataclasses.replace(_fn(ub.per_sequence_reader), name="excluded")
+    excluded.contract = dataclasses.replace(excluded.contract, **change)
+    case = build_case(TINY.replace(next_n=2), 0)
+    results = run([excluded, TorchBackend()], [case], RunConfig())
+    assert [r.verdict for r in results] == [Verdict.SKIP, Verdict.PASS], f"{results=}"
+    assert reason in results[0].reason, f"{results[0].reason=} {reason=}"
+    assert results[0].comparison is None and results[0].seconds == 0.0
+
+
+def test_contract_devices_skip_even_when_the_backend_says_available():
+    case = build_case(TINY, 0)
+    (result,) = run([ub.DeclaresCudaOnly()], [case], RunConfig())
+    assert result.verdict == Verdict.SKIP and result.reason == "contract devices ['cuda'] exclude cpu", f"{result=}"
+
+
+def test_block_size_one_contract_runs_on_a_repaged_case():
+    token_reader = _fn(ub.per_sequence_reader)
+    token_reader.contract = dataclasses.replace(token_reader.contract, block_sizes=(1,))
+    case = build_case(TINY.replace(next_n=2, length_dist=LengthDist.EDGES), 0)
+    assert unsupported_reason(token_reader, case, "cpu") is None
+    (result,) = run([token_reader], [case], RunConfig())
+    assert result.verdict == Verdict.PASS, f"{result=}"
+
+
+def test_unencodable_case_is_skipped_with_reason():
+    case = build_case(TINY, 0)  # block_size 4: no prefix-sum encoding
+    (result,) = run([TorchBackend()], [case], RunConfig(encoding=LengthEncoding.PREFIX_SUM))
+    assert result.verdict == Verdict.SKIP and result.reason.startswith("cannot encode: block_size=4"), f"{result=}"
+
+
+# --------------------------------------------------------------------------- order and streaming
+
+def test_results_in_case_backend_order_and_streamed():
+    cases = [build_case(spec, 0) for spec in TINY_SPECS[:4]]
+    backends = [TorchBackend(), _fn(ub.raises), _fn(ub.per_sequence_reader)]
+    seen = []
+    results = run(backends, iter(cases), RunConfig(), on_result=seen.append)
+    order = [(r.case, r.backend) for r in results]
+    assert order == [(c.name, b.name) for c in cases for b in backends], f"{order=}"
+    assert len(seen) == len(results) == 12 and all(a is b for a, b in zip(seen, results, strict=True)), f"{len(seen)=}"
+
+
+def test_on_result_sees_each_result_before_the_next_backend_runs():
+    calls: list[str] = []
+
+    @backend(contract=ub.PER_ROW, name="recorder")
+    def recorder(q, kv_cache, weights, context_lens, block_table, max_model_len):
+        calls.append("call")
+        return ub.logits_with_limits(q, kv_cache, weights, context_lens, block_table, max_model_len)
+
+    run([_fn(recorder), _fn(recorder)], [build_case(TINY, 0)], RunConfig(),
+        on_result=lambda r: calls.append(f"result:{r.verdict.value}"))
+    assert calls == ["call", "result:PASS", "call", "result:PASS"], f"{calls=}"
+
+
+def test_result_fields():
+    case = build_case(TINY_SPECS[3], 2)
+    (result,) = run([TorchBackend()], [case], RunConfig())
+    assert (result.backend, result.case, result.rows, result.device) == ("torch", case.name, case.rows, "cpu")
+    assert (result.encoding, result.layout, result.overridden) == ("per-row", "block-split", False)
+    assert result.description == case.describe() and result.spec == case.meta["spec"], f"{result=}"
+    assert result.seconds >= 0 and result.reason is None and result.gpu is None
+
+
+# --------------------------------------------------------------------------- the GPU of a result
+
+def test_gpu_description_is_none_on_the_cpu():
+    assert gpu_description(torch.device("cpu")) is None
+
+
+def test_describe_gpu_names_the_physical_device():
+    h200 = SimpleNamespace(name="NVIDIA H200", pci_domain_id=0, pci_bus_id=0x19, pci_device_id=0, uuid="ignored")
+    assert describe_gpu(0, h200, "3") == "cuda:0 NVIDIA H200 (PCI 0000:19:00.0, CUDA_VISIBLE_DEVICES=3)"
+    older = SimpleNamespace(name="NVIDIA A100", uuid="5e0f6f3a-0000-1111-2222-333344445555")
+    assert describe_gpu(1, older, None) == ("cuda:1 NVIDIA A100 (UUID 5e0f6f3a-0000-1111-2222-333344445555, "
+                                            "CUDA_VISIBLE_DEVICES=unset)")
+
+
+def test_make_reference_matches_oracle():
+    case = build_case(TINY_SPECS[4], 1)
+    ref = make_reference(case)
+    assert torch.equal(ref.logits, reference(case))
+    assert torch.equal(ref.row_lens, case.row_lens().reshape(-1))
+    assert tuple(ref.bound.shape) == (case.rows,) and (ref.bound >= 0).all()
+
+
+# --------------------------------------------------------------------------- isolated calls overlap
+
+def _calls(log: Path) -> dict[str, tuple[float, float]]:
+    rows = [line.split() for line in log.read_text().splitlines()]
+    return {name: (float(start), float(end)) for name, start, end in rows}
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+def test_isolated_workers_take_one_case_side_by_side(tmp_path, monkeypatch, isolate):
+    """With isolation every backend's call on a case is sent before any answer is awaited, so the
+    workers compute at once; in-process the calls follow each other, each result reported first."""
+    log = tmp_path / "calls.log"
+    monkeypatch.setenv(ub.CALL_LOG, str(log))
+    # Two cases: on the second both workers are long started, so only the runner decides the overlap.
+    results = run([_fn(ub.recorded_a), _fn(ub.recorded_b)], [build_case(TINY, 0), build_case(TINY, 1)],
+                  RunConfig(isolate=isolate))
+    assert {(r.backend, r.verdict) for r in results} == {("recorded-a", Verdict.PASS), ("recorded-b", Verdict.PASS)}
+    calls = _calls(log)  # the last call of each
+    overlap = calls["recorded-a"][1] > calls["recorded-b"][0] and calls["recorded-b"][1] > calls["recorded-a"][0]
+    assert overlap == isolate, f"{calls=}"
+
+
+class _OutOfMemoryOnSubmit(InProcess):
+    """The in-process executor, out of device memory when it copies a case's inputs for the call."""
+
+    def submit(self, backend, inputs, launch):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 36.50 GiB.")
+
+
+def test_running_out_of_memory_handing_over_the_inputs_is_that_backends_error(monkeypatch):
+    # On the H200 a fuzz batch's copy for a worker once asked for 36 GiB: that must be one ERROR,
+    # not a traceback that ends the run.
+    monkeypatch.setattr(runner, "InProcess", _OutOfMemoryOnSubmit)
+    case = build_case(TINY, 0)
+    [result] = run([TorchBackend()], [case], RunConfig())
+    assert result.verdict == Verdict.ERROR and result.error_type == "OutOfMemoryError", f"{result=}"
+    assert "ran out of memory" in result.reason and "36.50 GiB" in result.reason
+
+
+def test_running_out_of_memory_encoding_the_inputs_is_that_backends_error(monkeypatch):
+    # On the H200, four fuzz jobs side by side once left too little for one job's packed copy of a pool.
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+
+    monkeypatch.setattr(runner, "encode", out_of_memory)
+    [result] = run([TorchBackend()], [build_case(TINY, 0)], RunConfig())
+    assert result.verdict == Verdict.ERROR and result.error_type == "OutOfMemoryError", f"{result=}"
+    assert "preparing the inputs" in result.reason and "2.00 GiB" in result.reason
+
+
+def _oracle_out_of_memory_above(rows: int):
+    """make_reference, out of device memory on a case of more than `rows` rows (as on a shared GPU)."""
+    def oracle(case, oracle_kind):
+        if case.rows > rows:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 5.82 GiB.")
+        return make_reference(case, oracle_kind)
+    return oracle
+
+
+def test_an_oracle_out_of_memory_skips_the_case_with_why_and_the_run_goes_on(monkeypatch):
+    monkeypatch.setattr(runner, "make_reference", _oracle_out_of_memory_above(TINY.batch))
+    big, small = build_case(TINY.replace(name="big", batch=4), 0), build_case(TINY, 1)
+    streamed = []
+    results = run([TorchBackend()], [big, small], RunConfig(), on_result=streamed.append)
+    assert [(r.case, r.verdict) for r in results] == [(big.name, Verdict.SKIP), (small.name, Verdict.PASS)]
+    assert "oracle ran out of memory" in results[0].reason and "5.82 GiB" in results[0].reason
+    assert streamed == results, "the skip is reported as it happens, like any result"
+
+
+def test_a_batch_whose_merged_oracle_runs_out_of_memory_runs_its_members_alone(monkeypatch):
+    monkeypatch.setattr(runner, "make_reference", _oracle_out_of_memory_above(TINY.batch))
+    members = [build_case(TINY, seed) for seed in range(3)]
+    alone = run([TorchBackend()], members, RunConfig())
+    streamed = []
+    batched = run([TorchBackend()], [merge(members)], RunConfig(), on_result=streamed.append)
+    assert [(r.case, r.verdict) for r in batched] == [(r.case, r.verdict) for r in alone]
+    assert {r.verdict for r in batched} == {Verdict.PASS} and streamed == batched
+
+
+# --------------------------------------------------------------------------- memory of calls side by side

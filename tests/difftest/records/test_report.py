@@ -1,0 +1,131 @@
+"""Reports: per-backend summaries, the headline, the table, failure lines and JSON values."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import torch
+
+from difftest.backends.torch_ref import TorchBackend
+from difftest.backends.user import FunctionBackend
+from difftest.core.schema import ReportModel, validate
+from difftest.core.verdict import Verdict
+from difftest.engine.config import RunConfig
+from difftest.engine.runner import run
+from difftest.generators import build_case
+from difftest.records.report import headline, render_devices, render_failures, render_table, summarize, write_json
+from difftest.records.serialize import ResultStream, load_results, to_jsonable
+from tests import user_backends as ub
+from tests.support import TINY
+
+
+def _results():
+    cases = [build_case(TINY.replace(next_n=3, lengths=(5, 9, 0, 20)), s) for s in range(2)]
+    backends = [TorchBackend(), FunctionBackend.from_function(ub.sequence_length_for_every_row),
+                FunctionBackend.from_function(ub.raises), ub.DeclaresCudaOnly()]
+    return run(backends, cases, RunConfig())
+
+
+def test_summaries_count_rows_and_verdicts():
+    results = _results()
+    by_name = {s.backend: s for s in summarize(results)}
+    assert list(by_name) == ["torch", "sequence_length_for_every_row", "raises", "cuda-only"], f"{list(by_name)=}"
+    torch_s, mutant, raised, skipped = by_name.values()
+    assert (torch_s.cases, torch_s.rows, torch_s.mask_rows, torch_s.verdict) == (2, 24, 0, Verdict.PASS)
+    # 3 sequences with L > 0, next_n - 1 = 2 wrong rows each, in each of 2 cases.
+    assert (mutant.rows, mutant.mask_rows, mutant.verdict) == (24, 12, Verdict.FAIL_MASK), f"{mutant=}"
+    assert headline(mutant) == "12/24 rows with the wrong -inf mask"
+    assert raised.verdict == Verdict.ERROR and raised.counts == {"ERROR": 2} and raised.rows == 0, f"{raised=}"
+    assert skipped.verdict == Verdict.SKIP and skipped.cases == 0 and skipped.skipped == 2, f"{skipped=}"
+    assert skipped.skip_reasons == ["contract devices ['cuda'] exclude cpu"] and math.isnan(skipped.topk_overlap)
+
+
+def test_table_and_failures_text():
+    results = _results()
+    table = render_table(summarize(results)).split("\n\n")[0].splitlines()
+    assert len(table) == 5 and table[0].startswith("backend"), f"{table=}"
+    assert "12/24" in table[2] and "FAIL(mask)" in table[2], f"{table[2]=}"
+    assert "SKIP: contract devices" in table[4], f"{table[4]=}"
+    failures = render_failures(results)
+    assert "12/24" not in failures and "6/12 rows with the wrong -inf mask [0,1,3,4,9,10]" in failures, failures
+    assert "RuntimeError: kernel exploded at launch" in failures and "cuda-only" not in failures, failures
+    assert "... and 2 more failing results" in render_failures(results, limit=2)
+
+
+def test_json_values_are_plain(tmp_path):
+    assert to_jsonable({"a": (1, math.inf, -math.inf), "v": Verdict.PASS}) == {"a": [1, "inf", "-inf"], "v": "PASS"}
+    path = write_json(tmp_path / "r.json", _results(), {"seed": 0})
+    doc = json.loads(path.read_text())
+    assert len(doc["results"]) == 8 and len(doc["summaries"]) == 4, f"{doc.keys()=}"
+    assert doc["results"][1]["comparison"]["first_mismatch"]["kind"] == "FAIL(mask)"
+
+
+H200 = "cuda:0 NVIDIA H200 (PCI 0000:{bus}:00.0, CUDA_VISIBLE_DEVICES={visible})"
+
+
+def _on_gpus(results):
+    """The results as if computed on two GPUs, alternately."""
+    return [dataclasses.replace(r, gpu=H200.format(bus=("19", "3a")[i % 2], visible=i % 2))
+            for i, r in enumerate(results)]
+
+
+def test_gpu_of_each_result_round_trips_through_json_and_jsonl(tmp_path):
+    results = _on_gpus(_results())
+    assert load_results(write_json(tmp_path / "r.json", results, {})) == results
+    stream = ResultStream(tmp_path / "r.jsonl")
+    for result in results:
+        stream.write(result)
+    stream.close()
+    assert load_results(tmp_path / "r.jsonl") == results
+    assert json.loads((tmp_path / "r.json").read_text())["results"][1]["gpu"] == H200.format(bus="3a", visible=1)
+
+
+def test_a_report_written_before_the_gpu_field_still_loads(tmp_path):
+    results = _results()
+    doc = json.loads(write_json(tmp_path / "r.json", results, {}).read_text())
+    for result in doc["results"]:
+        del result["gpu"]
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    assert load_results(tmp_path / "old.json") == results and all(r.gpu is None for r in results)
+
+
+def test_results_per_device_only_when_more_than_one():
+    results = _results()
+    assert render_devices(results) == "" and render_devices(_on_gpus(results)[::2]) == ""
+    assert render_devices(_on_gpus(results)) == (f"results per device: {H200.format(bus='19', visible=0)}: 4, "
+                                                 f"{H200.format(bus='3a', visible=1)}: 4")
+
+
+LIBRARIES = {"torch": f"torch {torch.__version__}", "sequence_length_for_every_row": "tests", "raises": "tests",
+             "cuda-only": ""}
+
+
+def test_each_backend_names_what_it_loaded_in_the_json_report_and_under_the_table(tmp_path):
+    results = _results()
+    assert {r.backend: r.library for r in results} == LIBRARIES, "each result carries its backend's Contract.library"
+    doc = json.loads(write_json(tmp_path / "r.json", results, {}).read_text())
+    assert {s["backend"]: s["library"] for s in doc["summaries"]} == LIBRARIES, doc["summaries"]
+    assert load_results(tmp_path / "r.json") == results
+    libraries = render_table(summarize(results)).split("\n\n")[1].splitlines()
+    assert libraries == ["libraries loaded:", f"  {'torch':<26} {LIBRARIES['torch']}",
+                         "  sequence_length_for_every_row tests", f"  {'raises':<26} tests"], libraries
+
+
+def test_a_backend_whose_results_name_two_libraries_lists_both_once():
+    """A resumed run whose earlier part loaded another version: the summary names both, in order."""
+    results = [r for r in _results() if r.backend == "torch"]
+    mixed = [dataclasses.replace(results[0], library="amd-aiter 0.1.7"),
+             dataclasses.replace(results[1], library="amd-aiter main"), results[0]]
+    assert summarize(mixed)[0].library == f"amd-aiter 0.1.7; amd-aiter main; {LIBRARIES['torch']}"
+
+
+def test_a_report_written_before_the_library_field_still_loads(tmp_path):
+    results = _results()
+    doc = json.loads(write_json(tmp_path / "r.json", results, {}).read_text())
+    for record in doc["results"] + doc["summaries"]:
+        del record["library"]
+    validate(ReportModel, doc)
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    assert load_results(tmp_path / "old.json") == [dataclasses.replace(r, library="") for r in results]
