@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 import pytest
 
 from difftest.core.kinds import CaseKind
-from difftest.engine.plan import PlannedCase, SuiteRequest, plan
 from difftest_pytest.options import BACKENDS, Settings, usage_error
 
 if TYPE_CHECKING:
     from difftest.backends import Backend
     from difftest.core.case import Case
+    from difftest.engine.plan import PlannedCase
 
 
 class Selection:
@@ -80,6 +80,8 @@ class Selection:
 
     def cases(self, next_n: tuple[int, ...] | None = None) -> list[PlannedCase]:
         """Every selected case (difftest.engine.plan); `next_n` makes one copy of each spec per value."""
+        from difftest.engine.plan import SuiteRequest, plan  # deferred: loads pydantic and numpy (the spec schema)
+
         request = SuiteRequest(cases=CaseKind(self.settings.cases), count=self.settings.count,
                                seed=self.settings.seed, next_n=next_n)
         return plan(request)

@@ -80,10 +80,9 @@ def test_cuda_without_a_gpu_is_a_usage_error(pytester: pytest.Pytester) -> None:
 
 
 def test_importing_the_plugin_imports_no_torch_and_nothing_heavy_of_difftest() -> None:
-    code = ("import sys, difftest_pytest.plugin; "
-            "print(sorted(m for m in ('torch', 'hypothesis', 'difftest.oracles', 'difftest.engine.runner', "
-            "'difftest.core.case') "
-            "if m in sys.modules))")
+    heavy = ("torch", "numpy", "pydantic", "hypothesis", "difftest.oracles", "difftest.engine.runner",
+             "difftest.engine.plan", "difftest.core.case", "difftest.core.schema")
+    code = f"import sys, difftest_pytest.plugin; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
