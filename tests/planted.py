@@ -100,3 +100,17 @@ def wrong_after_empty_request(q: torch.Tensor, kv_cache: torch.Tensor, weights: 
     after_empty[1:] = lens[:-1, -1] == 0
     lens = torch.where(after_empty[:, None], (lens - 1).clamp(min=0), lens)
     return logits_with_limits(q, kv_cache, weights, lens, block_table, max_model_len)
+
+
+# A planted slow failure: every call takes SLOW_CALL seconds and every nonempty row loses its last key, so
+# shrinking a case takes many probes of that cost: far more than a small share of a fuzz budget.
+SLOW_CALL = 0.25
+
+
+@backend(contract=CONTRACT, name="planted-slow-window")
+def slow_window_one_short(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
+                          block_table: torch.Tensor, max_model_len: int) -> torch.Tensor:
+    """Sleeps SLOW_CALL seconds per call; each row's window one short (FAIL(mask))."""
+    time.sleep(SLOW_CALL)
+    lens = (context_lens.to(torch.int64) - 1).clamp(min=0)
+    return logits_with_limits(q, kv_cache, weights, lens, block_table, max_model_len)
