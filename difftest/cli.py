@@ -736,7 +736,7 @@ class _CampaignProgress:
             from tqdm import tqdm  # deferred: only a terminal draws it
 
             self.bar = tqdm(total=round(self.budget, 1), unit="s", file=sys.stderr, dynamic_ncols=True, leave=False,
-                            mininterval=0, bar_format="fuzz {bar} {n:.0f}/{total:.0f} s, {postfix}")
+                            mininterval=0, bar_format="fuzz {bar} {n:.0f}/{total:.0f} s{postfix}")
         cases = "" if where.cases is None else f"{where.cases} cases, "
         self.bar.n = min(round(where.seconds, 1), self.bar.total)
         self.bar.set_postfix_str(f"{cases}{where.signatures} signatures, {where.doing}")
