@@ -292,7 +292,7 @@ def fuzz(campaign: Campaign, on_progress: ProgressListener | None = None) -> Cam
     drawn = _in_jobs(campaign, backends, clock) if campaign.jobs > 1 else _drawn(campaign, backends, clock)
     cases_done = time.monotonic()
     folder = _bundle_folder(campaign, drawn.found)
-    found = _kept(drawn.found, backends, campaign, clock, folder)
+    found = _kept(drawn, backends, campaign, clock, folder)
     end = time.monotonic()
     outcome = dataclasses.replace(drawn, found=found, phases=Phases(cases_done - start, end - cases_done, end - start),
                                   budget=campaign.budget, config=campaign.config, bundles=folder,
@@ -803,10 +803,11 @@ def _bundle_folder(campaign: Campaign, found: list[Found]) -> Path | None:
     return None
 
 
-def _kept(found: list[Found], backends: list[Loaded], campaign: Campaign, clock: _Clock,
+def _kept(drawn: CampaignOutcome, backends: list[Loaded], campaign: Campaign, clock: _Clock,
           folder: Path | None) -> list[Found]:
     """Each signature's bundle in `folder`, then, in turn, its shrunk case and bundle where it can be probed
     safely, within the shrinking share and what is left of the budget; one entry per distinct shrunk case."""
+    found = drawn.found
     if folder is None:
         return found
     bundles = BundleOutput(folder, campaign.config, backends)
@@ -816,16 +817,23 @@ def _kept(found: list[Found], backends: list[Loaded], campaign: Campaign, clock:
     shrinks = campaign.shrink_budget > 0  # 0: asked for no shrinking
     shrinkable = [item for item in found if shrinks and _shrinkable(item.result.verdict, campaign.config)]
     by_name = {backend.name: backend for backend in backends}
+    # A backend's quickest call of the campaign: its first carries its start-up (imports, compilations).
+    quickest: dict[str, float] = {}
+    for result in drawn.results:
+        if result.verdict != Verdict.SKIP:
+            quickest[result.backend] = min(result.seconds, quickest.get(result.backend, result.seconds))
     for index, item in enumerate(shrinkable):
         clock.tell(None, len(found), f"shrinking {index + 1} of {len(shrinkable)}", now=True)
         share = (deadline - time.monotonic()) / (len(shrinkable) - index)  # time one shrink spares goes on
-        _shrunk(item, by_name[item.signature.backend], campaign, share, bundles)
+        call = quickest.get(item.signature.backend, item.result.seconds)
+        _shrunk(item, by_name[item.signature.backend], campaign, share, call, bundles)
     return _merged(found)
 
 
-def _shrunk(found: Found, backend: Loaded, campaign: Campaign, seconds: float, bundles: BundleOutput) -> None:
-    """The found case shrunk for about `seconds` and bundled; found.unshrunk says why not when it could not be."""
-    call = found.result.seconds
+def _shrunk(found: Found, backend: Loaded, campaign: Campaign, seconds: float, call: float,
+            bundles: BundleOutput) -> None:
+    """The found case shrunk for about `seconds` (its backend's call takes about `call`) and bundled;
+    found.unshrunk says why not when it could not be."""
     if seconds < 2 * call or seconds <= 0:  # the original's run and one probe: any less would overrun the budget
         found.unshrunk = (f"the budget was spent: {max(seconds, 0.0):.1f} s left for it, and one call of the backend "
                           f"took {call:.1f} s")

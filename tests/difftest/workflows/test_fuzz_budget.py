@@ -8,23 +8,27 @@ import sys
 
 import pytest
 
+from difftest.backends import as_loaded
 from difftest.cli import main
 from difftest.core.errors import SpecError
 from difftest.core.kinds import ExitStatus
+from difftest.engine.config import RunConfig
+from difftest.generators import build_case
 from difftest.generators.regime import Regime
 from difftest.records.serialize import load_results, load_run_info
 from difftest.workflows.fuzz import SHRINK_SHARE, Campaign, fuzz, render_campaign
-from tests.planted import SLOW_CALL
+from difftest.workflows.running import run_one
+from tests.planted import SLOW_CALL, slow_last_column
+from tests.support import TINY
 
-SLOW = "tests.planted:slow_window_one_short"
-BUDGET, SHARE = 3.0, 1.5
-# What may pass the budget: the probe (or the case) under way when time runs out, a call and its oracle,
-# and the shrunk case's bundle; four calls leave room for a loaded machine.
-OVERRUN = 4 * SLOW_CALL
+SLOW = "tests.planted:slow_last_column"
+BUDGET, SHARE = 4.0, 2.0
 
 
 @pytest.fixture(scope="module")
 def slow_campaign(tmp_path_factory):
+    # One call first: a process's first torch work (seconds on a loaded machine) is not what this measures.
+    run_one(as_loaded(slow_last_column), build_case(TINY, 0), RunConfig())
     report = tmp_path_factory.mktemp("budget") / "fuzz.json"
     outcome = fuzz(Campaign(budget=BUDGET, backends=(SLOW,), shrink_seconds=SHARE, report=report,
                             regime=Regime(max_batch=4, max_context=64, block_size=16)))
@@ -33,15 +37,23 @@ def slow_campaign(tmp_path_factory):
         shutil.rmtree(outcome.bundles)
 
 
+def _overrun(outcome) -> float:
+    """What may pass the budget, by the campaign's own record: the case or probe under way when time runs
+    out (twice its slowest call: a probe also draws its case and runs the oracle), and the bundle of the
+    shrunk case. On a loaded machine the calls take longer, and so may the overrun."""
+    calls = [r.seconds for r in outcome.results] + [f.shrunk.result.seconds for f in outcome.found if f.shrunk]
+    return 2 * max(calls, default=SLOW_CALL) + 0.5
+
+
 def test_the_budget_bounds_drawing_running_and_shrinking(slow_campaign):
     outcome, _report = slow_campaign
-    phases, text = outcome.phases, render_campaign(outcome)
+    phases, text, overrun = outcome.phases, render_campaign(outcome), _overrun(outcome)
     shrunk = [found.shrunk for found in outcome.found if found.shrunk is not None]
-    assert shrunk and not shrunk[-1].finished, "shrinking wanted more than its share"
-    assert phases.total <= BUDGET + OVERRUN, text
-    assert phases.cases <= BUDGET - SHARE + OVERRUN, "drawing stopped to leave the shrinking share"
+    assert shrunk and not shrunk[-1].finished, f"shrinking wanted more than its share: {text}"
+    assert phases.total <= BUDGET + overrun, text
+    assert phases.cases <= BUDGET - SHARE + overrun, "drawing stopped to leave the shrinking share"
     assert phases.shrinking > SHARE / 2, "the shrinking share was spent shrinking"
-    assert f"campaign: {phases.total:.1f} s of a 3-s budget: cases {phases.cases:.1f} s" in text
+    assert f"campaign: {phases.total:.1f} s of a 4-s budget: cases {phases.cases:.1f} s" in text
 
 
 def test_shrinking_without_a_repro_dir_goes_to_a_temporary_folder_it_names(slow_campaign):
@@ -59,10 +71,10 @@ def test_the_report_holds_every_result_and_the_signatures_with_their_variants(sl
     campaign = info["campaign"]
     sign = campaign["signatures"][0]
     assert len(campaign["signatures"]) == len(outcome.found)
-    assert (sign["backend"], sign["verdict"], sign["results"]) == ("planted-slow-window", "FAIL(mask)",
+    assert (sign["backend"], sign["verdict"], sign["results"]) == ("planted-slow-last-column", "FAIL(mask)",
                                                                   outcome.found[0].seen)
     assert sum(sign["variants"]["draft_rows"].values()) == sign["results"] and sign["variants"]["shapes"]
-    assert sign["repro"].startswith("difftest run --backends tests.planted:slow_window_one_short --spec ")
+    assert sign["repro"].startswith("difftest run --backends tests.planted:slow_last_column --spec ")
     assert campaign["phases"]["total"] == outcome.phases.total and info["budget"] == BUDGET
 
 
