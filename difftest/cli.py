@@ -33,8 +33,10 @@ from difftest.core.kinds import (
 if TYPE_CHECKING:
     from tqdm import tqdm
 
+    from difftest.engine.config import RunConfig
     from difftest.engine.result import CaseResult
     from difftest.records.ledger import Ledger
+    from difftest.workflows.fuzz import Progress
     from difftest.workflows.session import RunOutcome, RunRequest
 
 # library parameter -> the option that sets it
@@ -102,10 +104,7 @@ def _enum(kind: type[enum.Enum]) -> Callable[[str], enum.Enum]:
 def _add_run(commands: argparse._SubParsersAction) -> None:
     # No abbreviated options: a --gpus run hands its command line to its children less a few options.
     run = commands.add_parser("run", help="run cases through backends and compare with the oracle", allow_abbrev=False)
-    run.add_argument("--backends", type=_names, help="comma-separated registered names, package.module:object "
-                     "paths, or the names of --backend-module backends (default: every registered backend)")
-    run.add_argument("--backend-module", action="append", default=[], metavar="PKG.MOD:OBJ",
-                     help="a user backend: a Backend, a factory, or a difftest.backend-decorated function (repeatable)")
+    _add_backend_choice(run)
     run.add_argument("--cases", type=_enum(CaseKind), default=CaseKind.ENVELOPE,
                      help="envelope: cases inside each backend's declared envelope at this device's scale "
                           "(production shapes on a GPU, small ones on the CPU); random, edges or all: the fixed "
@@ -126,10 +125,6 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--head-dim", type=int, help="D of the random specs")
     run.add_argument("--spec", metavar="JSON", help="one CaseSpec as JSON (fields not given keep their defaults) "
                      "instead of the suite: --count cases from --seed on")
-    run.add_argument("--encoding", type=_enum(LengthEncoding),
-                     help="what-if: hand every backend this length encoding instead")
-    run.add_argument("--layout", type=_enum(CacheLayout),
-                     help="what-if: hand every backend this cache layout instead")
     run.add_argument("--device", type=_enum(Device), default=Device.CPU, help="cpu or cuda (default: cpu)")
     run.add_argument("--report", type=Path, metavar="PATH", help="write the JSON report here")
     run.add_argument("--junit", type=Path, metavar="PATH", help="write a JUnit XML file here: one testcase per "
@@ -145,18 +140,7 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--repro-dir", type=Path, metavar="DIR", help="write a reproducer bundle here for every failure")
     run.add_argument("--case-filter", action="append", default=[], metavar="GLOB",
                      help="run only the cases whose name matches (fnmatch, e.g. 'length-one-*'); repeatable")
-    run.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
-                     help="run each backend in a worker process of its own, so a crash or a hang costs only "
-                          "its verdict (CRASH, TIMEOUT) (default: on for cuda or with --timeout, off for cpu)")
-    run.add_argument("--timeout", type=float, metavar="SECONDS",
-                     help="seconds one case (all its --repeat launches) may take in a worker before it is "
-                          "killed: TIMEOUT (needs isolation; default 600)")
-    run.add_argument("--startup-timeout", type=float, default=600.0, metavar="SECONDS",
-                     help="seconds a worker may take to import and build its backend before it is killed: "
-                          "TIMEOUT (default 600)")
-    run.add_argument("--repeat", type=int, default=1, metavar="K",
-                     help="launch each backend K times per case: bitwise-stable, stable within tolerance, "
-                          "or unstable = FAIL(nondeterministic) (default: 1)")
+    _add_feeding(run)
     run.add_argument("--time", type=_integer, metavar="K",
                      help="after the checked launches, time K more of each backend's per-layer kernel call per "
                           "case (CUDA events, L2 flushed, after warm-up; perf_counter on the CPU) and report the "
@@ -182,6 +166,35 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
                      help="spread the cases over N child processes, one GPU each (shard I of N on entry I of "
                           "CUDA_VISIBLE_DEVICES, else on GPU I), merged in plan order into one table, --report and "
                           "--stream (written when the children end); --device cuda only; not with --resume or --shard")
+
+
+def _add_backend_choice(command: argparse.ArgumentParser) -> None:
+    """The options that choose backends, as `run` and `fuzz` take them."""
+    command.add_argument("--backends", type=_names, help="comma-separated registered names, package.module:object "
+                         "paths, or the names of --backend-module backends (default: every registered backend)")
+    command.add_argument("--backend-module", action="append", default=[], metavar="PKG.MOD:OBJ",
+                         help="a user backend: a Backend, a factory, or a difftest.backend-decorated function "
+                              "(repeatable)")
+
+
+def _add_feeding(command: argparse.ArgumentParser) -> None:
+    """The options that say how backends are fed and guarded (RunConfig), as `run` and `fuzz` take them."""
+    command.add_argument("--encoding", type=_enum(LengthEncoding),
+                         help="what-if: hand every backend this length encoding instead")
+    command.add_argument("--layout", type=_enum(CacheLayout),
+                         help="what-if: hand every backend this cache layout instead")
+    command.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                         help="run each backend in a worker process of its own, so a crash or a hang costs only "
+                              "its verdict (CRASH, TIMEOUT) (default: on for cuda or with --timeout, off for cpu)")
+    command.add_argument("--timeout", type=float, metavar="SECONDS",
+                         help="seconds one case (all its --repeat launches) may take in a worker before it is "
+                              "killed: TIMEOUT (needs isolation; default 600)")
+    command.add_argument("--startup-timeout", type=float, default=600.0, metavar="SECONDS",
+                         help="seconds a worker may take to import and build its backend before it is killed: "
+                              "TIMEOUT (default 600)")
+    command.add_argument("--repeat", type=int, default=1, metavar="K",
+                         help="launch each backend K times per case: bitwise-stable, stable within tolerance, "
+                              "or unstable = FAIL(nondeterministic) (default: 1)")
 
 
 def _add_loudness(command: argparse.ArgumentParser) -> None:
@@ -232,20 +245,26 @@ def _add_matrix(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_fuzz(commands: argparse._SubParsersAction) -> None:
-    fuzz = commands.add_parser("fuzz", help="a time-budgeted campaign: envelope cases with fresh seeds until the "
-                               "budget, distinct failures bundled and shrunk", allow_abbrev=False)
-    fuzz.add_argument("--budget", type=_duration, required=True, help="how long to draw cases: 90s, 10m, 1h")
-    fuzz.add_argument("--until-failures", type=int, metavar="N", help="stop at N distinct failure signatures")
-    fuzz.add_argument("--backends", type=_names, help="registered names or package.module:object paths "
-                      "(default: every registered backend)")
-    fuzz.add_argument("--device", type=_enum(Device), default=Device.CPU)
+    fuzz = commands.add_parser("fuzz", help="a time-budgeted campaign: envelope cases with fresh seeds, failures "
+                               "grouped by root cause, each bundled and shrunk, all within the budget",
+                               allow_abbrev=False)
+    fuzz.add_argument("--budget", type=_duration, required=True,
+                      help="how long the whole campaign takes, shrinking included: 90s, 10m, 1h")
+    fuzz.add_argument("--until-failures", type=int, metavar="N", help="stop drawing at N distinct failure signatures")
+    _add_backend_choice(fuzz)
+    fuzz.add_argument("--device", type=_enum(Device), default=Device.CPU, help="cpu or cuda (default: cpu)")
     fuzz.add_argument("--seed", type=int, default=0)
-    fuzz.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
-                      help="workers per backend (default: on for cuda, off for cpu)")
-    fuzz.add_argument("--oracle", type=_enum(OracleKind), help="exact or fast (default: fast on cuda)")
-    fuzz.add_argument("--repro-dir", type=Path, metavar="DIR", help="a bundle per distinct failure, and its shrunk one")
+    fuzz.add_argument("--oracle", type=_enum(OracleKind), help="exact or fast (default: fast on cuda, exact on cpu)")
+    _add_feeding(fuzz)
+    fuzz.add_argument("--repro-dir", type=Path, metavar="DIR", help="a bundle per distinct failure, and its shrunk "
+                      "one (default: a temporary folder, printed, when there is shrinking to do)")
     fuzz.add_argument("--stream", type=Path, metavar="PATH.jsonl", help="every result, as it is made")
-    fuzz.add_argument("--shrink-seconds", type=float, default=30.0, help="shrink budget per failure (default: 30)")
+    fuzz.add_argument("--report", type=Path, metavar="PATH", help="write every result and the signatures (with "
+                      "their variants, bundles and repro lines) as JSON here")
+    fuzz.add_argument("--junit", type=Path, metavar="PATH", help="write a JUnit XML file of every result here")
+    fuzz.add_argument("--shrink-seconds", type=float, metavar="S",
+                      help="the budget's share for bundling and shrinking: drawing stops this long before the "
+                      "budget's end once a failure is found (default: a quarter of --budget; 0: no shrinking)")
     regime = fuzz.add_argument_group("regime", "bounds on the drawn cases (default: the whole envelope)")
     regime.add_argument("--max-batch", type=int, metavar="B", help="at most B requests per case")
     regime.add_argument("--max-context", type=int, metavar="N", help="max_model_len at most N")
@@ -258,6 +277,7 @@ def _add_fuzz(commands: argparse._SubParsersAction) -> None:
     fuzz.add_argument("--batching", action=argparse.BooleanOptionalAction, default=True,
                       help="small cases of one shape in one launch where every backend allows it; a failure "
                       "is tried again, with the batch's other failures, then alone (default: on)")
+    fuzz.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     _add_loudness(fuzz)
 
 
@@ -445,10 +465,6 @@ def cmd_run(args: argparse.Namespace, shard_envs: list[dict[str, str]] | None = 
 
     args = _with_project_defaults(args)
     request = _run_request(args)
-    if args.junit:
-        from difftest.core.files import check_writable  # deferred: with session, above
-
-        check_writable(args.junit, "junit")
     progress = _Progress(enabled=not (args.no_progress or args.quiet) and sys.stderr.isatty())
     try:
         outcome = session.execute(request, on_result=progress.step, shard_envs=shard_envs,
@@ -468,11 +484,8 @@ def cmd_run(args: argparse.Namespace, shard_envs: list[dict[str, str]] | None = 
         sys.stdout.flush()
     except BrokenPipeError:  # `difftest run | head`: the run's status stands
         return _reader_left(outcome.status)
-    if args.junit:
-        from difftest.records import junit  # deferred: with session, above
-
-        known = outcome.ledger.known if outcome.ledger else None
-        print(f"junit: {junit.write(args.junit, [junit.suite('difftest run', outcome.results, known)])}")
+    if "junit" in outcome.written:
+        print(f"junit: {outcome.written['junit']}")
     return outcome.status
 
 
@@ -487,7 +500,6 @@ def _print_ledger(outcome: RunOutcome) -> None:
 
 def _run_request(args: argparse.Namespace) -> RunRequest:
     """The RunRequest of the options."""
-    from difftest.engine.config import RunConfig  # deferred: with session, below
     from difftest.engine.plan import Shard, SuiteRequest  # deferred: with session, below
     from difftest.workflows.session import RunRequest  # deferred: loads torch and the runner
 
@@ -495,14 +507,11 @@ def _run_request(args: argparse.Namespace) -> RunRequest:
                          block_sizes=args.block_sizes, batch=args.batch, max_model_len=args.max_model_len,
                          heads=args.heads, head_dim=args.head_dim, spec=_spec(args.spec) if args.spec else None,
                          case_filter=tuple(args.case_filter), shard=Shard.parse(args.shard) if args.shard else None)
-    config = RunConfig(device=args.device.value, encoding=args.encoding, layout=args.layout, isolate=args.isolate,
-                       timeout=args.timeout, repeat=args.repeat, sanitize=args.sanitize,
-                       sanitize_all=args.sanitize_all, oracle=args.oracle, startup_timeout=args.startup_timeout,
-                       time=args.time)
     names = (args.backends or ()) + tuple(args.backend_module)
+    config = _run_config(args, sanitize=args.sanitize, sanitize_all=args.sanitize_all, time=args.time)
     return RunRequest(suite=suite, backends=names or None, config=config, report=args.report, stream=args.stream,
-                      resume=args.resume, repro_dir=args.repro_dir, gpus=args.gpus, budget=args.budget,
-                      argv=tuple(args.argv), overwrite=args.overwrite, fail_slow=args.fail_slow,
+                      junit=args.junit, resume=args.resume, repro_dir=args.repro_dir, gpus=args.gpus,
+                      budget=args.budget, argv=tuple(args.argv), overwrite=args.overwrite, fail_slow=args.fail_slow,
                       ledger=_ledger(args.ledger))
 
 
@@ -566,7 +575,8 @@ def _print_outcome(request: RunRequest, outcome: RunOutcome, verbose: bool = Fal
         print(f"\nbudget spent: {len(outcome.info['not_started'])} planned cases not started (listed in the report)")
     if verbose:
         print("\n" + report.render_results(outcome.results))
-    failures = report.render_failures(outcome.results, limit=len(outcome.results) if verbose else 20)
+    failures = report.render_failures(outcome.results, limit=len(outcome.results) if verbose else 20,
+                                      repro=outcome.repro)
     if failures:
         print("\n" + failures)
     if request.report:
@@ -672,25 +682,68 @@ def _matrix_merge(args: argparse.Namespace) -> int:
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
     """`difftest fuzz`: exit 1 when the campaign found a failure."""
-    from difftest.engine.config import RunConfig  # deferred: with the campaign, below
     from difftest.generators.regime import Regime  # deferred: with the campaign, below
     from difftest.records import report  # deferred: loads torch and the runner
     from difftest.workflows import fuzz  # deferred: loads torch and the runner
 
     regime = Regime(max_batch=args.max_batch, max_context=args.max_context, heads=args.heads,
                     head_dim=args.head_dim, block_size=args.block_size)
-    campaign = fuzz.Campaign(budget=args.budget, backends=args.backends, until_failures=args.until_failures,
+    names = (args.backends or ()) + tuple(args.backend_module)
+    campaign = fuzz.Campaign(budget=args.budget, backends=names or None, until_failures=args.until_failures,
                              seed=args.seed, repro_dir=args.repro_dir, stream=args.stream,
                              shrink_seconds=args.shrink_seconds, regime=regime, batching=args.batching, jobs=args.jobs,
-                             config=RunConfig(device=args.device.value, isolate=args.isolate, oracle=args.oracle))
-    outcome = fuzz.fuzz(campaign)
+                             config=_run_config(args), report=args.report, junit=args.junit, argv=tuple(args.argv))
+    progress = _CampaignProgress(args.budget, enabled=not (args.no_progress or args.quiet) and sys.stderr.isatty())
+    try:
+        outcome = fuzz.fuzz(campaign, on_progress=progress.step)
+    finally:
+        progress.close()
     if not args.quiet:  # quiet: the campaign's lines alone, its verdict and a repro line per failure
         print(report.render_table(report.summarize(outcome.results)))
         print("\n" + report.render_reach(outcome.results))
     if args.verbose:
         print("\n" + report.render_results(outcome.results))
     print(("" if args.quiet else "\n") + fuzz.render_campaign(outcome))
+    if outcome.temporary:
+        print("(--repro-dir DIR keeps the bundles where you say)")
+    for field, path in outcome.written.items():
+        print(f"{field}: {path}")
     return ExitStatus.FAILED if outcome.found or outcome.lost_jobs else ExitStatus.OK
+
+
+def _run_config(args: argparse.Namespace, **more: object) -> RunConfig:
+    """The RunConfig of the options that feed and guard backends (_add_feeding, --device, --oracle), with
+    `more` of the command's own (`run`'s sanitizer and timing)."""
+    from difftest.engine.config import RunConfig  # deferred: loads torch
+
+    return RunConfig(device=args.device.value, encoding=args.encoding, layout=args.layout, isolate=args.isolate,
+                     timeout=args.timeout, repeat=args.repeat, oracle=args.oracle,
+                     startup_timeout=args.startup_timeout, **more)  # type: ignore[arg-type]
+
+
+class _CampaignProgress:
+    """tqdm's bar on stderr for a campaign: the budget's seconds spent, cases drawn, signatures found and
+    what it is doing. Drawn only when `enabled` (on a terminal); it goes when the campaign ends."""
+
+    def __init__(self, budget: float, enabled: bool) -> None:
+        self.budget, self.enabled = budget, enabled
+        self.bar: tqdm | None = None
+
+    def step(self, where: Progress) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            from tqdm import tqdm  # deferred: only a terminal draws it
+
+            self.bar = tqdm(total=round(self.budget, 1), unit="s", file=sys.stderr, dynamic_ncols=True, leave=False,
+                            mininterval=0, bar_format="fuzz {bar} {n:.0f}/{total:.0f} s{postfix}")
+        cases = "" if where.cases is None else f"{where.cases} cases, "
+        self.bar.n = min(round(where.seconds, 1), self.bar.total)
+        self.bar.set_postfix_str(f"{cases}{where.signatures} signatures, {where.doing}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 class _Progress:

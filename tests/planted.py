@@ -100,3 +100,20 @@ def wrong_after_empty_request(q: torch.Tensor, kv_cache: torch.Tensor, weights: 
     after_empty[1:] = lens[:-1, -1] == 0
     lens = torch.where(after_empty[:, None], (lens - 1).clamp(min=0), lens)
     return logits_with_limits(q, kv_cache, weights, lens, block_table, max_model_len)
+
+
+# A planted slow failure: every call takes SLOW_CALL seconds and every case fails (its last column is written
+# where rows end before it: every case has such a row), so shrinking a case takes many probes of that cost,
+# far more than a small share of a fuzz budget, and a campaign finds it in its first case.
+SLOW_CALL = 0.25
+
+
+@backend(contract=CONTRACT, name="planted-slow-last-column")
+def slow_last_column(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
+                     block_table: torch.Tensor, max_model_len: int) -> torch.Tensor:
+    """Sleeps SLOW_CALL seconds per call, then writes 0.0 to the last column of every row (FAIL(mask) where
+    the row's window ends before it)."""
+    time.sleep(SLOW_CALL)
+    logits = logits_with_limits(q, kv_cache, weights, context_lens.to(torch.int64), block_table, max_model_len)
+    logits[:, -1] = 0.0
+    return logits

@@ -524,6 +524,67 @@ class MatrixRunModel(Model):
     suite: Name
 
 
+class VariantsModel(Model):
+    """The variants of one fuzz signature (difftest.workflows.signatures.Variants.to_json), each with its count."""
+
+    what: ClassVar[str] = "a JSON object {draft_rows, kinds, shapes}"
+    draft_rows: TableOf(Name, Count, "a table of draft row -> results") = {}
+    kinds: TableOf(Name, Count, "a table of kinds of wrong rows -> results") = {}
+    shapes: TableOf(Name, Count, "a table of case shape -> results") = {}
+
+
+class AlsoModel(Model):
+    """Another signature whose cases shrank to a fuzz signature's shrunk case, with its count."""
+
+    what: ClassVar[str] = "a JSON object {backend, verdict, pattern, error, results}"
+    backend: Name
+    verdict: Verdicts
+    pattern: Name | None = None
+    error: Name | None = None
+    results: Count
+
+
+class SignatureInfoModel(Model):
+    """One signature of a fuzz campaign's report (difftest.workflows.fuzz.campaign_info)."""
+
+    what: ClassVar[str] = "a JSON object of signature fields"
+    backend: Name
+    verdict: Verdicts
+    pattern: Name | None = None  # difftest.engine.explain.Pattern's value (the explainer may add patterns)
+    error: Name | None = None
+    results: Count
+    first: Name
+    description: Text() = ""
+    also: ListOf(AlsoModel, MAX_ITEMS, "a list of signatures") = []
+    variants: VariantsModel = VariantsModel()
+    bundle: Text() | None = None
+    shrunk: Text() | None = None
+    shrunk_bundle: Text() | None = None
+    unshrunk: Text() | None = None
+    repro: Text(MAX_COMMAND) | None = None
+    replay: Text(MAX_COMMAND) | None = None
+
+
+class PhasesModel(Model):
+    """Where a fuzz campaign's time went (difftest.workflows.fuzz.Phases)."""
+
+    what: ClassVar[str] = "a JSON object {cases, shrinking, total}"
+    cases: Number()
+    shrinking: Number()
+    total: Number()
+
+
+class CampaignInfoModel(Model):
+    """The `campaign` of a fuzz campaign's run info (difftest.workflows.fuzz.campaign_info)."""
+
+    what: ClassVar[str] = "a JSON object of campaign fields"
+    shrink_seconds: Number()
+    jobs: Int(1, 1 << 16) = 1
+    phases: PhasesModel
+    bundles: Text() | None = None
+    signatures: ListOf(SignatureInfoModel, MAX_ITEMS, "a list of signatures") = []
+
+
 class RunInfoModel(Model):
     """How a run was made: the `run` of a report and of a stream's {"run": ...} lines, as difftest.workflows.session
     and the pytest plugin write it. Every field is optional (a report may carry an empty one)."""
@@ -563,6 +624,7 @@ class RunInfoModel(Model):
     time: Int(1, MAX_TIME) | None = None  # timed launches per case
     fail_slow: Bool | None = None  # a sibling slower than allowed fails the run
     matrix: MatrixRunModel | None = None  # the matrix cell the run was (difftest matrix run)
+    campaign: CampaignInfoModel | None = None  # what a fuzz campaign found (difftest fuzz --report)
 
 
 class SummaryModel(Model):
@@ -655,6 +717,11 @@ class BundleInfoModel(Model):
     layout_override: OneOf(CacheLayout) | None = None
     isolate: Bool | None = None  # RunConfig.isolate of the run that wrote it: where replay and shrink run it
     timeout: Number(0.0, math.inf) | None = None
+    # The rest of its run's RunConfig (bundles written before these fields existed replay with the defaults);
+    # startup_timeout at most engine.config.MAX_STARTUP_TIMEOUT (restated, as MAX_REPEAT is).
+    startup_timeout: Number(0.0, 86400.0) | None = None
+    oracle: OneOf(OracleKind) | None = None
+    repeat: Int(1, MAX_REPEAT) = 1
     verdict: Verdicts
     reason: Text() | None = None
     comparison: ComparisonModel | None = None

@@ -13,7 +13,6 @@ import json
 import os
 import platform
 import re
-import shlex
 import shutil
 from pathlib import Path
 from typing import Any
@@ -25,11 +24,12 @@ from difftest.backends import Origin
 from difftest.core.case import Case
 from difftest.core.errors import OutputError, SpecError, require
 from difftest.core.files import atomic_write, sync_folder
-from difftest.core.kinds import CacheLayout, LengthEncoding
+from difftest.core.kinds import CacheLayout, LengthEncoding, OracleKind
 from difftest.core.schema import BundleInfoModel, one_line, parse_json, read_text, shown, validate
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
 from difftest.engine.result import CaseResult
+from difftest.records.commands import replay_command
 from difftest.records.serialize import to_jsonable
 
 CASE_FILE, INFO_FILE = "case.npz", "bundle.json"
@@ -75,11 +75,12 @@ def write_bundle(directory: str | Path, case: Case, result: CaseResult, config: 
         "backend": result.backend, "origin": to_jsonable(origin), "library": library,
         "device": config.device, "encoding_override": config.encoding.value if config.encoding else None,
         "layout_override": config.layout.value if config.layout else None,
-        "isolate": config.isolate, "timeout": config.timeout,
+        "isolate": config.isolate, "timeout": config.timeout, "startup_timeout": config.startup_timeout,
+        "oracle": config.oracle_kind.value, "repeat": config.repeat,
         "verdict": result.verdict.value, "reason": result.reason,
         "comparison": to_jsonable(result.comparison), "case": case.name, "description": case.describe(),
         "torch": torch.__version__, "difftest": __version__, "python": platform.python_version(),
-        "gpu": torch.cuda.get_device_name() if config.device == "cuda" else None,
+        "gpu": result.gpu,  # where the result was computed (hardware.gpu_description), not where it is written
         "replay": replay_command(folder, origin),
     }
     try:
@@ -111,13 +112,6 @@ def _replace_folder(partial: Path, folder: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def replay_command(folder: Path, origin: Origin) -> str:
-    """The command that replays the bundle in `folder`: a backend loaded from a module path is imported
-    again only when trusted, and the writer of the bundle is the one who trusts it."""
-    trust = [] if origin.registered or origin.target is None else ["--trust-bundle"]
-    return shlex.join(["difftest", "replay", str(folder), *trust])
-
-
 def load_bundle(path: str | Path) -> Bundle:
     """Read a bundle folder written by write_bundle.
 
@@ -140,8 +134,11 @@ def load_bundle(path: str | Path) -> Bundle:
     require(case.name == info["case"], one_line(f"{info_path} case"), info["case"],
             f"the name of the case in {CASE_FILE}, {case.name!r}")
     encoding, layout = info.get("encoding_override"), info.get("layout_override")
+    oracle = info.get("oracle")
     config = RunConfig(device=info["device"], encoding=LengthEncoding(encoding) if encoding else None,
                        layout=CacheLayout(layout) if layout else None, isolate=info.get("isolate"),
-                       timeout=info.get("timeout"))
+                       timeout=info.get("timeout"), oracle=OracleKind(oracle) if oracle else None,
+                       repeat=info.get("repeat", 1),
+                       startup_timeout=info.get("startup_timeout", RunConfig().startup_timeout))
     return Bundle(path=folder, case=case, backend=info["backend"],
                   origin=Origin(**info["origin"]), config=config, verdict=Verdict(info["verdict"]), info=info)

@@ -9,15 +9,22 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import platform
 import statistics
+import time
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from difftest import __version__
 from difftest.core.files import atomic_write
 from difftest.core.kinds import TimedRegion
 from difftest.core.verdict import Verdict, worst
 from difftest.engine.comparison import STRIP_LEGEND, Comparison
+from difftest.engine.config import RunConfig
 from difftest.engine.performance import format_seconds, races
 from difftest.engine.plan import EnvelopePlan
 from difftest.engine.result import CaseResult
@@ -151,14 +158,18 @@ def render_devices(results: list[CaseResult]) -> str:
     return "results per device: " + ", ".join(f"{gpu}: {n}" for gpu, n in counts.items())
 
 
-def render_failures(results: list[CaseResult], limit: int = 20) -> str:
-    """One block per failing (backend, case): verdict, mask rows, first mismatch or the error, and
-    what the guards found (inputs written, launches disagreeing, sanitizer errors)."""
+def render_failures(results: list[CaseResult], limit: int = 20,
+                    repro: Mapping[tuple[str, str], str] | None = None) -> str:
+    """One block per failing (backend, case): verdict, mask rows, first mismatch or the error, what the
+    guards found (inputs written, launches disagreeing, sanitizer errors), and last the command line
+    that runs it again, where `repro` (by backend and case) has one (difftest.records.commands)."""
     lines = []
     for r in [r for r in results if r.verdict.failed][:limit]:
         lines.append(f"{r.backend} on {r.case} [{r.description}]: {r.verdict.value} "
                      f"(encoding {r.encoding.value}{', overridden' if r.overridden else ''})")
-        lines += [f"    {line}" for line in _comparison_lines(r) + _guard_lines(r)]
+        again = (repro or {}).get((r.backend, r.case))
+        repro_lines = [f"repro: {again}"] if again else []
+        lines += [f"    {line}" for line in _comparison_lines(r) + _guard_lines(r) + repro_lines]
     hidden = sum(r.verdict.failed for r in results) - limit
     if hidden > 0:
         lines.append(f"... and {hidden} more failing results in the JSON report")
@@ -218,6 +229,21 @@ def _few(rows: list[int], shown: int = 8) -> str:
         return "none"
     text = ",".join(map(str, rows[:shown]))
     return f"[{text}{',...' if len(rows) > shown else ''}]"
+
+
+def config_info(config: RunConfig) -> dict[str, Any]:
+    """How `config` fed the backends, as a report's run info records it."""
+    return {"encoding_override": config.encoding.value if config.encoding else None,
+            "layout_override": config.layout.value if config.layout else None, "isolated": config.isolated,
+            "timeout": config.timeout, "repeat": config.repeat,
+            "sanitize": config.sanitize.value if config.sanitize else None, "sanitize_all": config.sanitize_all,
+            "oracle": config.oracle_kind.value, "startup_timeout": config.startup_timeout, "time": config.time}
+
+
+def environment_info(started: float) -> dict[str, Any]:
+    """What a run ran with, and when it started (time.time()), as a report's run info records it."""
+    return {"torch": torch.__version__, "difftest": __version__, "python": platform.python_version(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))}
 
 
 def write_json(path: str | Path, results: list[CaseResult], run_info: dict[str, Any]) -> Path:

@@ -17,13 +17,12 @@ from difftest.core.case import Case
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
 from difftest.engine.result import CaseResult
-from difftest.generators.spec import CaseSpec
-from difftest.records.bundle import replay_command as bundle_replay_command
 from difftest.records.bundle import write_bundle
+from difftest.records.commands import backend_target, case_command
+from difftest.records.commands import replay_command as bundle_replay_command
 from difftest.records.report import render_failures
 from difftest.workflows.observe import Observer, current_observer
 from difftest.workflows.running import run_one
-from difftest.workflows.shrink import spec_command
 
 
 def check(backend: Backend | str | Callable[..., object], case: Case,
@@ -71,7 +70,5 @@ def replay_command(backend: Loaded, case: Case, result: CaseResult, config: RunC
     if repro_dir is not None:
         folder = write_bundle(repro_dir, case, result, config, backend.origin, backend.contract.library)
         return bundle_replay_command(folder, backend.origin)
-    spec, seed = case.meta.get("spec"), case.meta.get("seed")
-    if spec is None or seed is None:
-        return "none from the command line (the case was not drawn from a CaseSpec): set a repro dir for a bundle"
-    return spec_command(backend.origin.target or backend.name, CaseSpec.from_json(spec), int(seed), config)
+    line = case_command(backend_target(backend.origin, backend.name), case, config)
+    return line or "none from the command line (the case was not drawn from a CaseSpec): set a repro dir for a bundle"

@@ -1,14 +1,20 @@
-"""`difftest fuzz`: a time-budgeted campaign over the envelope planner, its failures deduplicated.
+"""`difftest fuzz`: a time-budgeted campaign over the envelope planner, its failures grouped by root cause.
 
 Rounds of envelope plans (difftest.engine.plan.envelope_plan) with fresh seeds go through one runner, so the
 worker processes start once per campaign, not once per round. Every failing result is reduced to a
-signature (backend, verdict, and how the rows fail: the failure kinds present and which draft row of
-its request the first wrong row is); the first case of each signature is kept, written as a bundle,
-and shrunk (difftest.workflows.shrink) after the campaign, each probe where the campaign runs the backend: in a
-fresh worker process per signature under isolation, so neither a crash nor what the campaign left in
-this process (a faulted CUDA context, memory) decides a probe. A crash is shrunk only so; a hang never
-(each probe would cost a timeout): its bundle is written as found. The campaign ends at its budget or at
-`until_failures` distinct signatures, whichever comes first.
+signature (difftest.workflows.signatures: backend, verdict, and the explained pattern of its wrong masks or
+its exception's type), its variants (draft rows, kinds of wrong rows, shapes) counted under it; the first
+case of each signature is kept, written as a bundle, and shrunk (difftest.workflows.shrink), each probe where
+the campaign runs the backend: in a fresh worker process per signature under isolation, so neither a crash
+nor what the campaign left in this process (a faulted CUDA context, memory) decides a probe. A crash is
+shrunk only so; a hang never (each probe would cost a timeout): its bundle is written as found.
+
+The budget bounds the whole campaign: drawing and running cases, then bundling and shrinking. Once a
+signature that can be shrunk is found, drawing stops `shrink_seconds` before the budget's end (a share of
+the budget by default), and the signatures share what is left, each in turn the remaining time over the
+signatures still to shrink; a probe that has started finishes, so the campaign may end that much late.
+Drawing also ends at `until_failures` distinct signatures. Without a repro dir, the bundles go to a
+temporary folder (CampaignOutcome.repro_dir says which).
 
 A Regime (difftest.generators.regime) bounds the drawn cases (batch, context, shape). Small cases go in batches
 (difftest.engine.batch) where every backend that runs them declares itself batchable: cases of one shape
@@ -16,27 +22,29 @@ and one set of backends are collected across rounds and launched together, so th
 (a round trip to each worker, an oracle launch) are paid once per batch; a case that fails in a
 batch is tried again (with the batch's other failures, then alone) and that result counts
 (difftest.engine.runner); where it passes then, the kernel is wrong on the merged case itself, and that case
-is the failure (signature, bundle, shrink). Results are streamed in buffered writes (at most
-STREAM_FLUSH_SECONDS of them lost if the campaign is killed).
+is the failure (signature, bundle, shrink). Results go to the campaign's outputs (difftest.records.outputs):
+the stream in buffered writes (at most STREAM_FLUSH_SECONDS of them lost if the campaign is killed), the
+JSON report and JUnit XML at the end.
 
 With `jobs` > 1 the cases are drawn by that many campaigns side by side, each in a child process with
 its own workers and its share of the plan; the parent joins their results and streams, merges their
-signatures, stops them all once their signatures together reach `until_failures`, and bundles and
-shrinks each signature once. A small-case campaign's main thread is its limit, so jobs multiply its
-rate; a large case needs the GPU's time and memory, so job 0 draws every large case and the other jobs
-only small ones.
+signatures, stops them all once their signatures together reach `until_failures` (or the time to
+shrink them has come), and bundles and shrinks each signature once. A small-case campaign's main thread
+is its limit, so jobs multiply its rate; a large case needs the GPU's time and memory, so job 0 draws every
+large case and the other jobs only small ones.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
-import json
 import multiprocessing
 import os
 import pickle
 import shlex
 import shutil
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
@@ -49,9 +57,11 @@ from typing import Any
 
 import torch
 
-from difftest.backends import Loaded, get_backends
+from difftest.backends import Loaded, Origin, get_backends
+from difftest.core import hardware
 from difftest.core.case import Case
 from difftest.core.errors import SpecError, first_line, require
+from difftest.core.files import check_writable
 from difftest.core.kinds import Device
 from difftest.core.lifetime import die_with_parent
 from difftest.core.prefetch import Prefetched
@@ -59,14 +69,16 @@ from difftest.core.verdict import Verdict
 from difftest.engine.batch import Batch, BatchKey, Retry, batch_key, merge
 from difftest.engine.config import RunConfig
 from difftest.engine.isolate import exit_description
-from difftest.engine.plan import PlannedCase, build_together, envelope_plan
+from difftest.engine.plan import MAX_SEED, PlannedCase, build_together, envelope_plan
 from difftest.engine.result import CaseResult
 from difftest.generators.envelope import Target, estimate_bytes
 from difftest.generators.regime import Regime
-from difftest.records.bundle import write_bundle
-from difftest.records.serialize import ResultStream
+from difftest.records.commands import backend_target, case_command, replay_command, run_command
+from difftest.records.outputs import BundleOutput, JUnitOutput, Outputs, ReportOutput, StreamOutput
+from difftest.records.report import config_info, environment_info
 from difftest.workflows.running import run
 from difftest.workflows.shrink import ShrinkResult, shrink
+from difftest.workflows.signatures import Signature, Variants, signature
 
 ROUND_SEEDS = 1_000_000  # seeds a round's plan spans: rounds never repeat a (spec, seed)
 # A case is small enough to batch at this many logits (rows x max_model_len: B = 32 at next_n 4 and
@@ -106,29 +118,43 @@ JOB_PROCESS_BYTES = 1 << 30
 # holds at most: batches of at most BATCH_POOL of pools, PREFETCH_DEPTH + 2 of them drawn, a copy of one
 # in each worker, and its outputs and comparisons.
 SMALL_JOB_BYTES = 8 << 30
+# The share of the budget kept for bundling and shrinking what a campaign finds, when not given: shrinking a
+# case of the production envelope takes tens of probes, each a launch and an oracle of a smaller case.
+SHRINK_SHARE = 0.25
+PROGRESS_SECONDS = 0.2  # a progress listener hears the campaign at most this often while cases run
+WAKE_SECONDS = 0.25  # how often the parent of jobs side by side looks at its clock between their messages
 
 
 @dataclasses.dataclass(frozen=True)
 class Campaign:
     """What a campaign is asked to do. Errors name these fields."""
 
-    budget: float  # seconds of cases (shrinking comes after)
+    budget: float  # seconds for the whole campaign: drawing and running cases, bundling and shrinking
     backends: tuple[str, ...] | None = None
     config: RunConfig = dataclasses.field(default_factory=RunConfig)
-    until_failures: int | None = None  # stop at this many distinct failure signatures
+    until_failures: int | None = None  # stop drawing at this many distinct failure signatures
     seed: int = 0
-    repro_dir: Path | None = None  # the first case of each signature goes here as a bundle
+    # the first case of each signature goes here as a bundle, with its shrunk one (None: a temporary folder
+    # when there is shrinking to do)
+    repro_dir: Path | None = None
     stream: Path | None = None
-    shrink_seconds: float = 30.0  # per signature
+    shrink_seconds: float | None = None  # the budget's share for bundling and shrinking; None: SHRINK_SHARE of it
     regime: Regime = dataclasses.field(default_factory=Regime)  # bounds on the drawn cases
     batching: bool = True  # small cases of one shape in one launch, where every backend allows it
     jobs: int = 1  # campaigns side by side in child processes, each drawing its share of the plan
+    report: Path | None = None  # the JSON report: every result, and the campaign's signatures in its run info
+    junit: Path | None = None  # JUnit XML of every result
+    argv: tuple[str, ...] = ()  # the `fuzz` command line, recorded in the report
 
     def __post_init__(self) -> None:
         require(0 < self.budget <= 7 * 86400, "budget", self.budget, "seconds in (0, one week]")
         require(self.until_failures is None or self.until_failures >= 1, "until_failures", self.until_failures,
                 "an integer >= 1")
-        require(0 <= self.shrink_seconds <= 3600, "shrink_seconds", self.shrink_seconds, "seconds in [0, 3600]")
+        require(type(self.seed) is int and -MAX_SEED <= self.seed < MAX_SEED, "seed", self.seed,
+                "an integer in [-2**62, 2**62)")
+        require(self.shrink_seconds is None or (isinstance(self.shrink_seconds, (int, float))
+                                                and 0 <= self.shrink_seconds <= self.budget),
+                "shrink_seconds", self.shrink_seconds, f"seconds in [0, budget = {self.budget:g}]")
         require(isinstance(self.regime, Regime), "regime", self.regime, "a difftest.generators.regime.Regime")
         require(self.batching in (True, False), "batching", self.batching, "True or False")
         require(type(self.jobs) is int and 1 <= self.jobs <= MAX_JOBS, "jobs", self.jobs,
@@ -136,43 +162,66 @@ class Campaign:
         require(self.jobs == 1 or self.config.time is None, "jobs", self.jobs,
                 "1 when launches are timed (jobs side by side share the GPU: each would time the others too)")
 
-
-@dataclasses.dataclass(frozen=True)
-class Signature:
-    """How a backend fails, coarsely enough that one bug gives one signature."""
-
-    backend: str
-    verdict: Verdict
-    kinds: tuple[str, ...]  # the failure kinds present: mask, nan, unwritten, value
-    draft_row: int | None  # which draft row (j) of its request the first wrong row is
-
-    def describe(self) -> str:
-        where = "" if self.draft_row is None else f", first wrong row is draft row {self.draft_row}"
-        return f"{self.backend}: {self.verdict.value} ({'+'.join(self.kinds) or 'no rows'}{where})"
+    @property
+    def shrink_budget(self) -> float:
+        """Seconds of the budget kept for bundling and shrinking what the campaign finds."""
+        return SHRINK_SHARE * self.budget if self.shrink_seconds is None else float(self.shrink_seconds)
 
 
 @dataclasses.dataclass
 class Found:
-    """The first failure of a signature: its case and result, then its bundle and shrunk form."""
+    """The first failure of a signature: its case and result, the variants of every result with its
+    signature, then its bundle and shrunk form."""
 
     signature: Signature
     case: Case
     result: CaseResult
-    target: str  # what loads its backend again: a registered name or 'package.module:object'
-    seen: int = 1  # failing results with this signature
+    origin: Origin  # what loads its backend again (Loaded.origin)
+    seen: int = 0  # failing results with this signature
+    variants: Variants = dataclasses.field(default_factory=Variants)
     bundle: Path | None = None
     shrunk: ShrinkResult | None = None
-    unshrunk: str | None = None  # why shrinking it raised, if it did (the bundle of the case found stays)
+    shrunk_bundle: Path | None = None
+    unshrunk: str | None = None  # why it was not shrunk although it could be (the bundle of the case found stays)
+    # other signatures whose cases shrank to this one's shrunk case (one bug, seen otherwise), with their counts
+    also: dict[Signature, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def target(self) -> str:
+        """What names its backend on a command line: a registered name or 'package.module:object'."""
+        return backend_target(self.origin, self.signature.backend)
+
+
+@dataclasses.dataclass(frozen=True)
+class Phases:
+    """Where a campaign's time went, in seconds of its own clock."""
+
+    cases: float  # from its start until the last case's result: drawing and running, workers started and stopped
+    shrinking: float  # then bundling and shrinking the signatures found
+    total: float  # the whole campaign
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """Where a running campaign is, for a progress line."""
+
+    seconds: float  # since the campaign started
+    cases: int | None  # cases drawn so far (None for jobs side by side: they tell only what they find)
+    signatures: int
+    doing: str  # 'drawing cases', 'shrinking 2 of 3'
+
+
+ProgressListener = Callable[[Progress], None]
 
 
 @dataclasses.dataclass(frozen=True)
 class CampaignOutcome:
-    """What a campaign made: every result, its distinct failures, and its rate."""
+    """What a campaign made: every result, its distinct failures, its rate and where its time went."""
 
     results: list[CaseResult]
     found: list[Found]
     cases: int
-    seconds: float
+    seconds: float  # of drawing and running cases: the rate's
     batched: int = 0  # cases that ran inside a batch
     launches: int = 0  # batches those cases made
     # failed in a batch, passed when tried again: the kernel's answer depends on the batch
@@ -183,6 +232,12 @@ class CampaignOutcome:
     jobs: int = 1  # campaigns side by side that made it (Campaign.jobs)
     lost_jobs: tuple[str, ...] = ()  # jobs that died or raised before handing their results over, and how
     undrawn: tuple[str, ...] = ()  # "name: why" of each planned case that ran out of memory being drawn
+    phases: Phases | None = None  # None until the campaign is over
+    budget: float = 0.0  # Campaign.budget
+    config: RunConfig = dataclasses.field(default_factory=RunConfig)  # how its backends were fed
+    bundles: Path | None = None  # the folder its bundles went to
+    temporary: bool = False  # whether that folder is a temporary one (no repro dir was given)
+    written: dict[str, Path] = dataclasses.field(default_factory=dict)  # report, junit: what was written
 
     @property
     def warm_cases_per_second(self) -> float:
@@ -195,39 +250,82 @@ class CampaignOutcome:
         return self.cases / self.seconds if self.seconds > 0 else 0.0
 
 
-def signature(result: CaseResult, next_n: int) -> Signature:
-    """The signature of a failing result."""
-    c = result.comparison
-    kinds = () if c is None else tuple(kind for kind, rows in (("mask", c.mask_rows), ("nan", c.nan_rows),
-                                                                 ("unwritten", c.unwritten_rows),
-                                                                 ("value", c.value_rows)) if rows)
-    first = None if c is None or c.first_mismatch is None else c.first_mismatch.row % next_n
-    return Signature(result.backend, result.verdict, kinds, first)
+class _Clock:
+    """A campaign's time: its start (time.monotonic(), one clock for every process of the machine) and its
+    budget, when drawing stops, and the progress listener, told at most every PROGRESS_SECONDS."""
+
+    def __init__(self, start: float, campaign: Campaign, on_progress: ProgressListener | None = None) -> None:
+        self.start, self.campaign, self.on_progress = start, campaign, on_progress
+        self.told = -float("inf")
+
+    @property
+    def end(self) -> float:
+        return self.start + self.campaign.budget
+
+    def drawing_ends(self, signatures: Iterable[Signature]) -> float:
+        """When drawing stops: the budget's end, less its shrinking share once a signature that shrinking
+        may probe is found (a campaign that finds nothing draws cases until its end)."""
+        config = self.campaign.config
+        shrinks = any(_shrinkable(s.verdict, config) for s in signatures)
+        return self.end - (self.campaign.shrink_budget if shrinks else 0.0)
+
+    def tell(self, cases: int | None, signatures: int, doing: str, now: bool = False) -> None:
+        """The listener hears where the campaign is (`now`: whenever it last heard)."""
+        moment = time.monotonic()
+        if self.on_progress is None or (not now and moment - self.told < PROGRESS_SECONDS):
+            return
+        self.told = moment
+        self.on_progress(Progress(moment - self.start, cases, signatures, doing))
 
 
-def fuzz(campaign: Campaign) -> CampaignOutcome:
-    """Run `campaign`: cases until its budget or failure count (drawn by `jobs` campaigns side by side,
-    each its share of the plan, when jobs > 1), then a bundle (shrunk) per signature."""
+def fuzz(campaign: Campaign, on_progress: ProgressListener | None = None) -> CampaignOutcome:
+    """Run `campaign` within its budget: cases (drawn by `jobs` campaigns side by side, each its share of the
+    plan, when jobs > 1) until its failure count or the time to shrink what it found, then a bundle per
+    signature, shrunk in turn in what is left; last its report and JUnit XML where asked for. `on_progress`
+    hears where it is (a few times a second at most)."""
+    start, started = time.monotonic(), time.time()
+    require(campaign.config.device != "cuda" or hardware.cuda_unavailable_reason() is None, "device", "cuda",
+            f"a device torch can see ({hardware.CUDA_UNAVAILABLE})")
+    outputs = _outputs(campaign)
+    clock = _Clock(start, campaign, on_progress)
     backends = get_backends(list(campaign.backends) if campaign.backends else None)
-    drawn = _in_jobs(campaign, backends) if campaign.jobs > 1 else _drawn(campaign, backends)
-    by_name = {backend.name: backend for backend in backends}
-    for found in drawn.found:
-        _keep(found, by_name[found.signature.backend], campaign)
-    return dataclasses.replace(drawn, found=_merged(drawn.found))
+    drawn = _in_jobs(campaign, backends, clock) if campaign.jobs > 1 else _drawn(campaign, backends, clock)
+    cases_done = time.monotonic()
+    folder = _bundle_folder(campaign, drawn.found)
+    found = _kept(drawn, backends, campaign, clock, folder)
+    end = time.monotonic()
+    outcome = dataclasses.replace(drawn, found=found, phases=Phases(cases_done - start, end - cases_done, end - start),
+                                  budget=campaign.budget, config=campaign.config, bundles=folder,
+                                  temporary=folder is not None and campaign.repro_dir is None)
+    written = outputs.finish(outcome.results, campaign_info(campaign, outcome, started))
+    return dataclasses.replace(outcome, written=written)
 
 
-def _drawn(campaign: Campaign, backends: list[Loaded], link: _Link | None = None) -> CampaignOutcome:
+def _outputs(campaign: Campaign) -> Outputs:
+    """The campaign's report and JUnit XML, both written at its end; its stream is written as results come, by
+    each job (_drawn), and its bundles once it is over (_kept). Every one is checked writable before the
+    campaign starts: a path that cannot be written is one OutputError, not a campaign's work lost."""
+    for path, field in ((campaign.report, "report"), (campaign.junit, "junit"), (campaign.stream, "stream")):
+        if path is not None:
+            check_writable(path, field)
+    if campaign.repro_dir is not None:
+        check_writable(campaign.repro_dir, "repro_dir", folder=True)
+    return Outputs([ReportOutput(campaign.report) if campaign.report else None,
+                    JUnitOutput(campaign.junit, "difftest fuzz") if campaign.junit else None])
+
+
+def _drawn(campaign: Campaign, backends: list[Loaded], clock: _Clock, link: _Link | None = None) -> CampaignOutcome:
     """The campaign's cases, run until its budget or failure count, nothing kept yet; as one job of several
     (`link`), its share of the plan, until the campaign's stop too."""
-    state = _State(campaign, backends, link)
+    state = _State(campaign, backends, link, clock)
     start = time.monotonic()
-    stream = ResultStream(campaign.stream, flush_seconds=STREAM_FLUSH_SECONDS) if campaign.stream else None
+    stream = StreamOutput(campaign.stream, flush_seconds=STREAM_FLUSH_SECONDS) if campaign.stream else None
+    outputs = Outputs([stream])
     try:
-        results = run(backends, state.items(start), campaign.config, on_result=state.heard(stream),
+        results = run(backends, state.items(), campaign.config, on_result=state.heard(outputs),
                       takes=state.takes, on_done=state.finished)
     finally:
-        if stream:
-            stream.close()
+        outputs.close()
     seconds = time.monotonic() - start
     warm = (state.warm[0] - start, state.warm[1]) if state.warm else (seconds, state.drawn)
     return CampaignOutcome(results, list(state.found.values()), state.drawn, seconds, state.batched,
@@ -236,20 +334,33 @@ def _drawn(campaign: Campaign, backends: list[Loaded], link: _Link | None = None
 
 
 def _merged(found: list[Found]) -> list[Found]:
-    """One entry per distinct shrunk case: signatures that shrink to the same case are one bug."""
+    """One entry per distinct shrunk case: signatures whose cases shrink to the same case (bit for bit) are
+    one bug, seen in several ways (a window one short is 'no window' on rows of length 1); the first keeps
+    the others' counts and lists their signatures (Found.also)."""
     kept: dict[object, Found] = {}
     for item in found:
-        key = (item.signature.backend, item.signature.verdict, item.shrunk.line() if item.shrunk else id(item))
-        if key in kept:
-            kept[key].seen += item.seen
-        else:
-            kept[key] = item
+        key = _fingerprint(item.shrunk.case) if item.shrunk else id(item)
+        first = kept.setdefault(key, item)
+        if first is not item:
+            first.seen += item.seen
+            first.variants.merge(item.variants)
+            first.also[item.signature] = first.also.get(item.signature, 0) + item.seen
     return list(kept.values())
+
+
+def _fingerprint(case: Case) -> str:
+    """What tells two cases apart: the bytes of every tensor and the output's width (a shrunk case is small)."""
+    digest = hashlib.sha256(str(case.max_model_len).encode())
+    for tensor in (case.q, case.k_pool, case.scale_pool, case.weights, case.block_table, case.seq_lens):
+        cpu = tensor.detach().to("cpu").contiguous()
+        digest.update(f"{cpu.dtype}{tuple(cpu.shape)}".encode())
+        digest.update(cpu.view(torch.uint8).numpy().tobytes() if cpu.numel() else b"")
+    return digest.hexdigest()
 
 
 # --------------------------------------------------------------------------- jobs side by side
 
-def _in_jobs(campaign: Campaign, backends: list[Loaded]) -> CampaignOutcome:
+def _in_jobs(campaign: Campaign, backends: list[Loaded], clock: _Clock) -> CampaignOutcome:
     """The campaign drawn by campaign.jobs child processes side by side, each with its own workers and its
     share of one plan (_Link.takes: small case k goes to job k mod jobs, every large case to job 0),
     streaming into a part of its own (`<stream>.job<i>`, joined into the stream at the end); their outcomes
@@ -259,22 +370,20 @@ def _in_jobs(campaign: Campaign, backends: list[Loaded]) -> CampaignOutcome:
     target = _job_target(campaign, len(backends))
     # A regime no planned case fits: one SpecError here, not one per job.
     if not any(_small(case) for case in first_round(backends, target, campaign.regime, campaign.seed)):
-        return _drawn(campaign, backends)  # only large cases: every job but job 0 would have none to draw
-    if campaign.stream is not None:
-        ResultStream(campaign.stream).close()  # an unwritable stream: one OutputError here, before any job
+        return _drawn(campaign, backends, clock)  # only large cases: every job but job 0 would have none to draw
     context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
     stop = context.Event()
-    start = time.monotonic()  # the campaign's clock: the jobs' start-up counts, as a worker's does
-    jobs = [_started(context, campaign, index, stop, target) for index in range(campaign.jobs)]
+    # The campaign's clock: the jobs' start-up counts, as a worker's does.
+    jobs = [_started(context, campaign, index, stop, target, clock.start) for index in range(campaign.jobs)]
     try:
-        outcomes, lost = _gathered(jobs, stop, campaign.until_failures)
+        outcomes, lost = _gathered(jobs, stop, campaign.until_failures, clock)
     finally:
         for _receive, process in jobs:  # all done, unless one raised or this process is interrupted
             if process.is_alive():
                 process.kill()
             process.join()
         _join_parts(campaign)
-    return _joined(outcomes, campaign, lost, start, time.monotonic() - start)
+    return _joined(outcomes, campaign, lost, clock.start, time.monotonic() - clock.start)
 
 
 def _job_target(campaign: Campaign, backends: int) -> Target:
@@ -294,13 +403,15 @@ def _reserve(campaign: Campaign, backends: int) -> int:
 
 
 def _started(context: multiprocessing.context.SpawnContext, campaign: Campaign, index: int, stop: EventType,
-             target: Target) -> tuple[Connection, BaseProcess]:
-    """Job `index` of campaign.jobs, started: the end of its pipe this process reads, and its process."""
+             target: Target, start: float) -> tuple[Connection, BaseProcess]:
+    """Job `index` of campaign.jobs, started on the campaign's clock (`start`): the end of its pipe this
+    process reads, and its process."""
     receive, send = context.Pipe(duplex=False)
     part = None if campaign.stream is None else _part(campaign.stream, index)
     # One job each, streaming into its own part, nothing kept: the parent keeps what they find.
     job = dataclasses.replace(campaign, stream=part, jobs=1, repro_dir=None)
-    process = context.Process(target=_job, args=(job, _Link(index, campaign.jobs, stop, send, target), os.getpid()),
+    link = _Link(index, campaign.jobs, stop, send, target, start)
+    process = context.Process(target=_job, args=(job, link, os.getpid()),
                               name=f"difftest-fuzz-job-{index}")
     process.start()
     send.close()  # the child's end, closed here: EOF here when it dies
@@ -314,14 +425,15 @@ def _part(stream: Path, index: int) -> Path:
 @dataclasses.dataclass(frozen=True)
 class _Link:
     """What ties a job to its campaign: which job of how many it is (its share of the plan: `takes`), the
-    campaign's stop (set when the jobs' signatures together reach the failure count), the pipe its news
-    goes up, and the target it plans for."""
+    campaign's stop (set when the jobs' signatures together reach the failure count, or the time to shrink
+    them comes), the pipe its news goes up, the target it plans for and the campaign's start."""
 
     index: int
     count: int
     stop: EventType
     send: Connection
     target: Target  # what every job plans for (_job_target)
+    start: float  # the campaign's start, time.monotonic() (one clock for every process of the machine)
 
     def takes(self, planned: Iterable[PlannedCase]) -> Iterator[PlannedCase]:
         """This job's cases of the plan: the small ones dealt out in turn (small case k to job k mod count),
@@ -348,7 +460,8 @@ def _job(campaign: Campaign, link: _Link, parent: int) -> None:
     die_with_parent(parent)
     began = time.monotonic()  # one clock for every process of the machine (CLOCK_MONOTONIC)
     try:
-        outcome = _drawn(campaign, get_backends(list(campaign.backends) if campaign.backends else None), link)
+        backends = get_backends(list(campaign.backends) if campaign.backends else None)
+        outcome = _drawn(campaign, backends, _Clock(link.start, campaign), link)
         found = [dataclasses.replace(f, case=f.case.to("cpu")) for f in outcome.found]
         answer: tuple[str, object] = ("done", (dataclasses.replace(outcome, found=found), began))
     except BaseException as exc:  # the parent lists the job as lost, with this line
@@ -368,15 +481,16 @@ def _where(exc: BaseException) -> str:
     return f"{short}:{frame.lineno} ({frame.name})"
 
 
-def _gathered(jobs: list[tuple[Connection, BaseProcess]], stop: EventType, until_failures: int | None
-              ) -> tuple[list[tuple[CampaignOutcome, float]], tuple[str, ...]]:
+def _gathered(jobs: list[tuple[Connection, BaseProcess]], stop: EventType, until_failures: int | None,
+              clock: _Clock | None = None) -> tuple[list[tuple[CampaignOutcome, float]], tuple[str, ...]]:
     """Each job's outcome and when it began, in job order, and how each job that died or raised did (its
-    exception's first line); `stop` set once the signatures the jobs found, together, reach `until_failures`."""
+    exception's first line); `stop` set once the signatures the jobs found, together, reach `until_failures`,
+    or (`clock`) once drawing must end for them to be shrunk (a job knows only the signatures it found)."""
     answers: dict[int, tuple[CampaignOutcome, float] | str] = {}
     signatures: set[Signature] = set()
     waiting = {receive: index for index, (receive, _process) in enumerate(jobs)}
     while waiting:
-        for receive in connection_wait(list(waiting)):
+        for receive in connection_wait(list(waiting), timeout=None if clock is None else WAKE_SECONDS):
             index = waiting[receive]
             kind, payload = _message(receive, jobs[index][1])
             if kind == "found":
@@ -387,6 +501,10 @@ def _gathered(jobs: list[tuple[Connection, BaseProcess]], stop: EventType, until
             # A job that raised is lost like one that died: the other jobs' results are kept.
             answers[index] = f"raised {payload.splitlines()[0]}" if kind == "raised" else payload
             del waiting[receive]
+        if clock is not None:
+            if time.monotonic() > clock.drawing_ends(signatures):
+                stop.set()
+            clock.tell(None, len(signatures), "drawing cases")
     outcomes = [answer for _index, answer in sorted(answers.items()) if not isinstance(answer, str)]
     lost = tuple(f"job {index} {answer}" for index, answer in sorted(answers.items()) if isinstance(answer, str))
     return outcomes, lost
@@ -410,6 +528,7 @@ def _joined(outcomes: list[tuple[CampaignOutcome, float]], campaign: Campaign, l
     for item in (f for outcome, _began in outcomes for f in outcome.found):
         if item.signature in found:
             found[item.signature].seen += item.seen
+            found[item.signature].variants.merge(item.variants)
         else:
             found[item.signature] = dataclasses.replace(item, case=item.case.to(campaign.config.device))
     # Warm from the last job's first result on the campaign's clock, with every job's cases before its own.
@@ -478,8 +597,10 @@ class _Bucket:
 class _State:
     """What the campaign knows while it runs: the cases of the items being run, the signatures found so far."""
 
-    def __init__(self, campaign: Campaign, backends: list[Loaded], link: _Link | None = None) -> None:
+    def __init__(self, campaign: Campaign, backends: list[Loaded], link: _Link | None = None,
+                 clock: _Clock | None = None) -> None:
         self.campaign, self.backends, self.link = campaign, {b.name: b for b in backends}, link
+        self.clock = clock or _Clock(time.monotonic(), campaign)
         # Jobs plan with the one target the parent probed: one plan, dealt out among them (_Link.takes).
         self.target = Target.probe(Device(campaign.config.device)) if link is None else link.target
         # The items drawn and not yet finished (the runner draws a batch's successor while it runs):
@@ -493,10 +614,10 @@ class _State:
         self.undrawn: list[str] = []  # "name: why" of the planned cases that ran out of memory being drawn
         self.warm: tuple[float, int] | None = None  # (time.monotonic(), cases drawn) at the first result
 
-    def items(self, start: float) -> Iterator[Case | Batch]:
+    def items(self) -> Iterator[Case | Batch]:
         """The planned cases, built: a small one waits in the bucket of its shape and backends until the
-        bucket makes a full batch, any other goes alone. Ends at the budget or the failure count (cases
-        still waiting in buckets are dropped).
+        bucket makes a full batch, any other goes alone. Ends when drawing must (_Clock.drawing_ends) or at
+        the failure count (cases still waiting in buckets are dropped).
 
         Batches are planned and drawn in a thread, PREFETCH_DEPTH ahead (difftest.core.prefetch), while this
         thread waits on the workers or judges; a case that goes alone is drawn here, when its turn
@@ -504,7 +625,7 @@ class _State:
         setup = _same_device(self.campaign.config.device)
         with Prefetched(self._jobs(), self._drawn_ahead, PREFETCH_DEPTH, setup) as ahead:
             for job, batch in ahead:
-                if self._done(start):
+                if self._done():
                     return
                 if isinstance(batch, _Undrawn):
                     self._not_drawn(job, batch.reason)
@@ -576,8 +697,8 @@ class _State:
         self.launches += 1
         return batch
 
-    def _done(self, start: float) -> bool:
-        over = time.monotonic() - start > self.campaign.budget
+    def _done(self) -> bool:
+        over = time.monotonic() > self.clock.drawing_ends(self.found)
         enough = self.campaign.until_failures is not None and len(self.found) >= self.campaign.until_failures
         stopped = self.link is not None and self.link.stop.is_set()  # the jobs' failures together are enough
         return over or enough or stopped
@@ -598,26 +719,26 @@ class _State:
             self.current.pop(case.name, None)
         self.takers.pop(item.case.name if isinstance(item, Batch) else item.name, None)
 
-    def heard(self, stream: ResultStream | None) -> Callable[[CaseResult], None]:
+    def heard(self, outputs: Outputs) -> Callable[[CaseResult], None]:
         def on_result(result: CaseResult) -> None:
             self.warm = self.warm or (time.monotonic(), self.drawn)
-            if stream:
-                stream.write(result)
             case = self.current.get(result.case)
+            outputs.take(result, case)
             if result.verdict.failed and case is not None:
                 self._record(result, case)
+            self.clock.tell(self.drawn, len(self.found), "drawing cases")
         return on_result
 
     def _record(self, result: CaseResult, case: Case) -> None:
-        """A failing result: a new signature's first case, or one more of a known one."""
-        key = signature(result, case.next_n)
-        if key in self.found:
-            self.found[key].seen += 1
-        else:
-            origin = self.backends[result.backend].origin
-            self.found[key] = Found(key, case, result, origin.target or result.backend)
+        """A failing result: a new signature's first case, or one more of a known one; its variants counted."""
+        key = signature(result)
+        found = self.found.get(key)
+        if found is None:
+            found = self.found[key] = Found(key, case, result, self.backends[result.backend].origin)
             if self.link is not None:
                 self.link.tell(("found", key))
+        found.seen += 1
+        found.variants.add(result, case)
 
 
 def planned_cases(backends: list[Loaded], target: Target, regime: Regime, seed: int) -> Iterator[PlannedCase]:
@@ -672,25 +793,61 @@ def _shape(planned: PlannedCase) -> str:
         f"max_model_len={spec.max_model_len}"
 
 
-def _keep(found: Found, backend: Loaded, campaign: Campaign) -> None:
-    """The found case's bundle, and its shrunk bundle where it can be probed safely."""
-    if campaign.repro_dir is None:
-        return
-    found.bundle = write_bundle(campaign.repro_dir, found.case, found.result, campaign.config, backend.origin,
-                                backend.contract.library)
-    if not _shrinkable(found.result.verdict, campaign.config) or campaign.shrink_seconds == 0:
+def _bundle_folder(campaign: Campaign, found: list[Found]) -> Path | None:
+    """Where the signatures' bundles go: the repro dir, else a temporary folder when there is shrinking to
+    do (it stays after the campaign: the outcome names it), else nowhere."""
+    if campaign.repro_dir is not None:
+        return campaign.repro_dir
+    if found and campaign.shrink_budget > 0:
+        return Path(tempfile.mkdtemp(prefix="difftest-fuzz-"))
+    return None
+
+
+def _kept(drawn: CampaignOutcome, backends: list[Loaded], campaign: Campaign, clock: _Clock,
+          folder: Path | None) -> list[Found]:
+    """Each signature's bundle in `folder`, then, in turn, its shrunk case and bundle where it can be probed
+    safely, within the shrinking share and what is left of the budget; one entry per distinct shrunk case."""
+    found = drawn.found
+    if folder is None:
+        return found
+    bundles = BundleOutput(folder, campaign.config, backends)
+    for item in found:
+        item.bundle = bundles.write(item.case, item.result)
+    deadline = min(clock.end, time.monotonic() + campaign.shrink_budget)
+    shrinks = campaign.shrink_budget > 0  # 0: asked for no shrinking
+    shrinkable = [item for item in found if shrinks and _shrinkable(item.result.verdict, campaign.config)]
+    by_name = {backend.name: backend for backend in backends}
+    # A backend's quickest call of the campaign: its first carries its start-up (imports, compilations).
+    quickest: dict[str, float] = {}
+    for result in drawn.results:
+        if result.verdict != Verdict.SKIP:
+            quickest[result.backend] = min(result.seconds, quickest.get(result.backend, result.seconds))
+    for index, item in enumerate(shrinkable):
+        clock.tell(None, len(found), f"shrinking {index + 1} of {len(shrinkable)}", now=True)
+        share = (deadline - time.monotonic()) / (len(shrinkable) - index)  # time one shrink spares goes on
+        call = quickest.get(item.signature.backend, item.result.seconds)
+        _shrunk(item, by_name[item.signature.backend], campaign, share, call, bundles)
+    return _merged(found)
+
+
+def _shrunk(found: Found, backend: Loaded, campaign: Campaign, seconds: float, call: float,
+            bundles: BundleOutput) -> None:
+    """The found case shrunk for about `seconds` (its backend's call takes about `call`) and bundled;
+    found.unshrunk says why not when it could not be."""
+    if seconds < 2 * call or seconds <= 0:  # the original's run and one probe: any less would overrun the budget
+        found.unshrunk = (f"the budget was spent: {max(seconds, 0.0):.1f} s left for it, and one call of the backend "
+                          f"took {call:.1f} s")
         return
     try:
-        found.shrunk = shrink(found.case, backend, campaign.config, campaign.shrink_seconds)
+        found.shrunk = shrink(found.case, backend, campaign.config, seconds)
     except SpecError:  # it no longer fails in-process (a flaky or isolation-only failure): the bundle stays
         return
     except Exception as exc:  # the oracle runs in this process, and without isolation the kernel too: a
         # probe that faults the device (an out-of-bounds write leaves CUDA's context unusable) must not cost
         # the campaign's end, nor the other signatures' bundles
-        found.unshrunk = _quoted(exc)
+        found.unshrunk = f"shrinking raised {_quoted(exc)}"
         return
-    write_bundle(campaign.repro_dir, found.shrunk.case, found.shrunk.result, campaign.config, backend.origin,
-                 backend.contract.library)
+    found.shrunk_bundle = bundles.write(found.shrunk.case, found.shrunk.result)
 
 
 def _shrinkable(verdict: Verdict, config: RunConfig) -> bool:
@@ -699,12 +856,33 @@ def _shrinkable(verdict: Verdict, config: RunConfig) -> bool:
     return verdict != Verdict.TIMEOUT and (verdict != Verdict.CRASH or config.isolated)
 
 
+def repro_line(found: Found, config: RunConfig) -> str | None:
+    """The `difftest run` line that draws the found case (its shrunk one, where it shrank on its spec) again
+    through its backend, fed as `config` feeds it (difftest.records.commands); None for a case not drawn
+    from a spec (a batch's merged case): its bundle replays it (bundle_line)."""
+    shrunk = found.shrunk
+    if shrunk is not None and shrunk.spec is not None and shrunk.seed is not None:
+        return run_command(found.target, shrunk.spec, shrunk.seed, config)
+    return case_command(found.target, found.case, config)
+
+
+def bundle_line(found: Found) -> str | None:
+    """The `difftest replay` line of the found case's bundle (its shrunk one, where there is one)."""
+    folder = found.shrunk_bundle or found.bundle
+    return None if folder is None else replay_command(folder, found.origin)
+
+
 def render_campaign(outcome: CampaignOutcome) -> str:
-    """The campaign's end: its rate, then each distinct failure with its count and its repro line."""
+    """The campaign's end: its rate and where its time went, then each signature with its count, its
+    variants and the lines that run it again."""
     side_by_side = f" ({outcome.jobs} jobs side by side)" if outcome.jobs > 1 else ""
     lines = [f"{outcome.cases} cases in {outcome.seconds:.1f} s{side_by_side}: {outcome.cases_per_second:.1f} "
              f"cases/s ({outcome.warm_cases_per_second:.1f} after the first result); {len(outcome.found)} distinct "
-             f"failures"]
+             f"failures (signatures: backend, verdict, explained pattern)"]
+    if outcome.phases is not None:
+        p = outcome.phases
+        lines.append(f"campaign: {p.total:.1f} s of a {outcome.budget:g}-s budget: cases {p.cases:.1f} s, bundling "
+                     f"and shrinking {p.shrinking:.1f} s")
     lines += [f"lost: {how}" for how in outcome.lost_jobs]
     if outcome.undrawn:
         lines.append(f"not drawn: {len(outcome.undrawn)} planned cases ran out of memory being drawn (the "
@@ -721,14 +899,27 @@ def render_campaign(outcome: CampaignOutcome) -> str:
     for result in outcome.diverged[:DIVERGED_SHOWN]:
         lines.append(f"  {result.backend} on {result.case}: {result.verdict.value} in a batch, passes when tried again")
     for found in outcome.found:
-        lines.append(f"  {found.signature.describe()}: {found.seen} results, first {found.case.name} "
-                     f"[{found.case.describe()}]")
-        if found.shrunk is not None:
-            lines.append(f"    shrunk: {found.shrunk.case.describe()}")
-        if found.unshrunk is not None:
-            lines.append(f"    not shrunk, shrinking raised {found.unshrunk}")
-        lines.append(f"    repro: {repro_line(found)}")
+        lines += _found_lines(found, outcome.config)
+    if outcome.bundles is not None and outcome.found:
+        lines.append(f"bundles: {outcome.bundles}" + (" (a temporary folder)" if outcome.temporary else ""))
     return "\n".join(lines)
+
+
+def _found_lines(found: Found, config: RunConfig) -> list[str]:
+    lines = [f"  {found.signature.describe()}: {found.seen} results, first {found.case.name} [{found.case.describe()}]"]
+    variants = found.variants.describe()
+    if variants:
+        lines.append(f"    variants: {variants}")
+    lines += [f"    also seen as {other.describe()}: {n} results (shrinks to the same case)"
+              for other, n in found.also.items()]
+    if found.shrunk is not None:
+        lines.append(f"    shrunk: {found.shrunk.case.describe()}")
+    if found.unshrunk is not None:
+        lines.append(f"    not shrunk: {found.unshrunk}")
+    drawn, replayed = repro_line(found, config), bundle_line(found)
+    lines += [f"    repro: {drawn}"] if drawn else []
+    lines += [f"    replay: {replayed}"] if replayed else []
+    return lines
 
 
 def describe_retries(retries: tuple[Retry, ...]) -> str:
@@ -741,17 +932,33 @@ def describe_retries(retries: tuple[Retry, ...]) -> str:
             f"{passed} passing there), {len(alone)} members alone ({sum(r.failed for r in alone)} failing)")
 
 
-def repro_line(found: Found) -> str:
-    """The command that draws the (shrunk) case again: `difftest run ... --spec JSON --seed N`, else the
-    replay of its bundle, else the case's description."""
-    shrunk = found.shrunk
-    if shrunk is not None and shrunk.spec is not None:
-        spec = json.dumps(shrunk.spec.to_json(), separators=(",", ":"))
-        return shlex.join(["difftest", "run", "--backends", found.target, "--spec", spec,
-                           "--seed", str(shrunk.seed)])
-    if found.bundle is not None:
-        return shlex.join(["difftest", "replay", str(found.bundle), "--trust-bundle"])
-    return found.case.describe()
+def campaign_info(campaign: Campaign, outcome: CampaignOutcome, started: float) -> dict[str, Any]:
+    """How the campaign was made and what it found, as its report's run info records it: the command, the
+    versions and when it `started` (time.time()), how backends were fed (difftest.records.report.config_info),
+    the budget and where its time went, and each signature with its variants, bundles and repro lines."""
+    phases = outcome.phases or Phases(0.0, 0.0, outcome.seconds)
+    return {"command": "difftest " + shlex.join(campaign.argv) if campaign.argv else None, "seed": campaign.seed,
+            "cases": outcome.cases, "device": campaign.config.device, **environment_info(started),
+            "seconds": round(phases.total, 3), **config_info(campaign.config), "budget": campaign.budget,
+            "campaign": {"shrink_seconds": campaign.shrink_budget, "jobs": outcome.jobs,
+                         "phases": dataclasses.asdict(phases),
+                         "bundles": str(outcome.bundles) if outcome.bundles else None,
+                         "signatures": [_found_info(found, campaign.config) for found in outcome.found]}}
+
+
+def _signature_info(sign: Signature) -> dict[str, Any]:
+    return {"backend": sign.backend, "verdict": sign.verdict.value,
+            "pattern": sign.pattern.value if sign.pattern is not None else None, "error": sign.error}
+
+
+def _found_info(found: Found, config: RunConfig) -> dict[str, Any]:
+    return {**_signature_info(found.signature),
+            "results": found.seen, "first": found.case.name, "description": found.case.describe(),
+            "also": [{**_signature_info(other), "results": n} for other, n in found.also.items()],
+            "variants": found.variants.to_json(), "bundle": str(found.bundle) if found.bundle else None,
+            "shrunk": found.shrunk.case.describe() if found.shrunk else None,
+            "shrunk_bundle": str(found.shrunk_bundle) if found.shrunk_bundle else None, "unshrunk": found.unshrunk,
+            "repro": repro_line(found, config), "replay": bundle_line(found)}
 
 
 def _same_device(device: str) -> Callable[[], None] | None:

@@ -13,6 +13,7 @@ from difftest.core.errors import SpecError
 from difftest.engine.result import CaseResult
 from difftest.engine.runner import executors_for
 from difftest.records.bundle import Bundle
+from difftest.records.commands import backend_target, case_command
 from difftest.records.report import render_failures, render_table, summarize
 from difftest.workflows.running import run_one
 
@@ -44,10 +45,14 @@ def replay(bundle: Bundle, backend: Backend | None = None, trust: bool = False,
 
 
 def render_replay(bundle: Bundle, result: CaseResult) -> str:
-    """What `difftest replay` prints: the verdict against the recorded one, the row table, the failure."""
+    """What `difftest replay` prints: the verdict against the recorded one, the row table, the failure,
+    and the `difftest run` line that draws the bundle's case again with its recorded options (where the
+    case was drawn from a spec)."""
     same = "the same as recorded" if result.verdict == bundle.verdict else "differs from the recorded one"
     lines = [f"replay {bundle.path}: {result.backend} on {result.case} [{result.description}] on {result.device}",
              f"verdict: {result.verdict.value} ({same}: {bundle.verdict.value})", "",
              render_table(summarize([result]))]
     failures = render_failures([result])
-    return "\n".join([*lines, *(["", failures] if failures else [])])
+    # The recorded backend's target: a --backends override is a name the user already has at hand.
+    drawn = case_command(backend_target(bundle.origin, bundle.backend), bundle.case, bundle.config)
+    return "\n".join([*lines, *(["", failures] if failures else []), *([f"repro: {drawn}"] if drawn else [])])

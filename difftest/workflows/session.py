@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import platform
 import shlex
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -18,7 +17,6 @@ from typing import Any
 
 import torch
 
-from difftest import __version__
 from difftest.backends import Loaded, get_backends
 from difftest.core import hardware, lifetime
 from difftest.core.case import Case
@@ -31,10 +29,12 @@ from difftest.engine.config import RunConfig
 from difftest.engine.plan import EnvelopePlan, PlannedCase, Shard, SuiteRequest, envelope_plan, kept_results, plan
 from difftest.engine.result import CaseResult
 from difftest.generators.envelope import Target, estimate_bytes
-from difftest.records.bundle import bundle_name, write_bundle
+from difftest.records.bundle import bundle_name
+from difftest.records.commands import backend_target, run_command
 from difftest.records.ledger import Ledger
-from difftest.records.report import write_json
-from difftest.records.serialize import ResultStream, is_stream, load_results, load_run_info
+from difftest.records.outputs import BundleOutput, JUnitOutput, Outputs, ReportOutput, StreamOutput
+from difftest.records.report import config_info, environment_info
+from difftest.records.serialize import is_stream, load_results, load_run_info
 from difftest.workflows import spread
 from difftest.workflows.running import run
 
@@ -48,6 +48,7 @@ class RunRequest:
     config: RunConfig = dataclasses.field(default_factory=RunConfig)
     report: Path | None = None
     stream: Path | None = None  # default: beside the report, suffix .jsonl
+    junit: Path | None = None  # JUnit XML of every result, written at the end
     resume: Path | None = None  # a report or stream of an earlier run of the same cases
     repro_dir: Path | None = None  # a bundle for every failing result
     gpus: int | None = None  # spread over this many GPUs, one child process each
@@ -78,6 +79,9 @@ class RunOutcome:
     untested: dict[str, str] = dataclasses.field(default_factory=dict)
     fail_slow: bool = False  # RunRequest.fail_slow: a slow sibling (difftest.engine.performance) fails the run
     ledger: Ledger | None = None  # RunRequest.ledger: which failures are expected, which passes are not
+    # (backend, case) of each failing result -> the `difftest run` line that draws its case again
+    repro: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
+    written: dict[str, Path] = dataclasses.field(default_factory=dict)  # what the outputs wrote, by parameter
 
     @property
     def status(self) -> ExitStatus:
@@ -127,7 +131,18 @@ def execute(request: RunRequest, on_result: Listener | None = None,
     named = request.backends and request.suite.shard is None
     untested = _untested(backends, outcome.results, planned) if named else {}
     return dataclasses.replace(outcome, plan=planned, notes=tuple(lock.note for lock in locks if lock.note),
-                               untested=untested, fail_slow=request.fail_slow, ledger=request.ledger)
+                               untested=untested, fail_slow=request.fail_slow, ledger=request.ledger,
+                               repro=repro_lines(outcome.results, cases, backends, request.config))
+
+
+def repro_lines(results: list[CaseResult], cases: list[PlannedCase], backends: list[Loaded],
+                config: RunConfig) -> dict[tuple[str, str], str]:
+    """(backend, case) of each failing result -> the `difftest run` line that draws its case again through
+    that backend, with every option of `config` (difftest.records.commands)."""
+    planned = {c.name: c for c in cases}
+    targets = {b.name: backend_target(b.origin, b.name) for b in backends}
+    return {(r.backend, r.case): run_command(targets[r.backend], planned[r.case].spec, planned[r.case].seed, config)
+            for r in results if r.verdict.failed and r.case in planned and r.backend in targets}
 
 
 def _untested(backends: list[Loaded], results: list[CaseResult], planned: EnvelopePlan | None) -> dict[str, str]:
@@ -151,6 +166,8 @@ def _claimed(request: RunRequest) -> list[OutputLock]:
             outputs.setdefault(path.resolve(), field)
     for path, field in outputs.items():
         check_writable(path, field)
+    if request.junit is not None:
+        check_writable(request.junit, "junit")
     if request.repro_dir is not None:
         check_writable(request.repro_dir, "repro_dir", folder=True)
     locks: list[OutputLock] = []
@@ -222,27 +239,26 @@ def _here(request: RunRequest, backends: list[Loaded], cases: list[PlannedCase],
     done = _resumed(request, cases, backends) if request.resume else {}
     if on_planned:
         on_planned(_pairs(cases, backends) - len(done))
-    stream = _open_stream(request, run_info(request, started, len(cases), len(done)), done)
-    repro = ReproWriter(request.repro_dir, config, backends) if request.repro_dir else None
+    outputs = _outputs(request, backends, run_info(request, started, len(cases), len(done)), done)
     left: list[str] = []
     deadline = time.monotonic() + request.budget if request.budget else None
-    drawn = _drawn(cases, config.device, deadline, left)
+    current = _Current()
+    drawn = current.track(_drawn(cases, config.device, deadline, left))
     finished: list[CaseResult] = []  # what this run made, in the order the stream holds it
 
     def heard(result: CaseResult) -> None:
-        for listener in (stream.write if stream else None, finished.append, repro.on_result if repro else None,
-                         on_result):
-            if listener:
-                listener(result)
+        outputs.take(result, current.case)
+        finished.append(result)
+        if on_result:
+            on_result(result)
 
+    stream = outputs.of(StreamOutput)
     try:
-        results = run(backends, repro.track(drawn) if repro else drawn, config, on_result=heard, done=done,
-                      takes=_taker(cases))
+        results = run(backends, drawn, config, on_result=heard, done=done, takes=_taker(cases))
     except (KeyboardInterrupt, OutputError) as exc:
         # Ctrl-C, or an output that can no longer be written (a full disk): the stream keeps every
         # line written so far; the report gets what finished, marked incomplete.
-        if stream:
-            stream.close()
+        outputs.close()
         # The stream is the record (a Ctrl-C may fall between its write and `finished`'s append): the
         # report holds what it holds, which is the whole run so far (every stream does).
         partial = _kept(stream.path) if stream else [*done.values(), *finished]
@@ -250,17 +266,44 @@ def _here(request: RunRequest, backends: list[Loaded], cases: list[PlannedCase],
                 "incomplete": True}
         if isinstance(exc, OutputError):
             with contextlib.suppress(OutputError):
-                _write_report(request, partial, info)
+                outputs.finish(partial, info)
             raise
-        _write_report(request, partial, info)
+        outputs.finish(partial, info)
         kept = tuple(str(path) for path in (stream.path if stream else None, request.report) if path)
         raise Interrupted(len(partial), kept) from None
     finally:
-        if stream:
-            stream.close()
+        outputs.close()
     info = {**run_info(request, started, len(cases), len(done)), "not_started": left, **extra}
-    _write_report(request, results, info)
-    return RunOutcome(results, info, bundles=len(repro.written) if repro else 0, stream=stream.path if stream else None)
+    written = outputs.finish(results, info)
+    bundles = outputs.of(BundleOutput)
+    return RunOutcome(results, info, bundles=len(bundles.written) if bundles else 0,
+                      stream=stream.path if stream else None, written=written)
+
+
+class _Current:
+    """The case the runner is working on: it hands its listener only the result, and the results of a case
+    arrive before it draws the next one."""
+
+    def __init__(self) -> None:
+        self.case: Case | None = None
+
+    def track(self, cases: Iterable[Case]) -> Iterator[Case]:
+        """The same cases, each remembered while the runner works on it."""
+        for case in cases:
+            self.case = case
+            yield case
+
+
+def _outputs(request: RunRequest, backends: list[Loaded], info: dict[str, Any],
+             done: dict[tuple[str, str], CaseResult], bundles: bool = True) -> Outputs:
+    """The run's writers (difftest.records.outputs): its stream (after its run line and the results it
+    resumes), a bundle per failing result (`bundles`: this process has the cases), the report, JUnit."""
+    known = request.ledger.known if request.ledger else None
+    return Outputs([
+        _stream(request, info, done),
+        BundleOutput(request.repro_dir, request.config, backends) if bundles and request.repro_dir else None,
+        ReportOutput(request.report) if request.report else None,
+        JUnitOutput(request.junit, "difftest run", known) if request.junit else None])
 
 
 def _pairs(cases: list[PlannedCase], backends: list[Loaded]) -> int:
@@ -288,22 +331,20 @@ def _spread(request: RunRequest, backends: list[Loaded], cases: list[PlannedCase
 
 def _merged(request: RunRequest, cases: list[PlannedCase], shards: list[spread.ShardRun], extra: dict[str, Any],
             started: float) -> RunOutcome:
-    """The shards' results in plan order, written to the stream and the report."""
+    """The shards' results in plan order, handed to the run's outputs (the shards wrote the bundles)."""
     results = spread.merge([c.name for c in cases], shards)
     info = {**run_info(request, started, len(cases)), "shards": [shard.info() for shard in shards], **extra}
-    stream = _open_stream(request, info, {})
-    if stream:
+    outputs = _outputs(request, [], info, {}, bundles=False)
+    try:
         for result in results:
-            stream.write(result)
-        stream.close()
-    _write_report(request, results, info)
+            outputs.take(result)
+        written = outputs.finish(results, info)
+    finally:
+        outputs.close()
+    stream = outputs.of(StreamOutput)
     bundles = _bundles_written(request.repro_dir, results)
-    return RunOutcome(results, info, bundles=bundles, stream=stream.path if stream else None, shards=tuple(shards))
-
-
-def _write_report(request: RunRequest, results: list[CaseResult], info: dict[str, Any]) -> None:
-    if request.report:
-        write_json(request.report, results, info)
+    return RunOutcome(results, info, bundles=bundles, stream=stream.path if stream else None, shards=tuple(shards),
+                      written=written)
 
 
 def _kept(path: Path) -> list[CaseResult]:
@@ -346,8 +387,7 @@ def _same_options(request: RunRequest, earlier: list[dict[str, Any]]) -> None:
                     "under it; start a new report to change it)")
 
 
-def _open_stream(request: RunRequest, info: dict[str, Any],
-                 done: dict[tuple[str, str], CaseResult]) -> ResultStream | None:
+def _stream(request: RunRequest, info: dict[str, Any], done: dict[tuple[str, str], CaseResult]) -> StreamOutput | None:
     """The JSONL stream; a resumed run appends to its own stream, and a new stream starts with the
     results it resumes, so every stream holds its whole run."""
     target = request.stream_path
@@ -356,12 +396,7 @@ def _open_stream(request: RunRequest, info: dict[str, Any],
     same = request.resume is not None and request.resume.resolve() == target.resolve()
     require(not same or is_stream(target), "stream", str(target),
             "a JSONL stream to append to, not the JSON report given to resume")
-    stream = ResultStream(target, append=same)
-    stream.header(info)
-    if not same:
-        for result in done.values():
-            stream.write(result)
-    return stream
+    return StreamOutput(target, info, () if same else done.values(), append=same)
 
 
 def run_info(request: RunRequest, started: float, cases: int, resumed: int = 0) -> dict[str, object]:
@@ -370,42 +405,10 @@ def run_info(request: RunRequest, started: float, cases: int, resumed: int = 0) 
     # A spread parent computes nothing: its results name their GPUs (CaseResult.gpu).
     gpu = torch.cuda.get_device_name() if config.device == "cuda" and request.gpus is None else None
     return {"command": "difftest " + shlex.join(request.argv), "seed": request.suite.seed, "cases": cases,
-            "device": config.device, "gpu": gpu, "torch": torch.__version__, "difftest": __version__,
-            "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-            "seconds": round(time.time() - started, 3),
-            "encoding_override": config.encoding.value if config.encoding else None,
-            "layout_override": config.layout.value if config.layout else None, "isolated": config.isolated,
-            "timeout": config.timeout, "repeat": config.repeat,
-            "sanitize": config.sanitize.value if config.sanitize else None, "sanitize_all": config.sanitize_all,
-            "oracle": config.oracle_kind.value, "cases_kind": request.suite.cases.value, "budget": request.budget,
+            "device": config.device, "gpu": gpu, **environment_info(started),
+            "seconds": round(time.time() - started, 3), **config_info(config),
+            "cases_kind": request.suite.cases.value, "budget": request.budget,
             "case_filter": list(request.suite.case_filter),
             "shard": str(request.suite.shard) if request.suite.shard else None,
             "resumed_from": str(request.resume) if request.resume else None, "resumed": resumed,
-            "startup_timeout": config.startup_timeout, "time": config.time, "fail_slow": request.fail_slow}
-
-
-class ReproWriter:
-    """Writes a bundle for every failing result of a run.
-
-    The runner hands `on_result` only the CaseResult, so `track` wraps the case stream and remembers
-    the case being run: results of a case arrive before the runner draws the next one.
-    """
-
-    def __init__(self, directory: Path, config: RunConfig, backends: list[Loaded]) -> None:
-        self.directory, self.config = directory, config
-        self.backends = {b.name: b for b in backends}
-        self.case: Case | None = None
-        self.written: list[Path] = []
-
-    def track(self, cases: Iterable[Case]) -> Iterator[Case]:
-        """The same cases, each remembered while the runner works on it."""
-        for case in cases:
-            self.case = case
-            yield case
-
-    def on_result(self, result: CaseResult) -> None:
-        """Write `result`'s bundle when it failed."""
-        if result.verdict.failed and self.case is not None:
-            backend = self.backends[result.backend]
-            self.written.append(write_bundle(self.directory, self.case, result, self.config, backend.origin,
-                                             backend.contract.library))
+            "fail_slow": request.fail_slow}

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shlex
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, Protocol
@@ -44,6 +43,7 @@ from difftest.engine.runner import executors_for
 from difftest.generators.spec import CaseSpec, Stale, Values, case_name
 from difftest.generators.tensors import build_case
 from difftest.records.bundle import Bundle
+from difftest.records.commands import run_command
 from difftest.workflows.running import run_one
 
 # Lengths of the same residue modulo the block size tried before the binary search (per length).
@@ -100,23 +100,7 @@ class ShrinkResult:
         it was shrunk on its tensors (no spec to draw it from)."""
         if self.spec is None or self.seed is None:
             return self.case.describe()
-        return spec_command(target, self.spec, self.seed, config)
-
-
-def spec_command(target: str, spec: CaseSpec, seed: int, config: RunConfig) -> str:
-    """`difftest run --backends TARGET --spec JSON --seed N`, with the device and what-if overrides of
-    `config`: the case (spec, seed) through that backend, as `config` fed it. The spec lists its
-    name and the fields that differ from CaseSpec's defaults (--spec fills in the rest)."""
-    defaults = CaseSpec().to_json()
-    fields = {k: v for k, v in spec.to_json().items() if k == "name" or defaults.get(k) != v}
-    words = ["difftest", "run", "--backends", target, "--spec", json.dumps(fields, separators=(",", ":")),
-             "--seed", str(seed)]
-    if config.device != "cpu":
-        words += ["--device", config.device]
-    for option, value in (("--encoding", config.encoding), ("--layout", config.layout)):
-        if value is not None:
-            words += [option, value.value]
-    return shlex.join(words)
+        return run_command(target, self.spec, self.seed, config)
 
 
 def case_from_line(line: str, device: str | torch.device = "cpu") -> Case:

@@ -49,7 +49,7 @@ def test_failure_is_the_row_table_with_a_run_line() -> None:
     assert lines[-1] == replay, "the replay line comes last"
     words = shlex.split(replay.removeprefix("    replay: "))
     assert words[:4] == ["difftest", "run", "--backends", "tests.difftest_pytest.planted_backends:off_by_one"]
-    assert words[4] == "--spec" and words[6:] == ["--seed", "5"]
+    assert words[4] == "--spec" and words[6:] == ["--seed", "5", "--device", "cpu", "--oracle", "exact", "--no-isolate"]
     # The spec is what differs from CaseSpec's defaults: CaseSpec.from_json gives back the same spec.
     assert CaseSpec.from_json(json.loads(words[5])) == LENGTH_ONE
 

@@ -42,7 +42,8 @@ def test_a_planted_off_by_one_fails_with_the_row_table(planted: pytest.Pytester)
         "off-by-one on length-one-s5000 [[]B=2 next_n=1 *L=[[]1, 1]]: FAIL(mask) (encoding per-row)",
         "    2/2 rows with the wrong -inf mask [[]0,1]; NaN rows none; unwritten rows none; value rows none",
         "    first mismatch: row 0, position 0: expected *, got -inf (FAIL(mask))",
-        """    replay: difftest run --backends planted:off_by_one --spec '{"name":"length-one",*}' --seed 5000""",
+        """    replay: difftest run --backends planted:off_by_one --spec '{"name":"length-one",*}' --seed 5000 """
+        "--device cpu *",
         "*= difftest =*",
         "off-by-one: 2/2 rows with the wrong -inf mask",
         "FAILED difftest::suite[[]off-by-one::length-one] - off-by-one on *",

@@ -54,7 +54,7 @@ def test_the_first_case_of_a_signature_is_bundled_and_shrunk_to_a_line_that_draw
     found = outcome.found[0]
     assert found.bundle is not None and found.bundle.parent == repro and found.shrunk is not None
     assert found.shrunk.case.batch == 1, found.shrunk.case.describe()
-    words = shlex.split(repro_line(found))
+    words = shlex.split(repro_line(found, outcome.config))
     assert words[:4] == ["difftest", "run", "--backends", PLANTED], words
     assert main([*words[1:], "--no-progress"]) == ExitStatus.FAILED, "the repro line reproduces the failure"
     assert "FAIL(mask)" in capsys.readouterr().out
@@ -143,21 +143,21 @@ def test_a_shrink_that_raises_keeps_the_bundle_and_says_why(monkeypatch, tmp_pat
                             shrink_seconds=10.0))
     [found] = outcome.found
     assert found.bundle is not None and found.bundle.exists() and found.shrunk is None
-    assert found.unshrunk == "RuntimeError: CUDA error: an illegal memory access was encountered"
-    assert "not shrunk, shrinking raised RuntimeError: CUDA error" in render_campaign(outcome)
+    assert found.unshrunk == "shrinking raised RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert "not shrunk: shrinking raised RuntimeError: CUDA error" in render_campaign(outcome)
 
 
 def test_an_isolated_campaign_shrinks_a_crash_in_a_worker_and_keeps_a_hang_as_found(tmp_path):
     # Shrink probes run where the campaign runs the backend: a crash costs a worker, not the campaign.
     crash, hang = "tests.broken_backends:segfaults_past_64", "tests.broken_backends:hangs"
     regime = Regime(max_batch=4, max_context=256)
-    crashed = fuzz(Campaign(budget=60.0, backends=(crash,), config=RunConfig(isolate=True), until_failures=1,
+    crashed = fuzz(Campaign(budget=180.0, backends=(crash,), config=RunConfig(isolate=True), until_failures=1,
                             repro_dir=tmp_path / "crash", shrink_seconds=120.0, regime=regime))
     [found] = crashed.found
     assert found.signature.verdict == Verdict.CRASH and found.shrunk is not None, found.unshrunk
     assert found.shrunk.case.seq_lens.tolist() == [65], found.shrunk.line()
     # Every probe of a hang would cost a whole timeout: its bundle stays as found.
-    hung = fuzz(Campaign(budget=60.0, backends=(hang,), config=RunConfig(timeout=2.0), until_failures=1,
+    hung = fuzz(Campaign(budget=180.0, backends=(hang,), config=RunConfig(timeout=2.0), until_failures=1,
                          repro_dir=tmp_path / "hang", shrink_seconds=120.0, regime=regime))
     [found] = hung.found
     assert found.signature.verdict == Verdict.TIMEOUT and found.bundle is not None

@@ -30,7 +30,6 @@ from difftest.workflows.fuzz import (
     SMALL_JOB_BYTES,
     Campaign,
     CampaignOutcome,
-    Signature,
     _gathered,
     _job_target,
     _joined,
@@ -42,6 +41,7 @@ from difftest.workflows.fuzz import (
     planned_cases,
     render_campaign,
 )
+from difftest.workflows.signatures import Signature
 from tests.support import TINY
 
 PLANTED = "tests.user_backends:window_one_short"
@@ -56,7 +56,7 @@ def test_jobs_deal_out_one_plan_in_turn_and_job_0_draws_every_large_case(monkeyp
     cases = list(itertools.islice(planned_cases(get_backends(["torch"]), target, Regime(), 0), 300))
     large = {case.name for case in cases if not _small(case)}
     assert large and len(large) < len(cases), "the plan has both sizes, or this test proves nothing"
-    shares = [[case.name for case in _Link(index, 3, None, None, target).takes(cases)] for index in range(3)]
+    shares = [[case.name for case in _Link(index, 3, None, None, target, 0.0).takes(cases)] for index in range(3)]
     assert sorted(name for share in shares for name in share) == sorted(case.name for case in cases), \
         "every planned case is drawn, by one job"
     assert large <= set(shares[0]) and not large & (set(shares[1]) | set(shares[2]))
@@ -69,7 +69,7 @@ def test_a_job_whose_places_in_the_plan_hold_only_large_cases_still_draws_small_
     # a plan alternating small and large: by place, job 1 of 2 would only ever be offered large cases
     plan_round = [PlannedCase(TINY.replace(name=f"c{i}", max_model_len=64 if i % 2 == 0 else 1 << 20), i)
                   for i in range(4)]
-    shares = [list(itertools.islice(_Link(index, 2, None, None, Target.small_cpu()).takes(
+    shares = [list(itertools.islice(_Link(index, 2, None, None, Target.small_cpu(), 0.0).takes(
         itertools.cycle(plan_round)), 3)) for index in range(2)]
     assert all(_small(case) for case in shares[1]) and len(shares[1]) == 3
 
@@ -122,8 +122,8 @@ def test_two_jobs_on_the_gpu_each_with_their_own_workers_find_the_planted_bug(tm
 def _signs_then_waits(backend: str, stop, send) -> None:
     """A job that finds one signature, then answers once the campaign's stop is set (or after 60 s, with
     began -1: never stopped)."""
-    link = _Link(0, 2, stop, send, Target.small_cpu())
-    link.tell(("found", Signature(backend, Verdict.FAIL_MASK, ("mask",), 0)))
+    link = _Link(0, 2, stop, send, Target.small_cpu(), 0.0)
+    link.tell(("found", Signature(backend, Verdict.FAIL_MASK)))
     stopped = stop.wait(60)
     link.tell(("done", (CampaignOutcome([], [], 0, 0.0), time.monotonic() if stopped else -1.0)))
 
@@ -168,7 +168,7 @@ def _dies_or_signs(index: int, stop, send) -> None:
 
 def _raises_or_signs(index: int, stop, send) -> None:
     if index == 0:
-        _Link(0, 2, stop, send, Target.small_cpu()).tell(("raised", "OutOfMemoryError: CUDA out of memory."))
+        _Link(0, 2, stop, send, Target.small_cpu(), 0.0).tell(("raised", "OutOfMemoryError: CUDA out of memory."))
         return
     _signs_then_waits("backend-1", stop, send)
 

@@ -61,7 +61,7 @@ def test_a_regime_campaign_draws_only_cases_inside_it_and_batches_them(tmp_path)
 
 def test_a_batch_only_failure_is_rerun_alone_and_its_merged_case_is_the_failure(tmp_path):
     regime = Regime(max_batch=3, max_context=64, heads=32, head_dim=64, block_size=16)
-    outcome = fuzz(Campaign(budget=3.0, backends=(PLANTED_BATCH,), regime=regime, until_failures=1,
+    outcome = fuzz(Campaign(budget=8.0, backends=(PLANTED_BATCH,), regime=regime, until_failures=1,
                             repro_dir=tmp_path, shrink_seconds=5.0, config=RunConfig(isolate=False)))
     assert outcome.launches >= 1 and outcome.diverged
     assert {r.verdict.value for r in outcome.results} == {"PASS"}  # every case alone
