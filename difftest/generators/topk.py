@@ -350,8 +350,8 @@ def _refused(contract: TopkContract, spec: TopkSpec) -> str | None:
     if contract.window in (WindowForm.LENGTHS, WindowForm.DECODE_RULE) and starts_past_zero:
         return f"windows start past column 0 and the contract's window form {contract.window.value} has no starts"
     decode = spec.windows == WindowDist.DECODE and spec.starts is None
-    if contract.window == WindowForm.DECODE_RULE and not decode:
-        return "the windows are not drawn by the decode rule the contract's window form needs"
+    if contract.window == WindowForm.DECODE_RULE and spec.next_n > 1 and not decode:
+        return f"the windows of next_n={spec.next_n} are not drawn by the decode rule the contract's window form needs"
     if decode and contract.next_n is not None and spec.next_n not in contract.next_n:
         return f"contract next_n {list(contract.next_n)} exclude {spec.next_n}"
     return None
@@ -401,10 +401,12 @@ def _ties(base: TopkSpec, k_top: int) -> list[TopkPlanned | TopkOmission]:
 
 
 def _counts(base: TopkSpec) -> list[TopkPlanned | TopkOmission]:
-    """FEW_CANDIDATES, SHORT_WINDOWS, SPECIAL_VALUES: k - 1, k, k + 1 candidates in 3k-column windows; windows
+    """FEW_CANDIDATES, SHORT_WINDOWS, SPECIAL_VALUES: k - 1, k, k + 1 candidates in windows of 2k of the 3k
+    columns (the rest of the window -inf, so a kernel padding past the window must pick -inf positions inside
+    it and not the -inf it masks outside); windows
     of 0, 1, k - 1, k, k + 1 columns; rows with -inf, +inf and NaN inside their windows."""
     k = base.k
-    few = base.replace(name="few-candidates", rows=3, windows=WindowDist.FULL, finite=(k - 1, k, k + 1))
+    few = base.replace(name="few-candidates", rows=3, starts=(0,) * 3, ends=(2 * k,) * 3, finite=(k - 1, k, k + 1))
     lengths = (0, 1, k - 1, k, k + 1)
     short = base.replace(name="short-windows", rows=len(lengths), starts=(0,) * len(lengths), ends=lengths)
     return [TopkPlanned(few, (TopkFamily.FEW_CANDIDATES,)), TopkPlanned(short, (TopkFamily.SHORT_WINDOWS,)),
