@@ -153,8 +153,9 @@ class TopkPadding(str, enum.Enum):
     # -1 in exactly k - min(k, window length) slots: -inf positions inside the window rank as the
     # lowest values and fill what the candidates leave (vLLM's and SGLang's kernels, FlashInfer).
     PAST_WINDOW = "past-window"
-    # No -1: the slots the candidates leave hold distinct columns that are no candidate (outside the
-    # window, or -inf inside it); the caller masks them (FlagGems' bucket_sort_topk).
+    # No -1: the slots the candidates leave hold distinct indices that are no candidate (columns outside the
+    # window, -inf positions inside it, indices past the row's width); the caller masks them (FlagGems'
+    # bucket_sort_topk, whose sparse-MLA consumer drops every index past the causal limit).
     OUTSIDE_COLUMNS = "outside-columns"
 
 

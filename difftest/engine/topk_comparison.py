@@ -12,7 +12,8 @@ How the conventions change what is right (docs/reference/topk.md):
 * ABSOLUTE indices are columns; ROW_RELATIVE ones count from the window's start.
 * PAST_CANDIDATES: -1 in the k - min(k, candidates) slots no candidate fills (the oracle's own truth).
 * PAST_WINDOW: -inf positions inside the window rank as the lowest values: -1 only past the window length.
-* OUTSIDE_COLUMNS: no -1; the slots the candidates leave hold distinct non-candidate columns of the row.
+* OUTSIDE_COLUMNS: no -1; the slots the candidates leave hold distinct non-candidate indices: columns outside
+  the window, -inf positions inside it, or indices past the row's width (the caller masks them all).
 * NanRanking.UNDEFINED: a row with a NaN in its window is judged on safety alone (no garbage,
   out-of-window or duplicate slot): what the value of a NaN-ranked top-k should be is not promised.
 """
@@ -120,13 +121,16 @@ class _Slots:
         index = _as_index(got)
         pad = index == -1
         column = index if contract.index == IndexConvention.ABSOLUTE else index + case.starts[:, None]
-        garbage = ~pad & ((column < 0) | (column >= case.width))
+        in_row = (column >= 0) & (column < case.width)
+        # Fills past the row's width are no column, but an OUTSIDE_COLUMNS caller masks them like any fill.
+        past_row = (column >= case.width) & (contract.padding == TopkPadding.OUTSIDE_COLUMNS)
+        garbage = ~pad & ~in_row & ~past_row
         named = ~pad & ~garbage
         inside = named & (column >= case.starts[:, None]) & (column < case.ends[:, None])
         duplicate = _later_occurrences(torch.where(named, column, _NOT_A_COLUMN), named)
-        safe = torch.where(named, column, 0)
-        rank = torch.where(named, rank_values(case.logits, nan).gather(1, safe), -math.inf)
-        value = torch.where(named, case.logits.gather(1, safe), math.nan)
+        safe = torch.where(in_row, column, 0)
+        rank = torch.where(in_row & named, rank_values(case.logits, nan).gather(1, safe), -math.inf)
+        value = torch.where(in_row & named, case.logits.gather(1, safe), math.nan)
         return cls(index, pad, garbage, named & ~inside, duplicate, inside & ~duplicate, rank, value)
 
 
