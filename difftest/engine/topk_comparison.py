@@ -28,7 +28,7 @@ import torch
 from difftest.core.kinds import IndexConvention, NanRanking, TopkPadding
 from difftest.core.topk import TopkCase, TopkContract
 from difftest.core.verdict import Verdict, worst
-from difftest.oracles.topk import TopkTruth, rank_values
+from difftest.oracles.topk import TopkTruth, rank_to_value, rank_values
 
 # The symptoms a row can show, each with the verdict it takes (worst first, as in SEVERITY).
 KINDS = (Verdict.FAIL_GARBAGE, Verdict.FAIL_OUT_OF_WINDOW, Verdict.FAIL_DUPLICATE, Verdict.FAIL_PADDING,
@@ -254,12 +254,5 @@ def _mismatch(row: int, kind: Verdict, s: _Slots, rule: _Rule, case: TopkCase) -
     index = None if slot < 0 else int(s.index[row, slot])
     value = None if slot < 0 or not (s.pick[row, slot] or s.outside[row, slot] or s.duplicate[row, slot]) \
         else float(s.value[row, slot])
-    return TopkMismatch(row=row, slot=slot, kind=kind, index=index, value=value, kth=_as_value(float(kth)),
+    return TopkMismatch(row=row, slot=slot, kind=kind, index=index, value=value, kth=float(rank_to_value(kth)),
                         window=(int(case.starts[row]), int(case.ends[row])))
-
-
-def _as_value(rank: float) -> float:
-    """A rank back as the logit it stands for: the float64 maximum is +inf, +inf a NaN ranked highest."""
-    if rank == torch.finfo(torch.float64).max:
-        return math.inf
-    return math.nan if rank == math.inf else rank

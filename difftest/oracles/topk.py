@@ -50,6 +50,15 @@ class TopkTruth:
         """min(k, candidates): how many slots must hold a candidate."""
         return self.candidates.clamp(max=self.k)
 
+    def kth_values(self) -> torch.Tensor:
+        """float64 [rows]: kth as the logit it stands for (+inf for +inf's rank, NaN for a NaN ranked highest)."""
+        return rank_to_value(self.kth)
+
+
+def rank_to_value(ranks: torch.Tensor) -> torch.Tensor:
+    """rank_values' inverse on its ranks: the float64 maximum is +inf, +inf a NaN ranked highest."""
+    return torch.where(ranks == _ABOVE_INF, math.inf, torch.where(ranks == math.inf, math.nan, ranks))
+
 
 def rank_values(logits: torch.Tensor, nan: NanRanking) -> torch.Tensor:
     """float64 ranks of float32 (or float64) logits: themselves, +inf above every finite value, NaN above
