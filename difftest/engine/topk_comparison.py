@@ -205,9 +205,16 @@ def _matched(s: _Slots, rule: _Rule) -> torch.Tensor:
 
 
 def _disordered(s: _Slots) -> torch.Tensor:
-    """[rows] bool: a slot ranked above the slot before it, pads counting as the lowest (so pads go last)."""
-    ranks = torch.where(s.pad | s.garbage, -math.inf, s.rank)
+    """[rows] bool: a slot ranked above the slot before it, pads and fills outside the window counting as the
+    lowest (so they go last)."""
+    ranks = torch.where(s.pad | s.garbage | s.outside, -math.inf, s.rank)
     return (ranks[:, 1:] > ranks[:, :-1]).any(dim=1)
+
+
+def _disordered_slots(s: _Slots, row: int) -> torch.Tensor:
+    """[k] bool: the slots of `row` ranked above the slot before them (as _disordered ranks them)."""
+    ranks = torch.where(s.pad[row] | s.garbage[row] | s.outside[row], -math.inf, s.rank[row])
+    return torch.cat([torch.zeros(1, dtype=torch.bool, device=ranks.device), ranks[1:] > ranks[:-1]])
 
 
 def _summarised(faults: dict[Verdict, torch.Tensor], s: _Slots, rule: _Rule, case: TopkCase,
@@ -247,8 +254,7 @@ def _mismatch(row: int, kind: Verdict, s: _Slots, rule: _Rule, case: TopkCase) -
                Verdict.FAIL_DUPLICATE: s.duplicate[row],
                Verdict.FAIL_PADDING: s.pad[row] | (s.pick[row] & (s.rank[row] == -math.inf)),
                Verdict.FAIL_MISSING: (s.pick[row] & (s.rank[row] < kth)) | s.outside[row],
-               Verdict.FAIL_ORDER: torch.cat([torch.zeros(1, dtype=torch.bool, device=case.device),
-                                              s.rank[row, 1:] > s.rank[row, :-1]])}[kind]
+               Verdict.FAIL_ORDER: _disordered_slots(s, row)}[kind]
     slots = torch.nonzero(showing).flatten().tolist()
     slot = slots[0] if slots else -1
     index = None if slot < 0 else int(s.index[row, slot])
