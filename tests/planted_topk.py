@@ -79,10 +79,12 @@ class Planted:
         start, length = inputs.row_starts.long()[:, None], inputs.lengths.long()[:, None]
         columns = torch.arange(inputs.logits.shape[1], device=right.device)
         masked = torch.where((columns >= start) & (columns < start + length), inputs.logits, math.nan)
-        order = masked.nan_to_num(nan=-math.inf, neginf=-3e38).argsort(dim=1, descending=True)[:, :right.shape[1]]
-        picked = order - start
-        keep = torch.arange(right.shape[1], device=right.device)[None, :] < length
-        return torch.where(keep, picked, -1).to(right.dtype)
+        valid = min(right.shape[1], inputs.logits.shape[1])
+        order = masked.nan_to_num(nan=-math.inf, neginf=-3e38).argsort(dim=1, descending=True)[:, :valid]
+        keep = torch.arange(valid, device=right.device)[None, :] < length
+        out = torch.full_like(right, -1)
+        out[:, :valid] = torch.where(keep, order - start, -1).to(right.dtype)
+        return out
 
     @staticmethod
     def _duplicate(inputs: TopkInputs, right: torch.Tensor) -> torch.Tensor:

@@ -6,12 +6,13 @@ the same verdict of the same backend); a candidate is kept only when it does. Ea
 1. drop rows: halves, then quarters, ..., then single rows (whole requests of next_n rows);
 2. narrow the rows: columns past the last window's end, then before the first window's start, then blocks
    of columns (halves down to 1/64 of the width) cut out of every row, windows moved with them;
-3. smaller k: the contract's smaller ks (or halves of k, then k - 1, where it takes any);
+3. smaller k: the contract's smaller ks (where it takes any: k - k/2, k - k/4, ..., k - 1);
 4. simpler values: each row's values replaced by their rank among the distinct values of the row (small
    integers, same order, same ties); -inf outside the windows; contiguous rows.
 
-Candidates the contract cannot take are not tried. Rounds repeat until one changes nothing or the budget is
-spent. Works on any TopkCase (a golden file, a bundle's): it reads no spec.
+Each move is repeated on its own result until it finds nothing more; candidates the contract cannot take
+are not tried. Rounds repeat until one changes nothing or the budget is spent. Works on any TopkCase (a
+golden file, a bundle's): it reads no spec.
 """
 
 from __future__ import annotations
@@ -48,26 +49,45 @@ def shrink_topk(case: TopkCase, still_fails: Callable[[TopkCase], bool], contrac
     if not still_fails(case):
         raise SpecError("case", case.name, "a case that fails (still_fails(case) is False)")
     probes, current, finished = 1, case, False
-    while time.perf_counter() - start < budget_seconds:
+    deadline = start + budget_seconds
+    while time.perf_counter() < deadline:
         changed = False
         for move in (_fewer_rows, _narrower, _smaller_k, _simpler):
-            for candidate in move(current, contract):
-                if time.perf_counter() - start >= budget_seconds:
+            while (found := _first_failing(move(current, contract), still_fails, contract, deadline)) is not None:
+                candidate, tried = found
+                probes += tried
+                if candidate is None:
                     break
-                if not _takes(contract, candidate):
-                    continue
-                probes += 1
-                if still_fails(candidate):
-                    current, changed = candidate, True
-                    break
+                current, changed = candidate, True
         if not changed:
-            finished = True
+            finished = time.perf_counter() < deadline
             break
     named = dataclasses.replace(current, name=f"{case.name}-min") if current is not case else current
     return TopkShrink(case, named, probes, time.perf_counter() - start, finished)
 
 
+def _first_failing(candidates: Iterator[TopkCase], still_fails: Callable[[TopkCase], bool],
+                   contract: TopkContract | None, deadline: float) -> tuple[TopkCase | None, int] | None:
+    """(the first candidate that still fails, or None when none does; the probes spent), or None when the
+    budget ran out first. A move is repeated on its own result until it finds nothing more."""
+    tried = 0
+    for candidate in candidates:
+        if time.perf_counter() >= deadline:
+            return None
+        if not _takes(contract, candidate):
+            continue
+        tried += 1
+        if still_fails(candidate):
+            return candidate, tried
+    return None, tried
+
+
 def _takes(contract: TopkContract | None, case: TopkCase) -> bool:
+    """Whether `case` is a case at all (a cut may leave no column) that the contract takes."""
+    try:
+        case.validate()
+    except SpecError:
+        return False
     if contract is None:
         return True
     return contract.shape_reason(case.rows, case.width, case.row_stride, case.k) is None and \
@@ -116,11 +136,12 @@ def _cut(case: TopkCase, lo: int, hi: int) -> TopkCase:
 
 
 def _smaller_k(case: TopkCase, contract: TopkContract | None) -> Iterator[TopkCase]:
-    """The contract's smaller ks, largest first; where it takes any k: k // 2 down to 1, then k - 1."""
+    """The contract's smaller ks, largest first; where it takes any k: halved first, then smaller steps down."""
     if contract is not None and contract.ks is not None:
         smaller = sorted((k for k in contract.ks if k < case.k), reverse=True)
-    else:
-        smaller = [case.k // 2 ** i for i in range(1, int(math.log2(case.k)) + 1)] + [case.k - 1]
+    else:  # k // 2, then ever smaller steps down: k - k // 4, k - k // 8, ..., k - 1 (a binary search's probes)
+        steps = [case.k // 2 ** i for i in range(1, int(math.log2(case.k)) + 1)]
+        smaller = [case.k - step for step in steps] + [case.k - 1]
     for k in dict.fromkeys(k for k in smaller if k >= 1):
         yield dataclasses.replace(case, k=k)
 
@@ -129,15 +150,20 @@ def _simpler(case: TopkCase, contract: TopkContract | None) -> Iterator[TopkCase
     """Ranks instead of values; -inf outside the windows; contiguous rows."""
     logits = case.logits
     ranked = torch.where(torch.isfinite(logits), _dense_ranks(logits), logits)
-    if not torch.equal(ranked, logits):
+    if not _same(ranked, logits):
         yield _with_logits(case, ranked)
     columns = torch.arange(case.width, device=case.device)
     inside = (columns >= case.starts[:, None]) & (columns < case.ends[:, None])
     cleaned = torch.where(inside, logits, -math.inf)
-    if not torch.equal(cleaned, logits):
+    if not _same(cleaned, logits):
         yield _with_logits(case, cleaned)
     if case.row_stride != case.width:
         yield dataclasses.replace(case, storage=case.logits.contiguous())
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, NaN equal to NaN (torch.equal says a tensor holding NaN differs from itself)."""
+    return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
 
 
 def _dense_ranks(logits: torch.Tensor) -> torch.Tensor:

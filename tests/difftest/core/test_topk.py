@@ -63,7 +63,7 @@ def test_load_refuses_a_member_larger_than_the_meta_says(tmp_path):
     with pytest.raises(SpecError, match="storage"):
         TopkCase.load(tmp_path / "big.npz")
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
-    with pytest.raises(SpecError, match="junk.npz"):
+    with pytest.raises(SpecError, match=r"junk\.npz"):
         TopkCase.load(tmp_path / "junk.npz")
     with zipfile.ZipFile(tmp_path / "nometa.npz", "w") as archive:
         archive.writestr("storage.npy", b"")

@@ -67,7 +67,8 @@ def _fills(case: TopkCase, contract: TopkContract, row: int, window: list[int], 
     if contract.padding == TopkPadding.PAST_WINDOW:
         return others
     start, end = int(case.starts[row]), int(case.ends[row])
-    pool = others + [c for c in range(case.width) if not start <= c < end] + list(range(case.width, case.width + case.k))
+    outside = [c for c in range(case.width) if not start <= c < end]
+    pool = others + outside + list(range(case.width, case.width + case.k))
     rng.shuffle(pool)
     return pool
 
