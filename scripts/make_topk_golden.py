@@ -36,12 +36,14 @@ def truth(row: list[float], k: int, nan: str) -> dict[str, float]:
 
 def write(name: str, storage: list[list[float]], width: int, windows: list[tuple[int, int]], k: int,
           next_n: int = 1, nan: str = "highest") -> None:
-    rows = [truth([float(v) for v in line[start:end]], k, nan) for line, (start, end) in zip(storage, windows)]
+    rows = [truth([float(v) for v in line[start:end]], k, nan)
+            for line, (start, end) in zip(storage, windows, strict=True)]
     meta = {"name": name, "rows": len(storage), "row_stride": len(storage[0]), "width": width, "k": k,
             "next_n": next_n, "nan": nan}
     np.savez_compressed(
         OUT / f"{name}.npz", storage=np.array(storage, dtype=np.float32),
-        starts=np.array([s for s, _ in windows], dtype=np.int64), ends=np.array([e for _, e in windows], dtype=np.int64),
+        starts=np.array([s for s, _ in windows], dtype=np.int64),
+        ends=np.array([e for _, e in windows], dtype=np.int64),
         meta=np.array(json.dumps(meta)),
         **{f"expected_{field}": np.array([r[field] for r in rows], dtype=np.float64 if field == "kth" else np.int64)
            for field in ("kth", "above", "equal", "candidates", "nans")})

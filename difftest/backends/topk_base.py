@@ -1,10 +1,13 @@
-"""What a top-k backend is: the sibling of difftest.backends.base.Backend for the top-k operation.
+"""What a top-k backend is (the sibling of difftest.backends.base.Backend for the top-k operation), and where
+the compiled top-k kernels' carried files are.
 
 Nothing here imports torch: listing backends stays light.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -28,3 +31,13 @@ class TopkBackend(Protocol):
         """Indices [rows, k] in the contract's index convention and padding; `out` is unused today (every
         kernel of the field allocates, or its caller pre-fills, its own index buffer)."""
         ...
+
+
+DEPS_VARIABLE = "DIFFTEST_TOPK_DEPS"
+DEFAULT_DEPS = ".device-deps/topk"  # relative to the project root, where scripts/prepare_topk_deps.sh writes
+
+
+def deps_dir() -> Path:
+    """Where the compiled top-k kernels' carried files are: $DIFFTEST_TOPK_DEPS, else .device-deps/topk under
+    the working directory (the project root, from which the scripts run)."""
+    return Path(os.environ.get(DEPS_VARIABLE) or DEFAULT_DEPS)
