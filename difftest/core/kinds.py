@@ -134,3 +134,50 @@ class ExitStatus(enum.IntEnum):
     USAGE = 2  # a bad option or an impossible spec: one line names the field, its value and what is allowed
     IO = 3  # an output (report, stream, bundle) could not be written, or another run holds it: one line says why
     INTERRUPTED = 130  # Ctrl-C: what finished is kept (stream, report marked incomplete); --resume continues
+
+
+# --------------------------------------------------------------------------- the top-k operation
+
+class IndexConvention(str, enum.Enum):
+    """What a top-k kernel's index counts from (docs/reference/topk.md)."""
+
+    ROW_RELATIVE = "row-relative"  # from the row's window start: 0 is the window's first column
+    ABSOLUTE = "absolute"  # the column of the logits row
+
+
+class TopkPadding(str, enum.Enum):
+    """What a top-k kernel writes in the slots its window cannot fill (docs/reference/topk.md)."""
+
+    # -1 in exactly k - min(k, candidates) slots: a -inf (or NaN-undefined) position is never returned.
+    PAST_CANDIDATES = "past-candidates"
+    # -1 in exactly k - min(k, window length) slots: -inf positions inside the window rank as the
+    # lowest values and fill what the candidates leave (vLLM's and SGLang's kernels, FlashInfer).
+    PAST_WINDOW = "past-window"
+    # No -1: the slots the candidates leave hold distinct indices that are no candidate (columns outside the
+    # window, -inf positions inside it, indices past the row's width); the caller masks them (FlagGems'
+    # bucket_sort_topk, whose sparse-MLA consumer drops every index past the causal limit).
+    OUTSIDE_COLUMNS = "outside-columns"
+
+
+class NanRanking(str, enum.Enum):
+    """How a top-k kernel ranks a NaN logit."""
+
+    HIGHEST = "highest"  # above +inf, as torch.topk and the radix kernels' float-to-key maps rank it
+    UNDEFINED = "undefined"  # nothing promised: a row holding NaN is judged on its indices' safety alone
+
+
+class WindowForm(str, enum.Enum):
+    """How a top-k kernel is told each row's window [start, end)."""
+
+    STARTS_ENDS = "starts-ends"  # row_starts and row_ends, [rows] each
+    STARTS_LENGTHS = "starts-lengths"  # row_starts and lengths (end = start + length)
+    LENGTHS = "lengths"  # lengths alone: every window starts at column 0
+    DECODE_RULE = "decode-rule"  # seq_lens [B] and next_n: row b*next_n + j ends at max(L_b - next_n + j + 1, 0)
+
+
+class RowStride(str, enum.Enum):
+    """What a top-k kernel requires of the logits' row stride (stride(1) is 1 for every kernel)."""
+
+    ANY = "any"  # stride(0) >= width, read from the tensor or passed
+    MULTIPLE_OF_4 = "multiple-of-4"  # 16-byte vectorised or TMA loads of fp32 rows
+    EQUALS_WIDTH = "equals-width"  # contiguous rows: the kernel computes row r's base as r * width

@@ -19,6 +19,14 @@ class Verdict(str, enum.Enum):
     FAIL_VALUE = "FAIL(value)"  # values outside the backend's tolerance
     FAIL_NAN = "FAIL(nan)"  # NaN inside the causal window
     FAIL_UNWRITTEN = "FAIL(unwritten)"  # the poison the output was pre-filled with is still there
+    # The top-k operation (difftest.engine.topk_comparison, docs/reference/topk.md):
+    FAIL_GARBAGE = "FAIL(garbage)"  # a top-k index that names no column of the row (NaN, uninitialised memory)
+    FAIL_OUT_OF_WINDOW = "FAIL(out-of-window)"  # a top-k index outside the row's window
+    FAIL_DUPLICATE = "FAIL(duplicate)"  # one column returned twice in a row
+    # -1 where a candidate exists, a real index where -1 is promised, or no -1 past the candidates:
+    FAIL_PADDING = "FAIL(padding)"
+    FAIL_MISSING = "FAIL(missing)"  # a value that belongs to the top k is left out and a smaller one taken
+    FAIL_ORDER = "FAIL(order)"  # the right set in the wrong order, where descending order is promised
     ERROR = "ERROR"  # the backend raised
     SKIP = "SKIP"  # the backend cannot run this case here; the reason says why
 
@@ -32,9 +40,16 @@ class Verdict(str, enum.Enum):
 # anything wrong in its output; launches that disagree explain values out of tolerance, but a wrong
 # -inf mask or NaN stays the headline, since that is what a top-k consumer trips on (the stability
 # record still says the launches disagreed).
+# The top-k verdicts rank below the logits' NaN and mask ones, which explain a wrong selection in a pipeline
+# (a NaN logit is how vLLM's top-k came to return uninitialised indices, vllm#49896). Among themselves: an
+# index naming no column explains anything else in its row; an out-of-window index, a duplicate or a -1
+# where a candidate exists each takes a slot a candidate needed, so each explains the missing candidate it
+# causes; a wrong order is a right set. A missing candidate outranks launches that disagree, as a wrong mask
+# does: a wrong set is what the sparse attention reads.
 SEVERITY = (Verdict.CRASH, Verdict.TIMEOUT, Verdict.ERROR, Verdict.FAIL_MUTATED_INPUT, Verdict.FAIL_SANITIZER,
-            Verdict.FAIL_UNWRITTEN, Verdict.FAIL_NAN, Verdict.FAIL_MASK, Verdict.FAIL_NONDETERMINISTIC,
-            Verdict.FAIL_VALUE, Verdict.PASS, Verdict.SKIP)
+            Verdict.FAIL_UNWRITTEN, Verdict.FAIL_NAN, Verdict.FAIL_MASK, Verdict.FAIL_GARBAGE,
+            Verdict.FAIL_OUT_OF_WINDOW, Verdict.FAIL_DUPLICATE, Verdict.FAIL_PADDING, Verdict.FAIL_MISSING,
+            Verdict.FAIL_NONDETERMINISTIC, Verdict.FAIL_VALUE, Verdict.FAIL_ORDER, Verdict.PASS, Verdict.SKIP)
 
 
 def worst(verdicts: list[Verdict]) -> Verdict:

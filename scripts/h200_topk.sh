@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The top-k backends on the H200 (the lead runs it; each step fits one 10-minute device call). From the
+# project root on the device, after `bash scripts/prepare_topk_deps.sh` here:
+#
+#   1. carry [".device-deps/topk/carry-small"]:  bash scripts/h200_topk.sh setup        (~1 min: unpack, pip wheels)
+#   2. carry [".device-deps/topk/carry-vllm"]:   bash scripts/h200_topk.sh unpack-vllm  (~1 min)
+#   3. no carry (machine still warm):            bash scripts/h200_topk.sh build        (FlashInfer's and SGLang's
+#      JIT builds, bounded at 570 s: on a 2-core CPU machine topk.cu took 271 s and cub_topk.cu 671 s, SGLang's two
+#      modules 17-18 s each; the device's cores build FlashInfer's four sources in parallel under ninja. Run it
+#      again if it times out: what finished is cached under ~/.cache/flashinfer and ~/.cache/tvm-ffi)
+#   4. no carry:                                 bash scripts/h200_topk.sh run          (every top-k backend that loads
+#      on every edge family at production scale, bounded at 570 s; writes reports/h200/topk/)
+#
+# Steps 2-4 need the machine that step 1 set up (the unpacked files live under .device-deps/topk/ there).
+set -uo pipefail
+deps=.device-deps/topk
+out=reports/h200/topk
+mkdir -p "$out"
+export PYTHONPATH=$PWD/$deps/site:$PWD/$deps/carry-small/flag_gems-5.0.2:$PWD/$deps/flashinfer:$PWD${PYTHONPATH:+:$PYTHONPATH}
+export DIFFTEST_TOPK_DEPS=$PWD/$deps PYTHONUNBUFFERED=1
+[ -d "$deps/carry-small/sglang-0.5.23-topk" ] && ln -sfn carry-small/sglang-0.5.23-topk "$deps/sglang-0.5.23-topk"
+export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")}
+[ -d "$deps/cuda_home/include" ] && [ "${1:-}" != setup ] && export CUDA_HOME=$PWD/$deps/cuda_home
+
+case "${1:-}" in
+  setup)
+    mkdir -p "$deps/flashinfer" "$deps/site"
+    python3 -m tarfile -e "$deps/carry-small/flashinfer-0.7.2.post1.tar.xz" "$deps/flashinfer"
+    python3 -m pip install -q --no-index --no-deps --target "$deps/site" "$deps"/carry-small/whl/*.whl
+    # FlashInfer's topk.cu includes curand.h, which the CUDA toolkit image may lack; torch's cu13 wheels ship it
+    # (nvidia/cu13/include). Then $deps/cuda_home is the toolkit with those headers added to its include/.
+    if [ ! -f "$CUDA_HOME/include/curand.h" ]; then
+      curand=$(python3 -c "import glob, site; print(next(iter(glob.glob(site.getsitepackages()[0] + '/nvidia/*/include/curand.h')), ''))")
+      if [ -n "$curand" ]; then
+        mkdir -p "$deps/cuda_home/include"
+        for entry in "$CUDA_HOME"/*; do [ "$(basename "$entry")" = include ] || ln -sfn "$entry" "$deps/cuda_home/"; done
+        ln -sf "$CUDA_HOME"/include/* "$deps/cuda_home/include/" && ln -sf "$(dirname "$curand")"/curand*.h "$deps/cuda_home/include/"
+      fi
+      echo "curand.h: ${curand:-not found}"
+    fi
+    ;;
+  unpack-vllm)
+    python3 -m tarfile -e "$deps/carry-vllm/vllm_C-0.33.0.tar.xz" "$deps"
+    ls -la "$deps/vllm_C"
+    ;;
+  build)
+    timeout 570 python3 scripts/topk_campaign.py --build 2>&1 | tee "$out/build.txt"
+    ;;
+  run)
+    timeout 570 python3 scripts/topk_campaign.py --out "$out" 2>&1 | tee "$out/run.txt"
+    ;;
+  *)
+    echo "usage: bash scripts/h200_topk.sh setup|unpack-vllm|build|run" >&2; exit 2 ;;
+esac

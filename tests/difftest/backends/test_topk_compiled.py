@@ -1,0 +1,41 @@
+"""The compiled top-k backends (vLLM's _C ops, SGLang's JIT kernels, FlashInfer's): each says exactly why it
+cannot run here, and declares its kernel's conventions. They run on the GPU machine (scripts/h200_topk.sh)."""
+
+from __future__ import annotations
+
+import pytest
+
+from difftest.backends import flashinfer_topk, sglang_topk, topk_base, vllm_topk
+from difftest.core.kinds import IndexConvention, RowStride, TopkPadding, WindowForm
+
+COMPILED = {**vllm_topk.TOPK_BACKENDS, **sglang_topk.TOPK_BACKENDS, **flashinfer_topk.TOPK_BACKENDS}
+
+
+@pytest.mark.parametrize("name", sorted(COMPILED))
+def test_cpu_reason_names_cuda(name):
+    backend = COMPILED[name]()
+    assert backend.name == name and isinstance(backend, topk_base.TopkBackend)
+    reason = backend.unavailable_reason("cpu")
+    assert reason and "cuda" in reason.lower(), reason
+    assert backend.contract.devices == ("cuda",)
+
+
+def test_missing_files_are_named(monkeypatch, tmp_path):
+    monkeypatch.setenv(topk_base.DEPS_VARIABLE, str(tmp_path))
+    monkeypatch.setattr("difftest.core.hardware.cuda_unavailable_reason", lambda: None)
+    reason = vllm_topk.VllmTopk("vllm-persistent-topk").unavailable_reason("cuda")
+    assert str(tmp_path / vllm_topk.SO_NAME) in reason and "prepare_topk_deps.sh" in reason, reason
+    reason = sglang_topk.SglangJitTopk("sglang-jit-fast-topk").unavailable_reason("cuda")
+    assert "fast_topk.cuh not found" in reason, reason
+
+
+def test_declared_conventions_follow_the_notes():
+    persistent = vllm_topk.VllmTopk("vllm-persistent-topk").contract
+    assert persistent.ks == (512, 1024, 2048) and persistent.window == WindowForm.LENGTHS
+    assert persistent.padding == TopkPadding.PAST_WINDOW and persistent.index == IndexConvention.ROW_RELATIVE
+    cooperative = vllm_topk.VllmTopk("vllm-cooperative-topk").contract
+    assert cooperative.max_rows == 64 and cooperative.row_stride == RowStride.MULTIPLE_OF_4
+    assert vllm_topk.VllmTopk("vllm-top-k-per-row-decode").contract.window == WindowForm.DECODE_RULE
+    v2 = sglang_topk.SglangJitTopk("sglang-jit-topk-v2-ragged").contract
+    assert v2.index == IndexConvention.ABSOLUTE and v2.max_k == 2048 and v2.mutates_logits
+    assert flashinfer_topk.FlashInferTopk().contract.max_k == 2048
