@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from junitparser import Failure, JUnitXml
+import xml.etree.ElementTree as ET
 
 from difftest.core.kinds import ExitStatus
 from tests.support import run_cli
@@ -15,14 +15,16 @@ def test_run_writes_one_testcase_per_backend_and_case(tmp_path):
     code, out, err = run_cli(["run", "--backends", "torch,tests.planted:block_boundary_off_by_one", "--spec", SPEC,
                               "--count", "2", "--no-progress", "--junit", str(path)])
     assert code == ExitStatus.FAILED and f"junit: {path}" in out, f"{code=}\n{out}\n{err}"
-    junit = JUnitXml.fromfile(str(path))
-    cases = [case for suite in junit for case in suite]
-    assert sorted((c.classname, c.name) for c in cases) == [
+    junit = ET.parse(path).getroot()
+    cases = junit.findall("testsuite/testcase")
+    assert sorted((c.get("classname"), c.get("name")) for c in cases) == [
         ("planted-block-boundary", "random-s0"), ("planted-block-boundary", "random-s1"),
-        ("torch", "random-s0"), ("torch", "random-s1")], junit.tostring()
-    failures = [r for c in cases for r in c.result if isinstance(r, Failure)]
-    assert len(failures) == 2 and all(f.type == "FAIL(mask)" for f in failures), junit.tostring()
-    text = failures[0].text
+        ("torch", "random-s0"), ("torch", "random-s1")], path.read_text()
+    failures = junit.findall("testsuite/testcase/failure")
+    assert len(failures) == 2 and all(f.get("type") == "FAIL(mask)" for f in failures), path.read_text()
+    counts = {key: junit.get(key) for key in ("tests", "failures", "errors", "skipped")}
+    assert counts == {"tests": "4", "failures": "2", "errors": "0", "skipped": "0"}, counts
+    text = failures[0].text or ""
     assert text.startswith("backend ") and "rows with the wrong -inf mask" in text and "first mismatch" in text, text
 
 
