@@ -6,7 +6,8 @@ there. A combination (device, backend, version, suite) is left out, with its rea
 backend's contract does not take the device kind (its `devices` and `archs` against the kind's facts
 in difftest.core.hardware), when the version does not provide the backend, or when an exclude rule
 matches it and no include rule does (an include rule is an exception to the exclude rules, never to
-the facts). docs/matrix.md describes the file.
+the facts). The file also says how the CI jobs install difftest itself ([matrix.difftest]: a release,
+a git URL or a wheel; difftest.matrix.emit writes the pip command). docs/matrix.md describes the file.
 """
 
 from __future__ import annotations
