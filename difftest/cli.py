@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import importlib.util
 import io
 import json
 import os
@@ -227,7 +228,8 @@ def _add_matrix(commands: argparse._SubParsersAction) -> None:
                               "cell and a merge job")
     emit.add_argument("system", type=_enum(CiSystem), metavar="github|buildkite")
     emit.add_argument("--file", type=Path, metavar="F", help=where)
-    emit.add_argument("-o", "--output", type=Path, metavar="PATH", help="write it here (default: stdout)")
+    emit.add_argument("-o", "--output", metavar="PATH", help="write it here (default: stdout); a link is written "
+                      "through")
     run = actions.add_parser("run", help="run one cell here; write its report.json and junit.xml")
     run.add_argument("cell", metavar="CELL", help="a cell as `difftest matrix plan` names it, e.g. cpu/installed/quick")
     run.add_argument("--file", type=Path, metavar="F", help=where)
@@ -237,7 +239,7 @@ def _add_matrix(commands: argparse._SubParsersAction) -> None:
                                "junit.xml, merged.json; exit 1 on new failures only")
     merge.add_argument("reports", type=Path, nargs="+", metavar="REPORTS", help="report.json files of "
                        "`difftest matrix run`")
-    merge.add_argument("--out", type=Path, required=True, metavar="DIR")
+    merge.add_argument("--out", required=True, metavar="DIR", help="the folder the merged files go to")
     merge.add_argument("--baseline", type=Path, metavar="MERGED.json", help="an earlier merged.json: list new, "
                        "fixed and changed failures, and fail on the new ones only")
     merge.add_argument("--ledger", type=Path, metavar="PATH", help="known divergences (TOML): failures it names "
@@ -627,8 +629,19 @@ def cmd_shrink(args: argparse.Namespace) -> int:
     return ExitStatus.OK
 
 
+# The modules of the matrix extra each command imports, and their distributions.
+MATRIX_EXTRA = {"emit": {"yaml": "PyYAML"}, "merge": {"matplotlib": "matplotlib"}}
+
+
 def cmd_matrix(args: argparse.Namespace) -> int:
-    """`difftest matrix plan|emit|run|merge`."""
+    """`difftest matrix plan|emit|run|merge`; without the matrix extra a command that needs it is one line
+    naming what to install."""
+    missing = [name for module, name in MATRIX_EXTRA.get(args.matrix_command, {}).items()
+               if importlib.util.find_spec(module) is None]
+    if missing:
+        print(f"difftest: error: `difftest matrix {args.matrix_command}` needs {', '.join(missing)}, which is not "
+              "installed: pip install 'difftest[matrix]'", file=sys.stderr)
+        return ExitStatus.USAGE
     actions = {"plan": _matrix_plan, "emit": _matrix_emit, "run": _matrix_run, "merge": _matrix_merge}
     return actions[args.matrix_command](args)
 
@@ -646,12 +659,14 @@ def _matrix_emit(args: argparse.Namespace) -> int:
     from difftest.matrix import cell as matrix_cell  # deferred: loads torch (the backends' contracts)
     from difftest.matrix import emit as matrix_emit  # deferred: with the cell, above
     from difftest.matrix.definition import load_matrix
+    from difftest.matrix.outputs import output_file  # deferred: with the matrix, above
 
+    target = output_file(args.output, "output") if args.output is not None else None  # before the planning
     text = matrix_emit.emit(matrix_cell.plan_matrix(load_matrix(args.file)), args.system)
-    if args.output is None:
+    if target is None:
         print(text, end="")
     else:
-        print(f"{args.system.value}: {atomic_write(args.output, text, 'output')}")
+        print(f"{args.system.value}: {atomic_write(target, text, 'output')}")
     return ExitStatus.OK
 
 
@@ -671,8 +686,10 @@ def _matrix_run(args: argparse.Namespace) -> int:
 
 def _matrix_merge(args: argparse.Namespace) -> int:
     from difftest.matrix import merge as matrix_merge  # deferred: loads torch (results) and matplotlib
+    from difftest.matrix.outputs import output_folder  # deferred: with the merge, above
     from difftest.records.ledger import load_ledger
 
+    output_folder(args.out, "out")  # before the reports are read
     merged = matrix_merge.merge(args.reports, load_ledger(args.ledger) if args.ledger else None, args.baseline)
     written = matrix_merge.write_outputs(merged, args.out)
     print(matrix_merge.render_markdown(merged))

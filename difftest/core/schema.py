@@ -871,6 +871,12 @@ MATRIX_NAME_TEXT = "a name of 1 to 64 letters, digits, '_', '.' or '-', starting
 # A pinned wheel: 'distribution==version' (PEP 508 name, PEP 440 version characters), extras allowed.
 PINNED = re.compile(r"([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)(\[[A-Za-z0-9._,-]*\])?==([A-Za-z0-9.+!_-]+)")
 
+# difftest itself, as a CI job installs it ([matrix.difftest]): a release's version (PEP 440, public), a git
+# URL pip can clone and a ref in it, or a wheel file. Each goes into a shell command (quoted) and a pip
+# requirement, so none may hold what pip would read as another part of it ('@', '#', ';', a space).
+RELEASE = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?")
+GIT_URL = re.compile(r"(git\+)?(https?|ssh|file)://[^\s@#;]+(@[^\s@#;/]+/[^\s@#;]+)?|git@[^\s@#;]+:[^\s@#;]+")
+GIT_REF = re.compile(r"[A-Za-z0-9._/-]{1,255}")
 MatrixName = Rule(lambda v: type(v) is str and MATRIX_NAME.fullmatch(v) is not None, MATRIX_NAME_TEXT).type(str)
 Pattern = Filled("an fnmatch pattern (a non-empty string)")
 Patterns = ListOf(Pattern, MAX_MATRIX_ITEMS, f"a list of 1 to {MAX_MATRIX_ITEMS} fnmatch patterns", low=1)
@@ -903,6 +909,31 @@ class MatrixVersionModel(Model):
             raise SpecError("path", self.path, "no path beside a wheel: a version is one wheel or one folder")
         if self.pip_args and self.wheel is None:
             raise SpecError("pip_args", self.pip_args, "no pip options without a wheel to install")
+        return self
+
+
+class MatrixDifftestModel(Model):
+    """[matrix.difftest]: how every CI job installs difftest itself (with its matrix extra). At most one
+    of version, git or wheel; none of them: the version of difftest that emits the CI files."""
+
+    what: ClassVar[str] = "a table {version}, {git, ref} or {wheel}"
+    version: Rule(lambda v: type(v) is str and RELEASE.fullmatch(v) is not None,
+                  "a difftest release, e.g. '0.1.0'").type(str) | None = None
+    git: Rule(lambda v: type(v) is str and len(v) <= MAX_NAME and GIT_URL.fullmatch(v) is not None,
+              "a git URL pip can clone, e.g. 'https://github.com/ORG/difftest'").type(str) | None = None
+    ref: Rule(lambda v: type(v) is str and GIT_REF.fullmatch(v) is not None and not v.startswith("-"),
+              "a branch, tag or commit of the git URL").type(str) | None = None
+    wheel: Rule(lambda v: type(v) is str and v.endswith(".whl") and v.strip() == v and len(v) <= MAX_NAME,
+                "a wheel file (.whl), relative to the matrix file").type(str) | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "MatrixDifftestModel":
+        given = [name for name in ("version", "git", "wheel") if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise SpecError(given[1], getattr(self, given[1]), f"nothing beside {given[0]}: difftest is installed "
+                            "from a version, a git URL or a wheel, one of them")
+        if self.ref is not None and self.git is None:
+            raise SpecError("ref", self.ref, "a ref only beside a git URL")
         return self
 
 
@@ -960,7 +991,8 @@ class MatrixModel(Model):
     exclude: ListOf(MatrixExcludeModel, MAX_MATRIX_ITEMS, "an array of tables ([[matrix.exclude]])") = []
     ledger: Filled("a ledger file (TOML)") | None = None
     baseline: Filled("a merged.json of an earlier merge") | None = None
-    setup: ListOf(Text(MAX_NAME, 1), 16, "a list of at most 16 shell commands") = ["python -m pip install '.[matrix]'"]
+    difftest: MatrixDifftestModel = Field(default_factory=MatrixDifftestModel)  # how CI installs difftest
+    setup: ListOf(Text(MAX_NAME, 1), 16, "a list of at most 16 shell commands") = []  # run after installing difftest
     merge_runner: Labels = "ubuntu-latest"  # where the merge job runs
 
 

@@ -69,13 +69,9 @@ def run_cell(file: str | Path | None, name: str, out: str | Path | None = None) 
     info = {**info, "matrix": {"cell": cell.name, "device": cell.runner.kind.value, "version": cell.version.name,
                                "library": cell.version.describe(), "suite": cell.suite.name}}
     ledger = load_ledger(matrix.resolve(matrix.ledger)) if matrix.ledger else None
-
-    def known(result: CaseResult) -> str | None:
-        divergence = ledger.find(result) if ledger is not None else None
-        return f"{divergence.reason} ({divergence.issue})" if divergence else None
-
     report = write_json(out / REPORT, results, info)
-    written = junit.write(out / JUNIT, [junit.suite(cell.name, results, known, field="out")], field="out")
+    suite = junit.suite(cell.name, results, ledger.known if ledger is not None else None)
+    written = junit.write(out / JUNIT, [suite], field="out")
     return CellRun(cell, results, report, written)
 
 

@@ -6,7 +6,8 @@ there. A combination (device, backend, version, suite) is left out, with its rea
 backend's contract does not take the device kind (its `devices` and `archs` against the kind's facts
 in difftest.core.hardware), when the version does not provide the backend, or when an exclude rule
 matches it and no include rule does (an include rule is an exception to the exclude rules, never to
-the facts). docs/matrix.md describes the file.
+the facts). The file also says how the CI jobs install difftest itself ([matrix.difftest]: a release,
+a git URL or a wheel; difftest.matrix.emit writes the pip command). docs/matrix.md describes the file.
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ from typing import TYPE_CHECKING, Any
 from difftest.core.errors import SpecError, require
 from difftest.core.hardware import DeviceKind
 from difftest.core.kinds import CaseKind
-from difftest.core.schema import MatrixModel, MatrixSuiteModel, MatrixVersionModel, read_toml, validate
+from difftest.core.schema import (
+    MatrixDifftestModel,
+    MatrixModel,
+    MatrixSuiteModel,
+    MatrixVersionModel,
+    read_toml,
+    validate,
+)
 
 if TYPE_CHECKING:
     from difftest.core.contract import Contract
@@ -39,6 +47,24 @@ class Source(str, enum.Enum):
     WHEEL = "wheel"  # a pinned distribution the CI job pip-installs before the cell runs
     PATH = "path"  # a folder put first on sys.path and PYTHONPATH: a source checkout, an unpacked tree
     INSTALLED = "installed"  # whatever the job's environment has
+
+
+class Install(str, enum.Enum):
+    """Where a CI job installs difftest itself from ([matrix.difftest]), always with its matrix extra."""
+
+    VERSION = "version"  # a release from the package index: difftest[matrix]==VERSION
+    GIT = "git"  # a git URL, at a ref when one is given: difftest[matrix] @ git+URL@REF
+    WHEEL = "wheel"  # a wheel file in the repository (built by an earlier step, or committed)
+
+
+@dataclasses.dataclass(frozen=True)
+class DifftestSource:
+    """How the jobs install difftest: `target` is the version, the git URL, or the wheel's path as the
+    matrix file gives it (relative to the file)."""
+
+    how: Install
+    target: str
+    ref: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +153,8 @@ class Matrix:
     exclude: tuple[Rule, ...] = ()
     ledger: str | None = None
     baseline: str | None = None
-    setup: tuple[str, ...] = ()  # shell commands every CI job runs first (install difftest)
+    difftest: DifftestSource | None = None  # None: the version of difftest that emits the CI files
+    setup: tuple[str, ...] = ()  # shell commands every cell's job runs once difftest is installed
     merge_runner: tuple[str, ...] = ("ubuntu-latest",)
 
     def resolve(self, relative: str) -> Path:
@@ -252,8 +279,16 @@ def _built(model: MatrixModel, path: Path) -> Matrix:
         suites=tuple(_suite(name, s) for name, s in model.suites.items()),
         include=tuple(Rule(r.device, r.backend, r.version, r.suite) for r in model.include),
         exclude=tuple(Rule(r.device, r.backend, r.version, r.suite, r.reason) for r in model.exclude),
-        ledger=model.ledger, baseline=model.baseline, setup=tuple(model.setup),
+        ledger=model.ledger, baseline=model.baseline, difftest=_difftest(model.difftest), setup=tuple(model.setup),
         merge_runner=_labels(model.merge_runner))
+
+
+def _difftest(model: MatrixDifftestModel) -> DifftestSource | None:
+    if model.git is not None:
+        return DifftestSource(Install.GIT, model.git, model.ref)
+    if model.wheel is not None:
+        return DifftestSource(Install.WHEEL, model.wheel)
+    return DifftestSource(Install.VERSION, model.version) if model.version is not None else None
 
 
 def _labels(runner: str | list[str]) -> tuple[str, ...]:

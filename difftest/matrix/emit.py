@@ -1,19 +1,25 @@
 """A matrix plan as CI configuration: a GitHub Actions workflow or a Buildkite pipeline.
 
-One job per cell on its device kind's runner: install difftest (the matrix's `setup` commands), then
-the cell's wheel if its version is one, run the cell (`difftest matrix run`), and upload its folder
-as an artifact even when the job fails. A last job waits for every cell, whatever became of it,
-downloads their folders and runs `difftest matrix merge`, whose status gates the pipeline. The YAML
-is written with PyYAML, from plain dicts; CI checks the files against both systems' published
-schemas (check-jsonschema's vendored ones).
+One job per cell on its device kind's runner: install difftest as [matrix.difftest] says (a release,
+a git URL or a wheel file; never `pip install .`, which in a kernel project's own repository installs
+that project), run the matrix's `setup` commands, install the cell's wheel if its version is one, run
+the cell (`difftest matrix run`), and upload its folder as an artifact even when the job fails. A last
+job installs difftest the same way, waits for every cell, whatever became of it, downloads their
+folders and runs `difftest matrix merge`, whose status gates the pipeline. The YAML is written with
+PyYAML, from plain dicts; CI checks the files against both systems' published schemas
+(check-jsonschema's vendored ones).
 """
 
 from __future__ import annotations
 
 import shlex
+from pathlib import PurePosixPath
 
+from difftest import __version__
+from difftest.core.errors import require
 from difftest.core.kinds import CiSystem
-from difftest.matrix.definition import Cell, MatrixPlan, Source
+from difftest.core.schema import RELEASE
+from difftest.matrix.definition import Cell, DifftestSource, Install, MatrixPlan, Source
 
 CELLS_DIR = "difftest-matrix"  # where each cell's folder goes, in its job and in the merge job
 MERGED_DIR = "difftest-merged"
@@ -33,6 +39,27 @@ def emit(plan: MatrixPlan, system: CiSystem) -> str:
 def _run_command(plan: MatrixPlan, cell: Cell) -> str:
     return shlex.join(["difftest", "matrix", "run", cell.name, "--file", str(plan.matrix.path),
                        "--out", f"{CELLS_DIR}/{cell.slug}"])
+
+
+def install_difftest(plan: MatrixPlan) -> str:
+    """The pip command that installs difftest with its matrix extra, as the matrix's [matrix.difftest]
+    says; without one, the release of the difftest running now (SpecError when that is no release)."""
+    source = plan.matrix.difftest or _this_release(plan)
+    if source.how == Install.VERSION:
+        requirement = f"difftest[matrix]=={source.target}"
+    elif source.how == Install.GIT:
+        url = source.target if source.target.startswith("git+") else f"git+{source.target}"
+        requirement = f"difftest[matrix] @ {url}" + (f"@{source.ref}" if source.ref else "")
+    else:
+        wheel = PurePosixPath(plan.matrix.resolve(source.target).as_posix())
+        requirement = f"{wheel if wheel.is_absolute() else f'./{wheel}'}[matrix]"  # './': pip reads a path
+    return shlex.join(["python", "-m", "pip", "install", requirement])
+
+
+def _this_release(plan: MatrixPlan) -> DifftestSource:
+    require(RELEASE.fullmatch(__version__) is not None, f"{plan.matrix.path} matrix.difftest", None,
+            f"a version, git URL or wheel: this difftest ({__version__}) is no release pip can install")
+    return DifftestSource(Install.VERSION, __version__)
 
 
 def _install_command(cell: Cell) -> list[str]:
@@ -68,12 +95,12 @@ def _github(plan: MatrixPlan) -> dict:
             "permissions": {"contents": "read"}, "jobs": jobs}
 
 
-def _github_setup(plan: MatrixPlan) -> list[dict]:
-    return [{"uses": "actions/checkout@v4"}] + [{"name": "set up", "run": command} for command in plan.matrix.setup]
+def _github_install(plan: MatrixPlan) -> list[dict]:
+    return [{"uses": "actions/checkout@v4"}, {"name": "install difftest", "run": install_difftest(plan)}]
 
 
 def _github_cell(plan: MatrixPlan, cell: Cell) -> dict:
-    steps = _github_setup(plan)
+    steps = _github_install(plan) + [{"name": "set up", "run": command} for command in plan.matrix.setup]
     steps += [{"name": f"install {cell.version.target}", "run": command} for command in _install_command(cell)]
     steps.append({"name": f"run {cell.name}", "run": _run_command(plan, cell)})
     steps.append({"name": "upload the cell's report", "if": "always()", "uses": "actions/upload-artifact@v4",
@@ -83,7 +110,7 @@ def _github_cell(plan: MatrixPlan, cell: Cell) -> dict:
 
 
 def _github_merge(plan: MatrixPlan) -> dict:
-    steps = _github_setup(plan)
+    steps = _github_install(plan)  # no `setup`: merging reads reports, it runs no kernel
     steps += [
         {"name": "download the cells' reports", "uses": "actions/download-artifact@v4",
          "with": {"pattern": ARTIFACT_PREFIX + "*", "path": CELLS_DIR}},
@@ -107,7 +134,7 @@ def _buildkite(plan: MatrixPlan) -> dict:
 
 
 def _buildkite_cell(plan: MatrixPlan, cell: Cell) -> dict:
-    commands = [*plan.matrix.setup, *_install_command(cell), _run_command(plan, cell)]
+    commands = [install_difftest(plan), *plan.matrix.setup, *_install_command(cell), _run_command(plan, cell)]
     return {"label": cell.name, "key": cell.slug, "agents": {"queue": cell.runner.queue}, "command": commands,
             "artifact_paths": [f"{CELLS_DIR}/{cell.slug}/**/*"]}
 
@@ -117,6 +144,6 @@ def _buildkite_merge(plan: MatrixPlan) -> dict:
     # whatever merge's status, and that status is the step's.
     merge = (f"{merge_command(plan, f'{CELLS_DIR}/*/report.json')}; status=$$?; buildkite-agent annotate "
              f"--context difftest-matrix < {MERGED_DIR}/summary.md; exit $$status")
-    commands = [*plan.matrix.setup, f'buildkite-agent artifact download "{CELLS_DIR}/**/*" .', merge]
+    commands = [install_difftest(plan), f'buildkite-agent artifact download "{CELLS_DIR}/**/*" .', merge]
     return {"label": "merge", "key": "merge", "agents": {"queue": plan.matrix.merge_runner[-1]},
             "command": commands, "artifact_paths": [f"{MERGED_DIR}/**/*"]}

@@ -7,9 +7,11 @@ What gates CI is the new failures alone: failures neither known nor already fail
 (without a baseline, every failure that is not known).
 
 The outputs: merged.json (the baseline of the next merge), junit.xml (one testsuite per cell),
-summary.md (for a CI step summary), heatmap.png (rows backend @ version, columns edge families,
-coloured by -inf-mask mismatch rows, value and NaN failures marked) and index.html, one page with
-the picture embedded.
+summary.md (for a CI step summary, its text from the reports escaped), heatmap.png
+(difftest.matrix.heatmap) and index.html, one page with the picture embedded.
+
+Every step is one pass over the results (or a dict lookup per result): a 20-minute fuzz cell makes
+hundreds of thousands (bench/matrix_merge.py measures it against the quadratic merge it replaced).
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from __future__ import annotations
 import base64
 import dataclasses
 import html
-import io
 import json
-import math
+import re
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,15 +30,16 @@ from difftest.core.errors import SpecError, require
 from difftest.core.files import atomic_write
 from difftest.core.hardware import DeviceKind
 from difftest.core.kinds import ExitStatus
-from difftest.core.schema import MergedModel, ReportModel, parse_json, read_text, validate
+from difftest.core.schema import MergedModel, ReportModel, one_line, parse_json, read_text, validate
 from difftest.core.verdict import Verdict, worst
 from difftest.engine.result import CaseResult
+from difftest.matrix.heatmap import NO_FAMILY, heatmap, render_png
+from difftest.matrix.outputs import output_file, output_folder
 from difftest.records import junit
 from difftest.records.ledger import Ledger
 from difftest.records.serialize import result_from_json, to_jsonable
 
-NO_FAMILY = "(no family)"
-_NOTHING_COMPARED = (Verdict.ERROR, Verdict.CRASH, Verdict.TIMEOUT)  # results with no rows judged
+MAX_LISTED = 200  # failures listed per section of the summary and the page
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,8 +128,7 @@ def merge(reports: Sequence[str | Path], ledger: Ledger | None = None, baseline:
         cell, made = _cell_entries(Path(path), ledger)
         cells.append(cell)
         entries += made
-    names = [cell.cell for cell in cells]
-    twice = sorted({name for name in names if names.count(name) > 1})
+    twice = sorted(name for name, count in Counter(cell.cell for cell in cells).items() if count > 1)
     require(not twice, "reports", twice, "one report per cell (these cells have several)")
     diff = _diff(tuple(entries), load_merged(baseline)) if baseline is not None else None
     return Merged(tuple(cells), tuple(entries), diff, ledger)
@@ -154,13 +156,12 @@ def _parse_report(path: Path) -> dict:
 
 def _entry(matrix: dict, result: CaseResult, ledger: Ledger | None) -> Entry:
     c = result.comparison
-    divergence = ledger.find(result) if ledger is not None and result.verdict.failed else None
     return Entry(
         cell=matrix["cell"], device=DeviceKind(matrix["device"]), version=matrix["version"],
         library=matrix["library"], backend=result.backend, case=result.case, families=_families(result),
         verdict=result.verdict, rows=c.rows if c else 0, mask_rows=len(c.mask_rows) if c else 0,
         nan_rows=len(c.nan_rows) + len(c.unwritten_rows) if c else 0, value_rows=len(c.value_rows) if c else 0,
-        known=f"{divergence.reason} ({divergence.issue})" if divergence else None, loaded=result.library)
+        known=ledger.known(result) if ledger is not None else None, loaded=result.library)
 
 
 def _families(result: CaseResult) -> tuple[str, ...]:
@@ -205,26 +206,23 @@ def _counts(entry: Entry) -> tuple[Verdict, int, int, int, int]:
 # --------------------------------------------------------------------------- outputs
 
 def write_outputs(merged: Merged, out: str | Path) -> list[Path]:
-    """merged.json, junit.xml, heatmap.png, summary.md and index.html under `out`."""
-    out = Path(out)
-    png = heatmap_png(merged.entries)
+    """merged.json, junit.xml, heatmap.png, summary.md and index.html under the folder `out`
+    (difftest.matrix.outputs says what it takes); OutputError naming `out` where one cannot be written."""
+    folder = output_folder(out, "out")
+    png = render_png(heatmap(merged.entries))
     document = {"difftest": __version__, "cells": [cell.cell for cell in merged.cells],
                 "results": to_jsonable(list(merged.entries))}
-    suites = [junit.suite(cell.cell, cell.results, _known(merged), field="out") for cell in merged.cells]
-    return [atomic_write(out / "merged.json", json.dumps(document, indent=1) + "\n", "out"),
-            junit.write(out / "junit.xml", suites, "difftest matrix", field="out"),
-            atomic_write(out / "heatmap.png", png, "out"),
-            atomic_write(out / "summary.md", render_markdown(merged), "out"),
-            atomic_write(out / "index.html", render_html(merged, png), "out")]
+    known = merged.ledger.known if merged.ledger is not None else None
+    suites = [junit.suite(cell.cell, cell.results, known) for cell in merged.cells]
 
+    def path(name: str) -> Path:
+        return output_file(folder / name, "out")
 
-def _known(merged: Merged) -> junit.Known:
-    """The ledger's text of a failing result, for the JUnit file."""
-    def known(result: CaseResult) -> str | None:
-        divergence = merged.ledger.find(result) if merged.ledger is not None else None
-        return f"{divergence.reason} ({divergence.issue})" if divergence else None
-
-    return known
+    return [atomic_write(path("merged.json"), json.dumps(document, indent=1) + "\n", "out"),
+            junit.write(path("junit.xml"), suites, "difftest matrix", field="out"),
+            atomic_write(path("heatmap.png"), png, "out"),
+            atomic_write(path("summary.md"), render_markdown(merged), "out"),
+            atomic_write(path("index.html"), render_html(merged, png), "out")]
 
 
 def _table(entries: tuple[Entry, ...]) -> list[list[str]]:
@@ -232,8 +230,10 @@ def _table(entries: tuple[Entry, ...]) -> list[list[str]]:
     what the backend loaded there."""
     header = ["backend @ version (device)", "cases", "-inf-mask mismatch", "NaN rows", "value rows", "verdict",
               "library loaded"]
-    return [header] + [_row(label, [e for e in entries if e.label == label])
-                       for label in dict.fromkeys(e.label for e in entries)]
+    by_label: dict[str, list[Entry]] = {}
+    for e in entries:
+        by_label.setdefault(e.label, []).append(e)
+    return [header] + [_row(label, mine) for label, mine in by_label.items()]
 
 
 def _row(label: str, entries: list[Entry]) -> list[str]:
@@ -269,15 +269,37 @@ def _headline(merged: Merged) -> str:
     return (f"{len(merged.cells)} cells, {len(merged.entries)} results, {failing} failing; {gate}{against}")
 
 
+# ASCII punctuation that means something inside a line of GitHub-flavoured Markdown (code, emphasis,
+# links and images, HTML, table cells, strike-through, entities, math); CommonMark lets any of it be
+# backslash-escaped. A '#' mid-line is plain text, and stays so that 'owner/repo#12' still links.
+_MARKDOWN = re.compile(r"([\\`*_\[\]<>|~&$])")
+
+
+def markdown_text(text: str) -> str:
+    """`text` from a report as Markdown shows it literally: its control characters (a terminal escape,
+    a newline that would end a table row) as Python escapes, then Markdown's punctuation escaped."""
+    return _MARKDOWN.sub(r"\\\1", one_line(text))
+
+
 def render_markdown(merged: Merged) -> str:
-    """summary.md: the headline, the table, then new, known, fixed and changed failures."""
+    """summary.md: the headline, the table, then new, known, fixed and changed failures. Names and
+    reasons come from the cells' reports, so they are escaped (markdown_text)."""
     table = _table(merged.entries)
     lines = ["# difftest matrix", "", f"**{_headline(merged)}**", "", "| " + " | ".join(table[0]) + " |",
              "|" + "---|" * len(table[0])]
-    lines += ["| " + " | ".join(row) + " |" for row in table[1:]]
+    lines += ["| " + " | ".join(markdown_text(value) for value in row) + " |" for row in table[1:]]
     for title, items in _sections(merged):
-        lines += ["", f"## {title} ({len(items)})", ""] + [f"- {item}" for item in items or ["none"]]
+        lines += ["", f"## {title} ({len(items)})", ""] + [f"- {markdown_text(item)}" for item in _listed(items)]
     return "\n".join(lines) + "\n"
+
+
+def _listed(items: list[str]) -> list[str]:
+    """The first MAX_LISTED of `items` and a line saying how many more merged.json holds; 'none' for none.
+    A GitHub step summary takes at most 1 MiB: a fuzz cell's failures listed one by one would not fit."""
+    if not items:
+        return ["none"]
+    more = len(items) - MAX_LISTED
+    return items[:MAX_LISTED] + ([f"... and {more} more (merged.json lists every result)"] if more > 0 else [])
 
 
 def render_html(merged: Merged, png: bytes) -> str:
@@ -286,11 +308,11 @@ def render_html(merged: Merged, png: bytes) -> str:
     cells = "".join(f"<th>{html.escape(h)}</th>" for h in table[0])
     body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in table[1:])
     parts = [f"<h1>difftest matrix</h1><p><b>{html.escape(_headline(merged))}</b></p>",
-             f'<img alt="-inf-mask mismatch rows per backend @ version and edge family" '
+             f'<img alt="wrong rows per backend @ version and edge family" '
              f'src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">',
              f"<table><tr>{cells}</tr>{body}</table>"]
     for title, items in _sections(merged):
-        listed = "".join(f"<li>{html.escape(item)}</li>" for item in items or ["none"])
+        listed = "".join(f"<li>{html.escape(item)}</li>" for item in _listed(items))
         parts.append(f"<h2>{html.escape(title)} ({len(items)})</h2><ul>{listed}</ul>")
     style = ("body{font-family:sans-serif;margin:2em}td,th{border:1px solid #ccc;padding:2px 6px}"
              "table{border-collapse:collapse}")
@@ -298,64 +320,3 @@ def render_html(merged: Merged, png: bytes) -> str:
             f"</head><body>{''.join(parts)}</body></html>\n")
 
 
-# --------------------------------------------------------------------------- the heatmap
-
-def heatmap_png(entries: tuple[Entry, ...]) -> bytes:
-    """The heatmap as PNG bytes: rows backend @ version, columns edge families, colour the -inf-mask
-    mismatch rows, 'x' where values were wrong, 'o' where NaN or unwritten, a diamond where a result
-    compared nothing (ERROR, CRASH, TIMEOUT); grey where nothing ran."""
-    import numpy as np  # deferred: with matplotlib, for the picture only
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # deferred: an optional dependency
-    from matplotlib.figure import Figure  # deferred: as above (no pyplot: no global figure state)
-
-    ran = [e for e in entries if e.verdict != Verdict.SKIP]
-    rows = list(dict.fromkeys(e.label for e in ran)) or ["(nothing ran)"]
-    columns = sorted({f for e in ran for f in e.families}) or [NO_FAMILY]
-    grid = np.full((len(rows), len(columns)), np.nan)
-    marks = heatmap_marks(ran, rows, columns)
-    for e in ran:
-        for family in e.families:
-            r, c = rows.index(e.label), columns.index(family)
-            grid[r, c] = (0 if math.isnan(grid[r, c]) else grid[r, c]) + e.mask_rows
-    figure = Figure(figsize=(5 + 0.5 * len(columns), 2.5 + 0.4 * len(rows)), layout="constrained")
-    FigureCanvasAgg(figure)
-    _draw(figure, grid, rows, columns, marks)
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100, metadata={"Software": None})  # no version: same bytes each time
-    return buffer.getvalue()
-
-
-def heatmap_marks(ran: list[Entry], rows: list[str], columns: list[str]) -> dict[str, list[tuple[int, int]]]:
-    """The (row, column) cells of each marker: 'x' wrong values, 'o' NaN or unwritten rows, 'D' a result
-    with no rows compared (ERROR, CRASH, TIMEOUT), which its colour alone would show as 0."""
-    marks: dict[str, list[tuple[int, int]]] = {"x": [], "o": [], "D": []}
-    for e in ran:
-        for family in e.families:
-            cell = (rows.index(e.label), columns.index(family))
-            for marker, present in (("x", e.value_rows), ("o", e.nan_rows), ("D", e.verdict in _NOTHING_COMPARED)):
-                if present and cell not in marks[marker]:
-                    marks[marker].append(cell)
-    return marks
-
-
-def _draw(figure: object, grid: object, rows: list[str], columns: list[str],
-          marks: dict[str, list[tuple[int, int]]]) -> None:
-    import numpy as np  # deferred: as in heatmap_png
-
-    axes = figure.subplots()  # type: ignore[attr-defined]
-    axes.set_facecolor("#dddddd")  # cells where nothing ran show through the masked values
-    image = axes.imshow(np.ma.masked_invalid(grid), cmap="Reds", vmin=0, aspect="auto")
-    figure.colorbar(image, ax=axes, label="-inf-mask mismatch rows")  # type: ignore[attr-defined]
-    axes.set_xticks(range(len(columns)), columns, rotation=60, ha="right", fontsize=8)
-    axes.set_yticks(range(len(rows)), rows, fontsize=8)
-    for (r, c), value in np.ndenumerate(grid):
-        if not np.isnan(value):
-            axes.text(c, r, f"{value:g}", ha="center", va="center", fontsize=7, color="tab:blue")
-    styles = {"x": {"c": "black"}, "o": {"facecolors": "none", "edgecolors": "black"},
-              "D": {"facecolors": "none", "edgecolors": "tab:purple"}}
-    for marker, label in (("x", "wrong values"), ("o", "NaN / unwritten"), ("D", "ERROR / CRASH / TIMEOUT")):
-        if marks[marker]:
-            ys, xs = zip(*marks[marker], strict=True)
-            axes.scatter(xs, ys, marker=marker, s=30, label=label, **styles[marker])
-    if any(marks.values()):
-        axes.legend(loc="upper left", bbox_to_anchor=(0, -0.35), fontsize=7, frameon=False)

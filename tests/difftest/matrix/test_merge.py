@@ -12,16 +12,13 @@ import base64
 import json
 import os
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 import torch
-from junitparser import JUnitXml
 
-from difftest.core.hardware import DeviceKind
 from difftest.core.kinds import ExitStatus
-from difftest.core.verdict import Verdict
-from difftest.matrix.merge import Entry, heatmap_marks
 from tests.support import run_cli
 
 KERNEL = '''
@@ -105,8 +102,8 @@ def test_a_cell_writes_its_report_and_junit(reports):
                                        "suite": "tiny"}, report["run"]
     verdicts = {r["backend"]: r["verdict"] for r in report["results"]}
     assert verdicts == {"torch": "PASS", "kern": "FAIL(mask)"}, verdicts
-    junit = JUnitXml.fromfile(str(reports["bad"].with_name("junit.xml")))
-    assert (junit.tests, junit.failures) == (2, 1), junit.tostring()
+    junit = ET.parse(reports["bad"].with_name("junit.xml")).getroot()
+    assert (junit.get("tests"), junit.get("failures")) == ("2", "1"), ET.tostring(junit)
 
 
 def test_a_regression_against_the_baseline_fails_the_merge(reports):
@@ -126,8 +123,9 @@ def test_a_ledgered_divergence_does_not_fail_the_merge(reports):
     code, out = _merge("--out", str(tmp / "known"), "--ledger", str(ledger), str(reports["bad"]))
     assert code == ExitStatus.OK, out
     assert "## Known divergences (ledgered) (1)" in out and "planted (a/b#1)" in out, out
-    junit = JUnitXml.fromfile(str(tmp / "known" / "junit.xml"))
-    assert (junit.failures, junit.skipped) == (0, 1), junit.tostring()
+    junit = ET.parse(tmp / "known" / "junit.xml").getroot()
+    assert (junit.get("failures"), junit.get("skipped")) == ("0", "1"), ET.tostring(junit)
+    assert junit.find("testsuite/testcase/skipped").get("type") == "xfail", ET.tostring(junit)
 
 
 def test_a_fix_is_listed_and_the_outputs_are_whole(reports):
@@ -177,16 +175,3 @@ def test_a_bad_baseline_is_one_line(reports, tmp_path):
     code, _, err = run_cli(["matrix", "merge", "--out", str(tmp_path / "o"), "--baseline", str(bad),
                             str(reports["good"])])
     assert code == ExitStatus.USAGE and err.count("\n") == 1 and "results[0]" in err, err
-
-
-def test_a_result_that_compared_nothing_is_marked_not_shown_as_zero_mismatches():
-    def entry(backend: str, verdict: Verdict, mask_rows: int = 0) -> Entry:
-        return Entry(cell="sm90/v/quick", device=DeviceKind.SM90, version="v", library="installed", backend=backend,
-                     case="c-s0", families=("heads",), verdict=verdict, rows=0 if verdict == Verdict.ERROR else 4,
-                     mask_rows=mask_rows, nan_rows=0, value_rows=0)
-
-    ran = [entry("a", Verdict.ERROR), entry("b", Verdict.PASS), entry("c", Verdict.CRASH),
-           entry("d", Verdict.FAIL_MASK, 2)]
-    rows = [e.label for e in ran]
-    marks = heatmap_marks(ran, rows, ["heads"])
-    assert marks == {"x": [], "o": [], "D": [(0, 0), (2, 0)]}, f"{marks=}"
