@@ -15,11 +15,9 @@ from __future__ import annotations
 import shlex
 from pathlib import PurePosixPath
 
-from difftest import __version__
 from difftest.core.errors import require
 from difftest.core.kinds import CiSystem
-from difftest.core.schema import RELEASE
-from difftest.matrix.definition import Cell, DifftestSource, Install, MatrixPlan, Source
+from difftest.matrix.definition import Cell, Install, MatrixPlan, Source
 
 CELLS_DIR = "difftest-matrix"  # where each cell's folder goes, in its job and in the merge job
 MERGED_DIR = "difftest-merged"
@@ -43,8 +41,11 @@ def _run_command(plan: MatrixPlan, cell: Cell) -> str:
 
 def install_difftest(plan: MatrixPlan) -> str:
     """The pip command that installs difftest with its matrix extra, as the matrix's [matrix.difftest]
-    says; without one, the release of the difftest running now (SpecError when that is no release)."""
-    source = plan.matrix.difftest or _this_release(plan)
+    says. There is no default: the name `difftest` on PyPI is another project's until this one is
+    published there, so an unpinned `pip install difftest` would install that (SpecError without one)."""
+    source = plan.matrix.difftest
+    require(source is not None, f"{plan.matrix.path} matrix.difftest", None,
+            "a [matrix.difftest] table naming how CI installs difftest: version, git (and ref) or wheel")
     if source.how == Install.VERSION:
         requirement = f"difftest[matrix]=={source.target}"
     elif source.how == Install.GIT:
@@ -54,12 +55,6 @@ def install_difftest(plan: MatrixPlan) -> str:
         wheel = PurePosixPath(plan.matrix.resolve(source.target).as_posix())
         requirement = f"{wheel if wheel.is_absolute() else f'./{wheel}'}[matrix]"  # './': pip reads a path
     return shlex.join(["python", "-m", "pip", "install", requirement])
-
-
-def _this_release(plan: MatrixPlan) -> DifftestSource:
-    require(RELEASE.fullmatch(__version__) is not None, f"{plan.matrix.path} matrix.difftest", None,
-            f"a version, git URL or wheel: this difftest ({__version__}) is no release pip can install")
-    return DifftestSource(Install.VERSION, __version__)
 
 
 def _install_command(cell: Cell) -> list[str]:

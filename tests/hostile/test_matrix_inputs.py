@@ -25,7 +25,8 @@ from difftest.records.report import write_json
 from difftest.workflows.running import run
 from tests.support import run_cli
 
-MATRIX = '[matrix]\nbackends = ["torch"]\n[matrix.devices.cpu]\nrunner = "ubuntu-latest"\n[matrix.suites.q]\n'
+MATRIX = ('[matrix]\nbackends = ["torch"]\n[matrix.devices.cpu]\nrunner = "ubuntu-latest"\n[matrix.suites.q]\n'
+          '[matrix.difftest]\nversion = "0.1.0"\n')
 SPEC = CaseSpec(lengths=(0, 1, 16, 17), next_n=2, heads=2, head_dim=16, block_size=16, max_model_len=32)
 CELL = {"cell": "cpu/installed/tiny", "device": "cpu", "version": "installed", "library": "installed",
         "suite": "tiny"}
