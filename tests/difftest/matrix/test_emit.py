@@ -61,8 +61,8 @@ def test_one_job_per_cell_each_installing_difftest_then_the_project():
     assert all(step.get("if") == "always()" for job in cells.values() for step in job["steps"] if "uses" in step
                and "upload-artifact" in step["uses"]), "a cell's report is uploaded even when its job fails"
     runs = [step["run"] for step in cells["sm90_vllm-0_33_0_quick"]["steps"] if "run" in step]
-    assert runs[:3] == ["python -m pip install './ci/difftest-0.1.0-py3-none-any.whl[matrix]'", "python -m pip install -e .",
-                        "python -m pip install vllm==0.33.0"], runs
+    assert runs[:3] == ["python -m pip install './ci/difftest-0.1.0-py3-none-any.whl[matrix]'",
+                        "python -m pip install -e .", "python -m pip install vllm==0.33.0"], runs
     assert cells["sm90_vllm-0_33_0_quick"]["runs-on"] == ["self-hosted", "h200"]
     merge_runs = [step["run"] for step in jobs["merge"]["steps"] if "run" in step]
     assert merge_runs[0] == runs[0] and "python -m pip install -e ." not in merge_runs, "the merge runs no kernel"
