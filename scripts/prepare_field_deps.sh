@@ -24,8 +24,9 @@ if [ "${1:-}" = --tilelang ]; then
       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
       tilelang==0.1.12 apache-tvm-ffi==0.1.11 z3-solver==4.15.4.0 ml-dtypes==0.7.0 cloudpickle==3.1.3 \
       psutil==7.2.2 tqdm==4.70.1
-    # Not needed to compile or run a kernel: other backends' sources, console scripts, FFI test library.
-    rm -rf "$site/tilelang/src/ascend" "$site/bin" "$site/tvm_ffi/lib/libtvm_ffi_testing.so"
+    # Not needed to compile or run a kernel: another backend's sources, console scripts. (tvm_ffi's
+    # libtvm_ffi_testing.so stays: apache-tvm-ffi 0.1.11's core links it.)
+    rm -rf "$site/tilelang/src/ascend" "$site/bin"
     # pip --target writes the libz3.so symlink as a second copy of the 22 MB library.
     if cmp -s "$site/z3/lib/libz3.so" "$site/z3/lib/libz3.so.4.15"; then
       ln -sf libz3.so.4.15 "$site/z3/lib/libz3.so"
