@@ -10,7 +10,7 @@
 # On the device, from the project root, one call per letter (each under 10 minutes; ONLY=regex picks steps):
 #   ONLY='^a' bash scripts/h200_field.sh /tmp/field; tar czf $OUT/field-a.tgz -C /tmp field
 # a-e carry [".device-deps", ".whl"]; f carries [".device-deps/field", ".device-tilelang", ".whl"] (TileLang,
-# 38 MB, does not fit beside .device-deps). Order of value: a (Step5), b (FlagGems' schedule), e (fuzz),
+# 40 MB, does not fit beside .device-deps). Order of value: a (Step5), b (FlagGems' schedule), e (fuzz),
 # f (TileLang), c (DeepGEMM 0.34.0, sglang's reference), d (FlashInfer's reference).
 # Writes OUTDIR/<step>.txt (the command, its output, its exit status: scripts/device_env.sh `step`) and
 # OUTDIR/raw/ (JSON reports, streams, bundles: not committed). A step's failure never stops the next one;

@@ -7,7 +7,7 @@
 #                         (DIFFTEST_WHEEL_CACHE) or the index
 #   .device-tilelang/     with --tilelang only: tilelang-0.1.12-site.tar.xz, tilelang 0.1.12 (the release
 #                         sglang 0.5.23 pins) and the Python 3.12 wheels it needs, installed into one folder
-#                         (about 42 MB). It does not fit under the device's 64 MiB carry beside .device-deps
+#                         (39.6 MB). It does not fit under the device's 64 MiB carry beside .device-deps
 #                         (about 43 MB with the version axis), so it travels in a call of its own:
 #                         carry [".device-deps/field", ".device-tilelang", ".whl"] (README of reports/h200/field).
 set -euo pipefail
