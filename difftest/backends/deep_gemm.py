@@ -1,16 +1,29 @@
 """DeepGEMM's paged MQA logits, called as vLLM 0.33's indexer calls it (docs/reference/kernel.md).
 
-    meta = get_paged_mqa_logits_metadata(context_lens, block_size, num_sms[, indices])
+    meta = get_paged_mqa_logits_metadata(context_lens, block_size, num_sms[, indices=indices])
     logits = fp8_fp4_paged_mqa_logits((q, None), kv_cache, weights, context_lens, block_table,
-                                      meta, max_model_len[, indices])
+                                      meta, max_model_len[, logits_dtype=...][, indices=indices])
 
-Three variants of one backend (the VARIANTS table), so they can be compared with each other as
-well as with the oracle:
+`indices` and `logits_dtype` go by keyword, as vLLM's wrappers pass them (vllm/utils/deep_gemm.py,
+0.33.0 :707-799, 0.34.0 :776-870): the two vendored builds differ in where they take them (0.33.0's
+_C.py:187-188 `(..., max_context_len, indices=None)`, 0.34.0's :189-190 `(..., max_context_len,
+logits_dtype=torch.float32, indices=None)`), so a positional `indices` would be 0.34.0's logits_dtype.
+DeepGEMM returns its logits as the view `[:, :max_context_len]` of rows padded to a multiple of the
+split size and of 1024 bytes (the host's `aligned_max_context_len`); vLLM hands that view to its top-k
+with its row stride, and so does this backend: difftest reads the view through its strides.
+
+Variants of one backend (the VARIANTS table), so they can be compared with each other as well as with
+the oracle:
 * deepgemm           native MTP: (B, next_n) lengths; sm90 takes next_n in {1, 2, 4}, and at
                      next_n = 4 the schedule is built for num_sms // 2 slots.
 * deepgemm-flattened every draft row as its own request of next_n = 1, (T, 1) lengths and the
                      block-table rows repeated: what vLLM does for next_n the kernel cannot take.
 * deepgemm-varlen    flattened rows plus `indices` (request id per row); sm100 only.
+* deepgemm-bf16-logits  native MTP with `logits_dtype=torch.bfloat16`: vLLM 0.34's indexer with
+                     `indexer_logits_dtype = "bfloat16"` on sm90 (vllm/config/attention.py:135, resolved at
+                     model_executor/layers/sparse_attn_indexer.py:1323-1325; fp32 weights, which the host
+                     allows with bf16 logits). DeepGEMM trees whose entry point takes no logits_dtype
+                     (vllm 0.33.0's) make it unavailable.
 
 The envelope facts are those of the pinned DeepGEMM 2.8.1, vLLM 0.33.0's vendored copy
 (as scripts/prepare_device.sh carries it to the GPU machine). Its host code is
@@ -24,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -90,6 +104,7 @@ class Variant:
     flattened: bool  # (T, 1) lengths: every query row a request of next_n = 1
     indices: bool  # passes the request id of each row (`indices`): the varlen form
     slowdown: float  # the most it may take, as a multiple of its fastest sibling's time on a case (Siblings)
+    logits_dtype: torch.dtype | None = None  # passed as `logits_dtype=`; None: not passed (the entry point's float32)
 
     def contract(self, library: str) -> Contract:
         """The whole envelope of this variant on the archs it runs on."""
@@ -104,7 +119,7 @@ class Variant:
             head_dims=HEAD_DIMS, block_sizes=SM90_BLOCK_SIZES, heads=SM90_HEADS, max_context=MAX_CONTEXT,
             tiles=(SM90_COMPUTE_BLOCK_KV, SM90_SPLIT_KV),
             partition=SM90_FLAT_PARTITION if self.flattened else SM90_PARTITION,
-            output_dtype=torch.float32, rtol=RTOL, library=library, siblings=siblings,
+            output_dtype=self.logits_dtype or torch.float32, rtol=RTOL, library=library, siblings=siblings,
             batchable=True)
 
 
@@ -132,6 +147,9 @@ VARIANTS: dict[str, Variant] = {
     "deepgemm-flattened": Variant(LengthEncoding.FLATTENED, ("sm90",), flattened=True, indices=False, slowdown=2.0),
     "deepgemm-varlen": Variant(LengthEncoding.FLATTENED_INDICES, ("sm100", "sm103"), flattened=True, indices=True,
                                slowdown=2.0),
+    # The same kernel storing bf16 (impl's logits_dtype_t): it writes half the bytes, so no slower than native.
+    "deepgemm-bf16-logits": Variant(LengthEncoding.PER_ROW, ("sm90",), flattened=False, indices=False, slowdown=1.25,
+                                    logits_dtype=torch.bfloat16),
 }
 
 
@@ -168,7 +186,8 @@ def library_name() -> str:
     return how if module is not None else "deep_gemm (not importable)"
 
 
-def _module() -> ModuleType:
+def loaded_module() -> ModuleType:
+    """The DeepGEMM found (load_deep_gemm); RuntimeError saying why when none is."""
     module, how = load_deep_gemm()
     if module is None:
         raise RuntimeError(f"DeepGEMM not importable: {how}")
@@ -206,7 +225,18 @@ class DeepGemm:
             return f"DeepGEMM not importable ({how})"
         if hardware.arch() not in self.variant.archs:
             return f"{self.name} needs {'/'.join(self.variant.archs)}, this GPU is {hardware.arch()}"
-        return None
+        return self.signature_reason(module)
+
+    def signature_reason(self, module: ModuleType) -> str | None:
+        """Why the entry point found cannot take this variant's keywords, or None."""
+        wanted = [*self.dtype_keyword(), *(["indices"] if self.variant.indices else [])]
+        try:
+            taken = inspect.signature(_logits_fn(module)).parameters
+        except (TypeError, ValueError):  # a builtin without a signature: let the call say
+            return None
+        missing = [name for name in wanted if name not in taken]
+        return f"{_logits_fn(module).__qualname__} of {library_name()} takes no {', '.join(missing)}" if missing \
+            else None
 
     def num_sms(self, module: ModuleType, next_n: int) -> int:
         """Schedule slots: the SM count, halved where the partition says (sm90 next_n = 4)."""
@@ -225,28 +255,34 @@ class DeepGemm:
 
     def schedule(self, inputs: KernelInputs) -> torch.Tensor:
         """The schedule metadata vLLM builds once per step from the step's lengths."""
-        module = _module()
+        module = loaded_module()
         slots = self.num_sms(module, inputs.q.shape[1])
         return module.get_paged_mqa_logits_metadata(self.context_lens(inputs), inputs.block_size, slots,
-                                                    *self.extra(inputs))
+                                                    **self.indices_keyword(inputs))
 
     def launch(self, inputs: KernelInputs, schedule: torch.Tensor) -> torch.Tensor:
         """The logits kernel alone, on a schedule from `schedule()`."""
-        return _logits_fn(_module())((inputs.q, None), inputs.kv_cache, inputs.weights,
-                                     self.context_lens(inputs), inputs.block_table, schedule,
-                                     inputs.max_model_len, *self.extra(inputs))
+        return _logits_fn(loaded_module())((inputs.q, None), inputs.kv_cache, inputs.weights,
+                                           self.context_lens(inputs), inputs.block_table, schedule,
+                                           inputs.max_model_len, **self.dtype_keyword(),
+                                           **self.indices_keyword(inputs))
 
     def context_lens(self, inputs: KernelInputs) -> torch.Tensor:
         """The lengths as the variant passes them; DeepGEMM 2.x requires 2-D ones even at next_n = 1,
         so flattened rows go in as (T, 1), as vLLM passes them."""
         return inputs.context_lens.reshape(-1, 1) if self.variant.flattened else inputs.context_lens
 
-    def extra(self, inputs: KernelInputs) -> tuple[torch.Tensor, ...]:
-        """The trailing `indices` argument of the varlen form; nothing otherwise."""
+    def dtype_keyword(self) -> dict[str, torch.dtype]:
+        """`logits_dtype=` where the variant sets one (vLLM 0.34 passes it by keyword); nothing otherwise."""
+        return {} if self.variant.logits_dtype is None else {"logits_dtype": self.variant.logits_dtype}
+
+    def indices_keyword(self, inputs: KernelInputs) -> dict[str, torch.Tensor]:
+        """`indices=` (the request id of each row) of the varlen form, by keyword as vLLM passes it to both
+        calls; nothing otherwise."""
         if not self.variant.indices:
-            return ()
+            return {}
         assert inputs.indices is not None, "a FLATTENED_INDICES encoding carries indices"
-        return (inputs.indices,)
+        return {"indices": inputs.indices}
 
 
 BACKENDS: dict[str, Callable[[], Backend]] = {name: functools.partial(DeepGemm, name) for name in VARIANTS}

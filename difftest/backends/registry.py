@@ -29,6 +29,10 @@ BUILTIN_MODULES = (
     "difftest.backends.aiter_triton",
     "difftest.backends.aiter_rocm",
     "difftest.backends.vllm_indexer",
+    "difftest.backends.vllm_step5",
+    "difftest.backends.sglang",
+    "difftest.backends.flashinfer",
+    "difftest.backends.flag_gems",
 )
 _TARGET = "'package.module:object'"
 

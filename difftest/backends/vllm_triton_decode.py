@@ -30,8 +30,6 @@ import contextlib
 import dataclasses
 import functools
 import os
-import re
-import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -39,6 +37,7 @@ from types import ModuleType
 
 import torch
 
+from difftest.backends import carried
 from difftest.core import hardware
 from difftest.core.kernel_inputs import KernelInputs
 from difftest.core.triton_interpret import global_names, interpreter_compat, load_kernel_defs
@@ -67,10 +66,7 @@ class KernelTree:
 
     def version(self) -> str | None:
         """__version__ of vllm/_version.py, read as text; None when the tree has none."""
-        path = self.root / VERSION_FILE
-        found = re.search(r"__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]",
-                          path.read_text()) if path.is_file() else None
-        return found.group(1) if found else None
+        return carried.CarriedFile(self.root, FILE).version((VERSION_FILE,))
 
     def describe(self) -> str:
         """The library as contracts and reports name it: version, function and the file it came from."""
@@ -79,11 +75,8 @@ class KernelTree:
 
 def find_tree(entries: Iterable[str] | None = None) -> KernelTree | None:
     """The first of `entries` (sys.path by default) holding FILE; '' is the working directory."""
-    for entry in sys.path if entries is None else entries:
-        root = Path(entry or ".")
-        if (root / FILE).is_file():
-            return KernelTree(root.resolve())
-    return None
+    found = carried.find((FILE,), entries)
+    return None if found is None else KernelTree(found.root)
 
 
 def carried_tree() -> KernelTree | None:

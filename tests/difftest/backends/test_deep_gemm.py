@@ -5,13 +5,17 @@ next_n = 4 schedule, and the zero-length-request finding
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
-from difftest.backends import load_backend
+import difftest
+from difftest.backends import deep_gemm, load_backend
 from difftest.backends.deep_gemm import VARIANTS, DeepGemm, describe, load_deep_gemm
 from difftest.core import hardware
 from difftest.core.contract import WorkPartition
@@ -25,7 +29,7 @@ from difftest.generators.cases import suite
 from difftest.oracles.reference import make_reference
 
 ENCODINGS = {"deepgemm": LengthEncoding.PER_ROW, "deepgemm-flattened": LengthEncoding.FLATTENED,
-             "deepgemm-varlen": LengthEncoding.FLATTENED_INDICES}
+             "deepgemm-varlen": LengthEncoding.FLATTENED_INDICES, "deepgemm-bf16-logits": LengthEncoding.PER_ROW}
 MODULE, HOW = load_deep_gemm()
 ON_SM90 = torch.cuda.is_available() and MODULE is not None and hardware.arch() == "sm90"
 NOT_SM90 = ("needs an sm90 GPU with DeepGEMM importable: "
@@ -58,6 +62,11 @@ def test_the_sm90_variants_declare_the_kernels_schedule():
     assert native.partition == WorkPartition(256, PartitionScope.GLOBAL, None, halved_at_next_n=(4,))
     assert flattened.partition == WorkPartition(256, PartitionScope.GLOBAL, None)
     assert native.partition.worker_count(4, 132) == 66 and flattened.partition.worker_count(4, 132) == 132
+
+
+def test_bf16_logits_is_the_native_envelope_storing_bf16():
+    native, bf16 = load_backend("deepgemm").contract, load_backend("deepgemm-bf16-logits").contract
+    assert bf16 == dataclasses.replace(native, output_dtype=torch.bfloat16)
 
 
 def test_varlen_declares_sm100_and_leaves_unknown_facts_unknown():
@@ -152,3 +161,80 @@ def test_the_request_after_an_empty_one_gets_its_q(name):
     own = make_reference(case).logits[2, :1]
     assert torch.allclose(got, borrowed, rtol=1e-2), f"{got=} {borrowed=} {own=}"
     assert not torch.allclose(got, own, rtol=1e-2)
+
+
+# --------------------------------------------------------------------------- the call's binding, on the CPU
+
+# get_paged_mqa_logits_metadata is the torch op itself in both vendored builds (_C.py `_bind_guarded_ops`),
+# with the schema the .so registers: "get_paged_mqa_logits_metadata(Tensor context_lens, int block_kv,
+# int num_sms, Tensor? indices=None) -> Tensor" (the same string in vllm 0.33.0's and 0.34.0's builds).
+METADATA_PARAMETERS = "context_lens, block_kv, num_sms, indices=None"
+
+
+def signature_of(source: str, name: str) -> str:
+    """The parameters of the function `name` defines in `source`, as written there."""
+    node = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef) and n.name == name)
+    return ast.unparse(node.args)
+
+
+def bound_arguments(parameters: str) -> Callable[..., dict]:
+    """A function with these parameters that returns how a call bound its arguments: a fake of the
+    signature alone, so that how the adapter calls is checked, not what the library computes."""
+    namespace = {"torch": torch}
+    exec(f"def bound({parameters}):\n    return dict(locals())", namespace)
+    return namespace["bound"]
+
+
+@pytest.fixture
+def vendored_api(field_tree: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], types.SimpleNamespace]:
+    """deep_gemm as the backend sees it, with each vendored build's Python signatures (read from the
+    release wheel's _C.py, never loaded) and SM count 132."""
+
+    def install(release: str) -> types.SimpleNamespace:
+        source = (field_tree / f"deep_gemm-api-{release}" / "vllm/third_party/deep_gemm/_C.py").read_text()
+        module = types.SimpleNamespace(
+            fp8_fp4_paged_mqa_logits=bound_arguments(signature_of(source, "fp8_fp4_paged_mqa_logits")),
+            get_paged_mqa_logits_metadata=bound_arguments(METADATA_PARAMETERS), get_num_sms=lambda: 132)
+        monkeypatch.setattr(deep_gemm, "loaded_module", lambda: module)
+        return module
+
+    return install
+
+
+@pytest.mark.parametrize("release", ["vllm-0.33.0", "vllm-0.34.0"])
+def test_varlen_passes_indices_by_keyword_to_both_calls_whatever_stands_before_it(vendored_api, release):
+    """0.34.0's entry point takes logits_dtype before indices: a positional indices would land there."""
+    vendored_api(release)
+    backend = DeepGemm("deepgemm-varlen")
+    inputs = encode(build_case(CaseSpec(batch=3, next_n=2, block_size=64, max_model_len=128), 0), backend.contract)
+    metadata = backend.schedule(inputs)
+    assert metadata["indices"] is inputs.indices and metadata["num_sms"] == 132
+    logits = backend.launch(inputs, metadata)
+    assert logits["indices"] is inputs.indices and logits["schedule_meta"] is metadata
+    assert logits.get("logits_dtype", torch.float32) == torch.float32
+
+
+def test_bf16_logits_needs_the_entry_point_that_takes_logits_dtype(vendored_api):
+    backend = DeepGemm("deepgemm-bf16-logits")
+    old = vendored_api("vllm-0.33.0")
+    assert backend.signature_reason(old) == \
+        f"bound of {deep_gemm.library_name()} takes no logits_dtype"
+    vendored_api("vllm-0.34.0")
+    inputs = encode(build_case(CaseSpec(batch=2, next_n=2, block_size=64, max_model_len=128), 0), backend.contract)
+    assert backend.signature_reason(deep_gemm.loaded_module()) is None
+    logits = backend.launch(inputs, backend.schedule(inputs))
+    assert (logits["logits_dtype"], logits["indices"]) == (torch.bfloat16, None)
+
+
+def test_the_row_padded_view_deepgemm_returns_is_read_through_its_strides():
+    """DeepGEMM returns `[:, :max_context_len]` of rows padded to 256 columns; what lies between a row's
+    end and the next row's start (garbage, in DeepGEMM) must not be read as the next row."""
+    case = build_case(CaseSpec(batch=3, next_n=2, heads=32, block_size=64, max_model_len=100), 0)
+    expected = make_reference(case).logits.float()
+    padded = torch.full((case.rows, 256), float("nan"))
+    padded[:, :100] = expected
+    contract = dataclasses.replace(load_backend("deepgemm").contract, devices=("cpu",), archs=None)
+    view = padded[:, :100]
+    assert view.stride(0) == 256
+    result = difftest.check(difftest.backend(contract, name="row-padded-view")(lambda *args: view), case)
+    assert result.verdict == Verdict.PASS

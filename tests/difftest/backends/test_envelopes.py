@@ -13,7 +13,18 @@ import inspect
 
 import pytest
 
-from difftest.backends import aiter_rocm, aiter_triton, deep_gemm, load_backend, torch_ref, vllm_indexer
+from difftest.backends import (
+    aiter_rocm,
+    aiter_triton,
+    deep_gemm,
+    flag_gems,
+    flashinfer,
+    load_backend,
+    sglang,
+    torch_ref,
+    vllm_indexer,
+    vllm_step5,
+)
 from difftest.backends.user import FunctionBackend
 from difftest.core.contract import WorkingMemory, WorkPartition
 from difftest.core.kinds import PartitionScope
@@ -22,7 +33,8 @@ from difftest.generators.envelope import EdgeFamily, Target, envelope_specs
 from tests.user_backends import raises
 
 TABLES = {aiter_triton: aiter_triton.VARIANTS, aiter_rocm: aiter_rocm.WRAPPERS, deep_gemm: deep_gemm.VARIANTS,
-          vllm_indexer: vllm_indexer.PATHS}
+          vllm_indexer: vllm_indexer.PATHS, vllm_step5: vllm_step5.CALLERS, sglang: sglang.PATHS,
+          flashinfer: flashinfer.VARIANTS}
 
 
 @pytest.mark.parametrize("module", TABLES, ids=lambda m: m.__name__.rsplit(".", 1)[1])
@@ -88,7 +100,8 @@ def test_aiter_stage1_declares_the_per_head_buffer_its_caller_holds(name):
 
 def test_no_other_backend_declares_working_memory():
     """DeepGEMM, vLLM's paths and torch return (or fill) the logits and hold nothing of that size besides."""
-    others = [*deep_gemm.VARIANTS, *vllm_indexer.PATHS, *torch_ref.BACKENDS]
+    others = [*deep_gemm.VARIANTS, *vllm_indexer.PATHS, *torch_ref.BACKENDS, *vllm_step5.CALLERS, "sglang-tilelang",
+              *flashinfer.VARIANTS, *flag_gems.BACKENDS]
     assert {name: load_backend(name).contract.working_memory for name in others} == dict.fromkeys(
         others, WorkingMemory())
 
@@ -113,6 +126,17 @@ def test_on_an_h200_stage1_leaves_the_2_31_logit_cases_out_and_the_fused_kernels
         assert "GB kernel working memory" in reason and f"{H200.memory_bytes / 1e9:.1f} GB allowed" in reason, reason
         working = float(reason.split(" GB kernel working memory")[0].rsplit(" ", 1)[1]) * 1e9
         assert working > (512 << 30), f"{working=}: 4 bytes per head (64) per logit (2^31)"
+
+
+def test_on_an_h200_sglangs_torch_reference_leaves_the_2_31_logit_cases_out():
+    """It gathers and widens every page it reads (about 540 bytes per logit, 8 more per head): 2^31 logits
+    would need terabytes. The Triton and TileLang kernels, which allocate only their output, keep them."""
+    for name, reached in (("sglang-torch-ref", set()), ("sglang-tilelang", LOGITS_2_31), ("vllm-step5", LOGITS_2_31)):
+        planned = envelope_specs(load_backend(name).contract, H200)[0]
+        assert {p.spec.name for p in planned if EdgeFamily.LOGITS_2_31_ELEMENTS in p.families} == reached, name
+    reasons = [o.reason for o in envelope_specs(load_backend("sglang-torch-ref").contract, H200)[1]
+               if o.family == EdgeFamily.LOGITS_2_31_ELEMENTS]
+    assert len(reasons) == 2 and all("GB kernel working memory" in reason for reason in reasons), reasons
 
 
 def _planned_only(name: str) -> FunctionBackend:
@@ -168,7 +192,8 @@ def test_plain_torch_backends_have_no_envelope(name):
     assert (c.tiles, c.partition, c.heads_multiple_of, c.heads_power_of_two) == ((), None, 1, False)
 
 
-@pytest.mark.parametrize("module", [torch_ref, deep_gemm, aiter_triton, aiter_rocm, vllm_indexer],
+@pytest.mark.parametrize("module", [torch_ref, deep_gemm, aiter_triton, aiter_rocm, vllm_indexer, vllm_step5, sglang,
+                                    flashinfer, flag_gems],
                          ids=lambda m: m.__name__.rsplit(".", 1)[1])
 def test_backends_ask_difftest_hardware_about_the_gpu(module):
     """One reason string and one arch spelling: no backend's code asks torch itself."""

@@ -32,10 +32,11 @@ from tests import broken_backends as bb
 from tests import user_backends as ub
 
 BUILTIN_NAMES = (
-    "torch", "deepgemm", "deepgemm-flattened", "deepgemm-varlen",
+    "torch", "deepgemm", "deepgemm-flattened", "deepgemm-varlen", "deepgemm-bf16-logits",
     "aiter-triton-stage1", "aiter-triton-fused", "aiter-triton-stage1-ragged", "aiter-triton-fused-ragged",
     "aiter-rocm-stage1", "aiter-rocm-fused", "aiter-rocm-stage1-ragged", "aiter-rocm-fused-ragged",
-    "vllm-torch-ref", "vllm-triton-decode", "vllm-deepgemm",
+    "vllm-torch-ref", "vllm-triton-decode", "vllm-deepgemm", "vllm-step5", "vllm-step5-paired",
+    "sglang-torch-ref", "sglang-tilelang", "flashinfer", "flashinfer-ref", "deepgemm-flaggems-schedule",
 )
 
 
