@@ -95,6 +95,7 @@ STABILITY_KINDS = ("bitwise-stable", "stable-within-tolerance", "unstable")
 MASK_PATTERNS = ("no-window", "mtp-mirrored", "per-sequence-length", "constant-offset", "shifted-by-one-request",
                  "tail-not-cleaned", "unknown")  # difftest.engine.explain.Pattern
 MASK_LIMITS = 256  # difftest.engine.comparison.MASK_LIMITS: wrong-mask rows whose limits a comparison records
+MAX_TRACEBACK = 1 << 14  # difftest.engine.guards.MAX_TRACEBACK_CHARS: characters of a result's traceback
 # CaseSpec's defaults (difftest.generators.spec.CaseSpec), likewise restated and checked.
 SPEC_DEFAULTS: dict[str, Any] = {
     "name": "random", "batch": 4, "next_n": 1, "heads": 32, "head_dim": 64, "block_size": 16,
@@ -481,6 +482,7 @@ class ResultModel(Model):
     reach: ReachModel | None = None
     timing: TimingModel | None = None
     library: Text() = ""  # reports written before it have none
+    traceback: Text(MAX_TRACEBACK) | None = None
 
 
 class OmittedModel(Model):

@@ -151,14 +151,19 @@ def render_devices(results: list[CaseResult]) -> str:
     return "results per device: " + ", ".join(f"{gpu}: {n}" for gpu, n in counts.items())
 
 
-def render_failures(results: list[CaseResult], limit: int = 20) -> str:
-    """One block per failing (backend, case): verdict, mask rows, first mismatch or the error, and
-    what the guards found (inputs written, launches disagreeing, sanitizer errors)."""
+TRACEBACK_LINES = 12  # lines of a traceback a failure block shows unless asked for all: the innermost frames
+
+
+def render_failures(results: list[CaseResult], limit: int = 20, whole_tracebacks: bool = False) -> str:
+    """One block per failing (backend, case): verdict, mask rows, first mismatch or the error with its
+    traceback (the last TRACEBACK_LINES lines, or all of it with `whole_tracebacks`), and what the guards
+    found (inputs written, launches disagreeing, sanitizer errors)."""
     lines = []
     for r in [r for r in results if r.verdict.failed][:limit]:
         lines.append(f"{r.backend} on {r.case} [{r.description}]: {r.verdict.value} "
                      f"(encoding {r.encoding.value}{', overridden' if r.overridden else ''})")
-        lines += [f"    {line}" for line in _comparison_lines(r) + _guard_lines(r)]
+        lines += [f"    {line}" for line in _comparison_lines(r) + _traceback_lines(r, whole_tracebacks)
+                  + _guard_lines(r)]
     hidden = sum(r.verdict.failed for r in results) - limit
     if hidden > 0:
         lines.append(f"... and {hidden} more failing results in the JSON report")
@@ -184,6 +189,17 @@ def _comparison_lines(r: CaseResult) -> list[str]:
         lines.append(f"first mismatch: row {m.row}, position {m.position}: expected {m.expected!r}, "
                      f"got {m.got!r} ({m.kind.value})")
     return lines + _mask_lines(c)
+
+
+def _traceback_lines(r: CaseResult, whole: bool) -> list[str]:
+    """The result's traceback, indented, cut to its last TRACEBACK_LINES lines unless `whole`."""
+    if not r.traceback:
+        return []
+    lines = r.traceback.rstrip("\n").splitlines()
+    cut = 0 if whole else max(0, len(lines) - TRACEBACK_LINES)
+    head = [f"traceback (its last {len(lines) - cut} of {len(lines)} lines; the whole of it in the JSON report):"] \
+        if cut else ["traceback:"]
+    return head + [f"  {line}" for line in lines[cut:]]
 
 
 def _mask_lines(c: Comparison, shown: int = 4) -> list[str]:

@@ -44,10 +44,11 @@ def replay(bundle: Bundle, backend: Backend | None = None, trust: bool = False,
 
 
 def render_replay(bundle: Bundle, result: CaseResult) -> str:
-    """What `difftest replay` prints: the verdict against the recorded one, the row table, the failure."""
+    """What `difftest replay` prints: the verdict against the recorded one, the row table, the failure
+    (with the whole traceback of an ERROR)."""
     same = "the same as recorded" if result.verdict == bundle.verdict else "differs from the recorded one"
     lines = [f"replay {bundle.path}: {result.backend} on {result.case} [{result.description}] on {result.device}",
              f"verdict: {result.verdict.value} ({same}: {bundle.verdict.value})", "",
              render_table(summarize([result]))]
-    failures = render_failures([result])
+    failures = render_failures([result], whole_tracebacks=True)
     return "\n".join([*lines, *(["", failures] if failures else [])])

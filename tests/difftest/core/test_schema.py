@@ -43,6 +43,7 @@ from difftest.core.verdict import Mismatch, Verdict
 from difftest.engine.comparison import MASK_LIMITS, Comparison
 from difftest.engine.config import MAX_REPEAT, MAX_TIME, RunConfig
 from difftest.engine.explain import Explanation, Pattern
+from difftest.engine.guards import MAX_TRACEBACK_CHARS
 from difftest.engine.performance import SiblingRace, SiblingTime
 from difftest.engine.result import CaseResult, Reach
 from difftest.engine.sanitize import Finding, SanitizerReport
@@ -81,7 +82,8 @@ FULL = dataclasses.replace(
     sanitizer=SanitizerReport(SanitizerTool.MEMCHECK, True, None, "compute-sanitizer ...", 99, 2,
                               (Finding("Invalid __global__ read of size 4 bytes", "k", 2, ("thread (0,0,0)",)),),
                               "tail"),
-    reach=Reach(("block-boundaries",), 8, CASE.pool_bytes, CASE.batch), gpu="cuda:0 NVIDIA H200")
+    reach=Reach(("block-boundaries",), 8, CASE.pool_bytes, CASE.batch), gpu="cuda:0 NVIDIA H200",
+    traceback='Traceback (most recent call last):\n  File "k.py", line 3, in launch\nRuntimeError: boom\n')
 RESULTS = [RESULT, FULL]
 BUNDLE = write_bundle(WORK / "bundles", CASE, RESULT, RunConfig(), BOUNDARY.origin, "planted")
 BUNDLE_INFO = json.loads((BUNDLE / INFO_FILE).read_text())
@@ -230,6 +232,7 @@ def test_the_restated_enums_and_defaults_agree_with_their_modules():
     assert schema.STABILITY_KINDS == tuple(k.value for k in StabilityKind)
     assert schema.MASK_PATTERNS == tuple(p.value for p in Pattern)
     assert schema.MASK_LIMITS == MASK_LIMITS
+    assert schema.MAX_TRACEBACK == MAX_TRACEBACK_CHARS
     assert schema.MAX_REPEAT == MAX_REPEAT and schema.MAX_TIME == MAX_TIME
     defaults = {f.name: f.default for f in dataclasses.fields(CaseSpec)}
     assert schema.SPEC_DEFAULTS == {k: v.value if isinstance(v, enum.Enum) else v for k, v in defaults.items()}

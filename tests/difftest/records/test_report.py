@@ -1,4 +1,4 @@
-"""Reports: per-backend summaries, the headline, the table, failure lines and JSON values."""
+"""Reports: per-backend summaries, the headline, the table, failure lines (an error's traceback) and JSON values."""
 
 from __future__ import annotations
 
@@ -6,17 +6,28 @@ import dataclasses
 import json
 import math
 
+import pytest
 import torch
 
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend
+from difftest.core.kinds import Isolation
 from difftest.core.schema import ReportModel, validate
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
 from difftest.engine.runner import run
 from difftest.generators import build_case
-from difftest.records.report import headline, render_devices, render_failures, render_table, summarize, write_json
+from difftest.records.report import (
+    TRACEBACK_LINES,
+    headline,
+    render_devices,
+    render_failures,
+    render_table,
+    summarize,
+    write_json,
+)
 from difftest.records.serialize import ResultStream, load_results, to_jsonable
+from tests import broken_backends as bb
 from tests import user_backends as ub
 from tests.support import TINY
 
@@ -129,3 +140,43 @@ def test_a_report_written_before_the_library_field_still_loads(tmp_path):
     validate(ReportModel, doc)
     (tmp_path / "old.json").write_text(json.dumps(doc))
     assert load_results(tmp_path / "old.json") == [dataclasses.replace(r, library="") for r in results]
+
+
+# --------------------------------------------------------------------------- an error's traceback
+
+@pytest.fixture(scope="module")
+def nested_errors():
+    """raises_nested's ERROR, run in this process and in a worker."""
+    case = build_case(TINY, 0)
+    nested = FunctionBackend.from_function(bb.raises_nested)
+    return [run([nested], [case], RunConfig(isolate=isolate))[0] for isolate in (False, True)]
+
+
+def test_an_errors_traceback_is_in_its_failure_block_its_last_lines_unless_whole(nested_errors):
+    for result in nested_errors:
+        block = render_failures([result], whole_tracebacks=True)
+        assert "\n    traceback:\n      Traceback (most recent call last):\n" in block, block
+        assert all(line in block for line in bb.nested_traceback_lines()), block
+        assert render_failures([result]) == block, "a short traceback is shown whole"
+    long = dataclasses.replace(nested_errors[0], traceback="".join(f"line {i}\n" for i in range(30)))
+    short = render_failures([long]).splitlines()
+    assert short[2:] == [f"    traceback (its last {TRACEBACK_LINES} of 30 lines; the whole of it in the JSON report):",
+                         *(f"      line {i}" for i in range(30 - TRACEBACK_LINES, 30))], short
+    assert render_failures([long], whole_tracebacks=True).splitlines()[2:] == [
+        "    traceback:", *(f"      line {i}" for i in range(30))]
+
+
+def test_an_errors_traceback_is_in_the_json_report_and_the_stream(nested_errors, tmp_path):
+    doc = json.loads(write_json(tmp_path / "r.json", nested_errors, {}).read_text())
+    assert [r["traceback"] for r in doc["results"]] == [r.traceback for r in nested_errors]
+    assert [r["isolation"] for r in doc["results"]] == [None, Isolation.WORKER.value]
+    assert load_results(tmp_path / "r.json") == nested_errors
+    stream = ResultStream(tmp_path / "r.jsonl")
+    for result in nested_errors:
+        stream.write(result)
+    stream.close()
+    assert load_results(tmp_path / "r.jsonl") == nested_errors
+    for record in doc["results"]:  # a report written before the field
+        del record["traceback"]
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    assert [r.traceback for r in load_results(tmp_path / "old.json")] == [None, None]
