@@ -96,6 +96,7 @@ MASK_PATTERNS = ("no-window", "mtp-mirrored", "per-sequence-length", "constant-o
                  "tail-not-cleaned", "unknown")  # difftest.engine.explain.Pattern
 MASK_LIMITS = 256  # difftest.engine.comparison.MASK_LIMITS: wrong-mask rows whose limits a comparison records
 MAX_TRACEBACK = 1 << 14  # difftest.engine.guards.MAX_TRACEBACK_CHARS: characters of a result's traceback
+DEFAULT_TOPK = 2048  # difftest.core.contract.DEFAULT_TOPK: a comparison's top-k before it recorded its k
 # CaseSpec's defaults (difftest.generators.spec.CaseSpec), likewise restated and checked.
 SPEC_DEFAULTS: dict[str, Any] = {
     "name": "random", "batch": 4, "next_n": 1, "heads": 32, "head_dim": 64, "block_size": 16,
@@ -367,15 +368,17 @@ class ComparisonModel(Model):
     positions_differing: Count
     max_abs_err: NonNegative
     max_rel_err: NonNegative
-    # A mean of per-row ratios in [0, 1]; its float sum may round a hair past 1.
+    # A mean of per-row ratios in [0, 1]; its float sum may round a hair past 1. null: no row's window is
+    # longer than the top-k (not applicable).
     topk_overlap: Rule(lambda v: v == "nan" or (type(v) is float and math.isnan(v)) or _in(v, -1e-9, 1 + 1e-9),
-                       "a number in [0, 1], or 'nan'").type()
+                       "a number in [0, 1], or 'nan'").type() | None
     first_mismatch: MismatchModel | None
     verdict: Verdicts
     # Reports written before failures explained themselves have none of these.
     mask_limits: MaskLimits = []  # pydantic copies a mutable default
     explanation: ExplanationModel | None = None
     mask_strip: Text() | None = None
+    topk: Int(1, MAX_MODEL_LEN) = DEFAULT_TOPK  # reports written before it have none
 
     @model_validator(mode="after")
     def _rows_exist(self) -> "ComparisonModel":
@@ -577,7 +580,7 @@ class SummaryModel(Model):
     rows: Count
     mask_rows: Count
     max_rel_err: NonNegative
-    topk_overlap: JsonFloat
+    topk_overlap: JsonFloat | None  # null: n/a (no row longer than the top-k); 'nan' in older reports: none compared
     verdict: Verdicts
     counts: TableOf(Verdicts, Count, "a table of verdict -> cases")
     skip_reasons: ListOf(Text(), MAX_ITEMS, "a list of skip reasons")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import statistics
 from collections import Counter
 from pathlib import Path
@@ -35,7 +34,7 @@ class BackendSummary:
     rows: int  # rows compared
     mask_rows: int  # rows with a wrong -inf mask: the headline numerator
     max_rel_err: float
-    topk_overlap: float  # worst case's mean overlap
+    topk_overlap: float | None  # the lowest of its cases' top-k overlaps; None where no case had one (n/a)
     verdict: Verdict
     counts: dict[str, int]  # verdict -> cases
     skip_reasons: list[str]
@@ -65,7 +64,7 @@ def _summary(name: str, results: list[CaseResult]) -> BackendSummary:
         backend=name, cases=len(ran), skipped=len(results) - len(ran),
         rows=sum(c.rows for c in compared), mask_rows=sum(len(c.mask_rows) for c in compared),
         max_rel_err=max((c.max_rel_err for c in compared), default=0.0),
-        topk_overlap=min((c.topk_overlap for c in compared), default=math.nan),
+        topk_overlap=min((c.topk_overlap for c in compared if c.topk_overlap is not None), default=None),
         verdict=overall, counts=counts,
         skip_reasons=sorted({r.reason or "" for r in results if r.verdict == Verdict.SKIP}),
         stability=_least_stable([r.stability for r in results if r.stability is not None]),
@@ -103,7 +102,7 @@ def render_table(summaries: list[BackendSummary]) -> str:
               + (f"{'kernel':>9}  " if timed else "") + "verdict")
     lines = [header]
     for s in summaries:
-        overlap = "-" if math.isnan(s.topk_overlap) else f"{s.topk_overlap:.3f}"
+        overlap = "-" if not s.rows else "n/a" if s.topk_overlap is None else f"{s.topk_overlap:.3f}"
         err = "-" if not s.rows else f"{s.max_rel_err:.2e}" if s.max_rel_err else "0"
         mismatch = f"{s.mask_rows}/{s.rows}" if s.cases else "-"
         verdict = s.verdict.value if s.verdict != Verdict.PASS or not s.skipped else f"PASS ({s.skipped} skipped)"
@@ -115,6 +114,8 @@ def render_table(summaries: list[BackendSummary]) -> str:
                      f"{overlap:>13}  {_time_cells(s, timed)}{verdict}")
     if any(s.timed_region == TimedRegion.WHOLE_CALL for s in summaries):
         lines.append(WHOLE_CALL_NOTE)
+    if any(s.rows and s.topk_overlap is None for s in summaries):
+        lines.append(TOPK_NA_NOTE)
     return "\n".join(lines + _library_lines(summaries))
 
 
@@ -128,6 +129,8 @@ def _library_lines(summaries: list[BackendSummary]) -> list[str]:
     return ["", "libraries loaded:"] + [f"  {s.backend:<26} {s.library}" for s in named]
 
 
+TOPK_NA_NOTE = ("* top-k overlap n/a: no row's window is longer than the k its top-k keeps (the contract's topk, 2048 "
+                "by default), so the top-k would keep every position whatever the values")
 WHOLE_CALL_NOTE = ("* whole call timed: the backend declares no prepare(), so its per-batch set-up (a schedule, "
                    "metadata) is timed with the kernel")
 

@@ -85,13 +85,14 @@ def _maybe(build: Any, value: Any) -> Any:
 
 
 def _comparison(data: dict[str, Any]) -> Comparison:
-    floats = {k: float(data[k]) for k in ("max_abs_err", "max_rel_err", "topk_overlap")}
+    floats = {k: float(data[k]) for k in ("max_abs_err", "max_rel_err")}
     first = _maybe(lambda m: Mismatch(m["row"], m["position"], float(m["expected"]), float(m["got"]),
                                       Verdict(m["kind"])), data.get("first_mismatch"))
     explanation = _maybe(lambda e: Explanation(**{**e, "pattern": Pattern(e["pattern"])}), data.get("explanation"))
     limits = tuple(tuple(limit) for limit in data.get("mask_limits", ()))
     return Comparison(**{**data, **floats, "first_mismatch": first, "verdict": Verdict(data["verdict"]),
-                         "mask_limits": limits, "explanation": explanation})
+                         "topk_overlap": _maybe(float, data["topk_overlap"]), "mask_limits": limits,
+                         "explanation": explanation})
 
 
 def _stability(data: dict[str, Any]) -> Stability:

@@ -36,7 +36,7 @@ from hypothesis.control import currently_in_test_context
 
 from difftest.backends import Origin, as_loaded
 from difftest.core import schema
-from difftest.core.contract import Siblings
+from difftest.core.contract import DEFAULT_TOPK, Siblings
 from difftest.core.errors import SpecError
 from difftest.core.kinds import ExitStatus, Isolation, SanitizerTool
 from difftest.core.verdict import Mismatch, Verdict
@@ -83,7 +83,8 @@ FULL = dataclasses.replace(
                               (Finding("Invalid __global__ read of size 4 bytes", "k", 2, ("thread (0,0,0)",)),),
                               "tail"),
     reach=Reach(("block-boundaries",), 8, CASE.pool_bytes, CASE.batch), gpu="cuda:0 NVIDIA H200",
-    traceback='Traceback (most recent call last):\n  File "k.py", line 3, in launch\nRuntimeError: boom\n')
+    traceback='Traceback (most recent call last):\n  File "k.py", line 3, in launch\nRuntimeError: boom\n',
+    comparison=dataclasses.replace(RESULT.comparison, topk_overlap=None, topk=512))
 RESULTS = [RESULT, FULL]
 BUNDLE = write_bundle(WORK / "bundles", CASE, RESULT, RunConfig(), BOUNDARY.origin, "planted")
 BUNDLE_INFO = json.loads((BUNDLE / INFO_FILE).read_text())
@@ -232,7 +233,7 @@ def test_the_restated_enums_and_defaults_agree_with_their_modules():
     assert schema.STABILITY_KINDS == tuple(k.value for k in StabilityKind)
     assert schema.MASK_PATTERNS == tuple(p.value for p in Pattern)
     assert schema.MASK_LIMITS == MASK_LIMITS
-    assert schema.MAX_TRACEBACK == MAX_TRACEBACK_CHARS
+    assert schema.MAX_TRACEBACK == MAX_TRACEBACK_CHARS and schema.DEFAULT_TOPK == DEFAULT_TOPK
     assert schema.MAX_REPEAT == MAX_REPEAT and schema.MAX_TIME == MAX_TIME
     defaults = {f.name: f.default for f in dataclasses.fields(CaseSpec)}
     assert schema.SPEC_DEFAULTS == {k: v.value if isinstance(v, enum.Enum) else v for k, v in defaults.items()}

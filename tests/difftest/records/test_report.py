@@ -18,6 +18,7 @@ from difftest.engine.config import RunConfig
 from difftest.engine.runner import run
 from difftest.generators import build_case
 from difftest.records.report import (
+    TOPK_NA_NOTE,
     TRACEBACK_LINES,
     headline,
     render_devices,
@@ -50,15 +51,17 @@ def test_summaries_count_rows_and_verdicts():
     assert headline(mutant) == "12/24 rows with the wrong -inf mask"
     assert raised.verdict == Verdict.ERROR and raised.counts == {"ERROR": 2} and raised.rows == 0, f"{raised=}"
     assert skipped.verdict == Verdict.SKIP and skipped.cases == 0 and skipped.skipped == 2, f"{skipped=}"
-    assert skipped.skip_reasons == ["contract devices ['cuda'] exclude cpu"] and math.isnan(skipped.topk_overlap)
+    assert skipped.skip_reasons == ["contract devices ['cuda'] exclude cpu"] and skipped.topk_overlap is None
 
 
 def test_table_and_failures_text():
     results = _results()
     table = render_table(summarize(results)).split("\n\n")[0].splitlines()
-    assert len(table) == 5 and table[0].startswith("backend"), f"{table=}"
+    assert len(table) == 6 and table[0].startswith("backend") and table[5] == TOPK_NA_NOTE, f"{table=}"
     assert "12/24" in table[2] and "FAIL(mask)" in table[2], f"{table[2]=}"
     assert "SKIP: contract devices" in table[4], f"{table[4]=}"
+    # Windows of at most 20 positions: a top-2048 keeps them whole, whatever the values (n/a); nothing compared: -.
+    assert [line.split()[5] for line in table[1:4]] == ["n/a", "n/a", "-"], table
     failures = render_failures(results)
     assert "12/24" not in failures and "6/12 rows with the wrong -inf mask [0,1,3,4,9,10]" in failures, failures
     assert "RuntimeError: kernel exploded at launch" in failures and "cuda-only" not in failures, failures
