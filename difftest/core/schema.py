@@ -92,8 +92,11 @@ LENGTH_DISTS = ("uniform", "edges", "short", "full")
 VALUE_DISTS = ("normal", "heavy", "integer")
 STALES = ("canary", "other", "zero")
 STABILITY_KINDS = ("bitwise-stable", "stable-within-tolerance", "unstable")
-MASK_PATTERNS = ("no-window", "mtp-mirrored", "per-sequence-length", "constant-offset", "shifted-by-one-request",
-                 "tail-not-cleaned", "unknown")  # difftest.engine.explain.Pattern
+MASK_PATTERNS = ("no-window", "constant-offset", "per-sequence-length", "reversed-draft-rows", "mtp-mirrored",
+                 "tile-truncated", "shifted-request", "tail-not-cleaned", "unknown")  # difftest.engine.explain.Pattern
+LEGACY_MASK_PATTERNS = ("shifted-by-one-request",)  # difftest.engine.explain.LEGACY_PATTERNS: older reports' values
+ROUNDINGS = ("down", "up")  # difftest.engine.explain.Rounding
+DIFFERENCES_KEPT = 8  # difftest.engine.explain.DIFFERENCES_KEPT
 MASK_LIMITS = 256  # difftest.engine.comparison.MASK_LIMITS: wrong-mask rows whose limits a comparison records
 MAX_TRACEBACK = 1 << 14  # difftest.engine.guards.MAX_TRACEBACK_CHARS: characters of a result's traceback
 DEFAULT_TOPK = 2048  # difftest.core.contract.DEFAULT_TOPK: a comparison's top-k before it recorded its k
@@ -264,6 +267,7 @@ class Model(BaseModel):
     what: ClassVar[str] = "a JSON object"  # what the object as a whole must be
     unknown_name: ClassVar[str | None] = None  # the word after the object's path naming its unknown keys
     unknown_expected: ClassVar[str | None] = None  # what its keys may be; default: its fields, sorted
+    legacy_fields: ClassVar[frozenset[str]] = frozenset()  # fields only older documents hold (read, never written)
 
 
 class SpecModel(Model):
@@ -346,14 +350,63 @@ MaskLimits = ListOf(Rule(_mask_limit, "[row, oracle limit, apparent limit or nul
                     f"a list of at most {MASK_LIMITS} [row, oracle limit, apparent limit or null]")
 
 
+class RelationModel(Model):
+    """difftest.engine.explain.Relation."""
+
+    what: ClassVar[str] = "a JSON object of Relation fields"
+    pattern: OneOf(MASK_PATTERNS)
+    offset: Int(-MAX_MODEL_LEN, MAX_MODEL_LEN) | None = None
+    shift: Int(-2 * MAX_BATCH, 2 * MAX_BATCH) | None = None
+    tile: Int(2, MAX_MODEL_LEN) | None = None
+    rounding: OneOf(ROUNDINGS) | None = None
+
+
+class ExampleModel(Model):
+    """difftest.engine.explain.Example."""
+
+    what: ClassVar[str] = "a JSON object of Example fields"
+    row: RowIndex
+    oracle: Int(0, MAX_MODEL_LEN)
+    kernel: Int(0, MAX_MODEL_LEN) | None
+    request: Int(0, 2 * MAX_BATCH) | None = None
+    draft_row: Int(0, MAX_NEXT_N - 1) | None = None
+    length: Int(0, MAX_MODEL_LEN) | None = None
+
+
+def _difference(value: Any) -> bool:
+    """[kernel - oracle limit or null, recorded rows]."""
+    return (type(value) is list and len(value) == 2
+            and (value[0] is None or (_is_int(value[0]) and -MAX_MODEL_LEN <= value[0] <= MAX_MODEL_LEN))
+            and _is_int(value[1]) and 1 <= value[1] <= MASK_LIMITS)
+
+
 class ExplanationModel(Model):
-    """difftest.engine.explain.Explanation."""
+    """difftest.engine.explain.Explanation. Reports written before relations were fitted hold `pattern`
+    (one of MASK_PATTERNS or LEGACY_MASK_PATTERNS) and `description` instead of `relation`."""
 
     what: ClassVar[str] = "a JSON object of Explanation fields"
-    pattern: OneOf(MASK_PATTERNS)
-    description: Text()
+    legacy_fields: ClassVar[frozenset[str]] = frozenset({"pattern", "description"})
+    relation: RelationModel | None = None
+    pattern: OneOf(MASK_PATTERNS + LEGACY_MASK_PATTERNS) | None = None
+    description: Text() | None = None
     explained: Count
     rows: Int(0, MASK_LIMITS)
+    selective: Bool = False
+    next_n: Int(1, MAX_NEXT_N) | None = None
+    draft_rows: ListOf(Int(0, MAX_NEXT_N - 1), MAX_NEXT_N, f"a list of at most {MAX_NEXT_N} draft rows") = []
+    example: ExampleModel | None = None
+    right_windows: Count = 0
+    holes: Int(0, MASK_LIMITS) = 0
+    differences: ListOf(Rule(_difference, "[kernel - oracle limit or null, rows]").type(), DIFFERENCES_KEPT,
+                        f"a list of at most {DIFFERENCES_KEPT} [kernel - oracle limit or null, rows]") = []
+    alternatives: ListOf(RelationModel, len(MASK_PATTERNS) * 8, "a list of Relation objects") = []
+
+    @model_validator(mode="after")
+    def _one_relation(self) -> "ExplanationModel":
+        if (self.relation is None) == (self.pattern is None):
+            raise SpecError("relation", None if self.relation is None else "both", "a relation, or the pattern "
+                            "of an older report (one of the two)")
+        return self
 
 
 class ComparisonModel(Model):

@@ -63,8 +63,8 @@ def compare(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, c
     request's q (docs/findings/deepgemm-zero-length-request.md). Such a backend declares a wider rtol.
 
     `next_n` (rows per request) lets the wrong windows be explained request by request
-    (difftest.engine.explain); without it only the patterns that need no requests are tried. The top-k
-    overlap is taken at the contract's top-k (Contract.topk).
+    (difftest.engine.explain, which also reads the contract's tiles); without it only the relations that
+    need no requests are tried. The top-k overlap is taken at the contract's top-k (Contract.topk).
     """
     rows, width = expected.shape
     if tuple(got.shape) != (rows, width):
@@ -75,7 +75,7 @@ def compare(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, c
                            contract, None if bound is None else bound[first:first + step], first)
              for first in range(0, rows, step)]
     explained = functools.partial(explain, next_n=next_n, row_lens=row_lens, width=width,
-                                  tail_checked=contract.mask == MaskConvention.TAIL_NEG_INF)
+                                  tail_checked=contract.mask == MaskConvention.TAIL_NEG_INF, tiles=contract.tiles)
     return _combined(parts, rows, explained, contract.topk)
 
 
