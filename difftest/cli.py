@@ -557,7 +557,7 @@ def _verdict_line(outcome: RunOutcome) -> str:
 
 def _print_outcome(request: RunRequest, outcome: RunOutcome, verbose: bool = False) -> None:
     """The shards (of a spread run), the table, the results per GPU, every result when `verbose`, the
-    failures, and where files went."""
+    failures (every one, with whole tracebacks, when `verbose`), and where files went."""
     from difftest.engine import performance  # deferred: with session, above
     from difftest.records import report  # deferred: with session, above
 
@@ -578,7 +578,7 @@ def _print_outcome(request: RunRequest, outcome: RunOutcome, verbose: bool = Fal
     if verbose:
         print("\n" + report.render_results(outcome.results))
     failures = report.render_failures(outcome.results, limit=len(outcome.results) if verbose else 20,
-                                      repro=outcome.repro)
+                                      repro=outcome.repro, whole_tracebacks=verbose)
     if failures:
         print("\n" + failures)
     if request.report:

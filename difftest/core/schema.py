@@ -92,9 +92,14 @@ LENGTH_DISTS = ("uniform", "edges", "short", "full")
 VALUE_DISTS = ("normal", "heavy", "integer")
 STALES = ("canary", "other", "zero")
 STABILITY_KINDS = ("bitwise-stable", "stable-within-tolerance", "unstable")
-MASK_PATTERNS = ("no-window", "mtp-mirrored", "per-sequence-length", "constant-offset", "shifted-by-one-request",
-                 "tail-not-cleaned", "unknown")  # difftest.engine.explain.Pattern
+MASK_PATTERNS = ("no-window", "constant-offset", "per-sequence-length", "reversed-draft-rows", "mtp-mirrored",
+                 "tile-truncated", "shifted-request", "tail-not-cleaned", "unknown")  # difftest.engine.explain.Pattern
+LEGACY_MASK_PATTERNS = ("shifted-by-one-request",)  # difftest.engine.explain.LEGACY_PATTERNS: older reports' values
+ROUNDINGS = ("down", "up")  # difftest.engine.explain.Rounding
+DIFFERENCES_KEPT = 8  # difftest.engine.explain.DIFFERENCES_KEPT
 MASK_LIMITS = 256  # difftest.engine.comparison.MASK_LIMITS: wrong-mask rows whose limits a comparison records
+MAX_TRACEBACK = 1 << 14  # difftest.engine.guards.MAX_TRACEBACK_CHARS: characters of a result's traceback
+DEFAULT_TOPK = 2048  # difftest.core.contract.DEFAULT_TOPK: a comparison's top-k before it recorded its k
 # CaseSpec's defaults (difftest.generators.spec.CaseSpec), likewise restated and checked.
 SPEC_DEFAULTS: dict[str, Any] = {
     "name": "random", "batch": 4, "next_n": 1, "heads": 32, "head_dim": 64, "block_size": 16,
@@ -262,6 +267,7 @@ class Model(BaseModel):
     what: ClassVar[str] = "a JSON object"  # what the object as a whole must be
     unknown_name: ClassVar[str | None] = None  # the word after the object's path naming its unknown keys
     unknown_expected: ClassVar[str | None] = None  # what its keys may be; default: its fields, sorted
+    legacy_fields: ClassVar[frozenset[str]] = frozenset()  # fields only older documents hold (read, never written)
 
 
 class SpecModel(Model):
@@ -344,14 +350,63 @@ MaskLimits = ListOf(Rule(_mask_limit, "[row, oracle limit, apparent limit or nul
                     f"a list of at most {MASK_LIMITS} [row, oracle limit, apparent limit or null]")
 
 
+class RelationModel(Model):
+    """difftest.engine.explain.Relation."""
+
+    what: ClassVar[str] = "a JSON object of Relation fields"
+    pattern: OneOf(MASK_PATTERNS)
+    offset: Int(-MAX_MODEL_LEN, MAX_MODEL_LEN) | None = None
+    shift: Int(-2 * MAX_BATCH, 2 * MAX_BATCH) | None = None
+    tile: Int(2, MAX_MODEL_LEN) | None = None
+    rounding: OneOf(ROUNDINGS) | None = None
+
+
+class ExampleModel(Model):
+    """difftest.engine.explain.Example."""
+
+    what: ClassVar[str] = "a JSON object of Example fields"
+    row: RowIndex
+    oracle: Int(0, MAX_MODEL_LEN)
+    kernel: Int(0, MAX_MODEL_LEN) | None
+    request: Int(0, 2 * MAX_BATCH) | None = None
+    draft_row: Int(0, MAX_NEXT_N - 1) | None = None
+    length: Int(0, MAX_MODEL_LEN) | None = None
+
+
+def _difference(value: Any) -> bool:
+    """[kernel - oracle limit or null, recorded rows]."""
+    return (type(value) is list and len(value) == 2
+            and (value[0] is None or (_is_int(value[0]) and -MAX_MODEL_LEN <= value[0] <= MAX_MODEL_LEN))
+            and _is_int(value[1]) and 1 <= value[1] <= MASK_LIMITS)
+
+
 class ExplanationModel(Model):
-    """difftest.engine.explain.Explanation."""
+    """difftest.engine.explain.Explanation. Reports written before relations were fitted hold `pattern`
+    (one of MASK_PATTERNS or LEGACY_MASK_PATTERNS) and `description` instead of `relation`."""
 
     what: ClassVar[str] = "a JSON object of Explanation fields"
-    pattern: OneOf(MASK_PATTERNS)
-    description: Text()
+    legacy_fields: ClassVar[frozenset[str]] = frozenset({"pattern", "description"})
+    relation: RelationModel | None = None
+    pattern: OneOf(MASK_PATTERNS + LEGACY_MASK_PATTERNS) | None = None
+    description: Text() | None = None
     explained: Count
     rows: Int(0, MASK_LIMITS)
+    selective: Bool = False
+    next_n: Int(1, MAX_NEXT_N) | None = None
+    draft_rows: ListOf(Int(0, MAX_NEXT_N - 1), MAX_NEXT_N, f"a list of at most {MAX_NEXT_N} draft rows") = []
+    example: ExampleModel | None = None
+    right_windows: Count = 0
+    holes: Int(0, MASK_LIMITS) = 0
+    differences: ListOf(Rule(_difference, "[kernel - oracle limit or null, rows]").type(), DIFFERENCES_KEPT,
+                        f"a list of at most {DIFFERENCES_KEPT} [kernel - oracle limit or null, rows]") = []
+    alternatives: ListOf(RelationModel, len(MASK_PATTERNS) * 8, "a list of Relation objects") = []
+
+    @model_validator(mode="after")
+    def _one_relation(self) -> "ExplanationModel":
+        if (self.relation is None) == (self.pattern is None):
+            raise SpecError("relation", None if self.relation is None else "both", "a relation, or the pattern "
+                            "of an older report (one of the two)")
+        return self
 
 
 class ComparisonModel(Model):
@@ -366,15 +421,17 @@ class ComparisonModel(Model):
     positions_differing: Count
     max_abs_err: NonNegative
     max_rel_err: NonNegative
-    # A mean of per-row ratios in [0, 1]; its float sum may round a hair past 1.
+    # A mean of per-row ratios in [0, 1]; its float sum may round a hair past 1. null: no row's window is
+    # longer than the top-k (not applicable).
     topk_overlap: Rule(lambda v: v == "nan" or (type(v) is float and math.isnan(v)) or _in(v, -1e-9, 1 + 1e-9),
-                       "a number in [0, 1], or 'nan'").type()
+                       "a number in [0, 1], or 'nan'").type() | None
     first_mismatch: MismatchModel | None
     verdict: Verdicts
     # Reports written before failures explained themselves have none of these.
     mask_limits: MaskLimits = []  # pydantic copies a mutable default
     explanation: ExplanationModel | None = None
     mask_strip: Text() | None = None
+    topk: Int(1, MAX_MODEL_LEN) = DEFAULT_TOPK  # reports written before it have none
 
     @model_validator(mode="after")
     def _rows_exist(self) -> "ComparisonModel":
@@ -481,6 +538,7 @@ class ResultModel(Model):
     reach: ReachModel | None = None
     timing: TimingModel | None = None
     library: Text() = ""  # reports written before it have none
+    traceback: Text(MAX_TRACEBACK) | None = None
 
 
 class OmittedModel(Model):
@@ -637,7 +695,7 @@ class SummaryModel(Model):
     rows: Count
     mask_rows: Count
     max_rel_err: NonNegative
-    topk_overlap: JsonFloat
+    topk_overlap: JsonFloat | None  # null: n/a (no row longer than the top-k); 'nan' in older reports: none compared
     verdict: Verdicts
     counts: TableOf(Verdicts, Count, "a table of verdict -> cases")
     skip_reasons: ListOf(Text(), MAX_ITEMS, "a list of skip reasons")

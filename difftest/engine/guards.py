@@ -27,13 +27,14 @@ import dataclasses
 import signal
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from difftest.backends import Backend
+from difftest.backends import Backend, base, user
 from difftest.core.contract import Contract
 from difftest.core.kernel_inputs import KernelInputs
 from difftest.core.poison import INT_OF_SIZE, POISON_BITS, poisoned
@@ -45,6 +46,12 @@ INPUT_FIELDS = ("q", "kv_cache", "weights", "context_lens", "block_table", "indi
 _CHUNK_WORDS = 1 << 24
 # Cached CUDA blocks of the output's size poisoned before each launch (see the module docstring).
 _POISONED_BLOCKS = 4
+# Characters of a raised exception's traceback a result keeps: its innermost frames and the message, where
+# the bug is, and a bound on what a report carries per result (a recursion's traceback runs to megabytes).
+MAX_TRACEBACK_CHARS = 1 << 14
+# Frames formatted_traceback leaves out above the backend's own: this module's, the Loaded wrapper's and the
+# adapter that calls a decorated function.
+_HARNESS_FILES = frozenset({__file__, base.__file__, user.__file__})
 _EMPTY_FACTORIES = {torch.ops.aten.empty, torch.ops.aten.empty_strided, torch.ops.aten.empty_like,
                     torch.ops.aten.new_empty, torch.ops.aten.new_empty_strided}
 
@@ -77,6 +84,7 @@ class Fault:
     reason: str
     seconds: float
     error_type: str | None = None  # the class name of the exception, when one was raised
+    traceback: str | None = None  # that exception's traceback (formatted_traceback), when one was raised
 
 
 Outcome = Execution | Fault
@@ -161,7 +169,8 @@ def execute(backend: Backend, inputs: KernelInputs, launch: Launch) -> Outcome:
     CUDA error such as an illegal memory access): then CRASH, since nothing after it can be trusted.
     That covers a BaseException the backend raises (SystemExit, a KeyboardInterrupt of its own), but
     not a Ctrl-C that arrives while it runs: that one stops the run. An output of the wrong type,
-    shape, dtype or device is ERROR with the reason 'contract: expected ..., got ...'.
+    shape, dtype or device is ERROR with the reason 'contract: expected ..., got ...'. A raised
+    exception's traceback is kept (Fault.traceback).
     """
     start = time.perf_counter()
     try:
@@ -172,11 +181,27 @@ def execute(backend: Backend, inputs: KernelInputs, launch: Launch) -> Outcome:
     except Exception as exc:  # the backend's fault becomes its verdict, never the run's end
         seconds = time.perf_counter() - start
         exc = exc.raised if isinstance(exc, BackendRaised) else exc
-        reason = f"{type(exc).__name__}: {exc}"
+        reason, trace = f"{type(exc).__name__}: {exc}", formatted_traceback(exc)
         broken = device_failure(inputs.q.device)
         if broken is not None:
-            return Fault(Verdict.CRASH, f"{reason} (device unusable afterwards: {broken})", seconds, type(exc).__name__)
-        return Fault(Verdict.ERROR, reason, seconds, type(exc).__name__)
+            return Fault(Verdict.CRASH, f"{reason} (device unusable afterwards: {broken})", seconds, type(exc).__name__,
+                         trace)
+        return Fault(Verdict.ERROR, reason, seconds, type(exc).__name__, trace)
+
+
+def formatted_traceback(exc: BaseException) -> str:
+    """`exc`'s traceback as Python prints it (chained exceptions included), without difftest's own frames
+    above the backend's (_HARNESS_FILES), cut to its last MAX_TRACEBACK_CHARS characters (the innermost
+    frames and the message) at a frame's first line."""
+    frames = exc.__traceback__
+    while frames is not None and frames.tb_frame.f_code.co_filename in _HARNESS_FILES:
+        frames = frames.tb_next
+    text = "".join(traceback.format_exception(type(exc), exc, frames))
+    if len(text) <= MAX_TRACEBACK_CHARS:
+        return text
+    kept = text[len(text) - MAX_TRACEBACK_CHARS + 64:]
+    kept = kept[kept.find("\n  File ") + 1:]
+    return f"[... {len(text) - len(kept)} earlier characters cut]\n{kept}"
 
 
 class ContractViolation(Exception):

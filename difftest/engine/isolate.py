@@ -3,7 +3,7 @@ costs its own verdict (CRASH, TIMEOUT) and nothing else; the run goes on with a 
 
 One long-lived worker per backend, fed cases over a duplex pipe:
 
-    worker -> parent   ("ready", name) once it has rebuilt the backend, or ("fault", text)
+    worker -> parent   ("ready", name) once it has rebuilt the backend, or ("fault", (text, traceback))
     parent -> worker   (KernelInputs, Launch)                                   one per case
     worker -> parent   ("outcome", Execution | Fault)                            one per case
 
@@ -17,7 +17,8 @@ writes past them damages nothing the parent keeps (and its writes into them are 
 checksums catch). The parent copies the outputs out of the worker's memory as soon as they arrive.
 
 The worker rebuilds the backend from 'package.module:object' (recipe()) and runs guards.execute,
-so poisoning, checksums and repeats are the same as in-process. The parent waits `timeout` seconds
+so poisoning, checksums and repeats are the same as in-process, and a backend that raises sends its
+traceback back in its Fault, as formatted in the worker (guards.formatted_traceback). The parent waits `timeout` seconds
 for an answer (all launches of the case together), then kills the worker: TIMEOUT. A pipe that
 closes without an answer means the worker died: CRASH with its signal (SIGSEGV, SIGABRT) or exit
 status and the tail of its stderr (faulthandler writes the Python stack there). A worker whose call
@@ -61,7 +62,7 @@ from difftest.core.kernel_inputs import KernelInputs
 from difftest.core.kinds import Isolation, Transport
 from difftest.core.lifetime import die_with_parent, run_folder
 from difftest.core.verdict import Verdict
-from difftest.engine.guards import Execution, Fault, Launch, Outcome, PoisonFreshTensors, execute
+from difftest.engine.guards import Execution, Fault, Launch, Outcome, PoisonFreshTensors, execute, formatted_traceback
 
 DEFAULT_TIMEOUT = 600.0  # seconds one case may take in a worker when the run sets no --timeout
 UNIX_SOCKET_PATH_MAX = 107  # bytes of a socket path: sun_path holds 108 on Linux, its terminating NUL included
@@ -223,7 +224,7 @@ def serve(conn: Connection, origin: Origin, device: str, log_path: str, transpor
     try:
         backend = rebuild(origin)
     except BaseException as exc:  # anything that stops the import is the answer
-        conn.send_bytes(_dumps(("fault", f"{type(exc).__name__}: {exc}"), transport))
+        conn.send_bytes(_dumps(("fault", (f"{type(exc).__name__}: {exc}", formatted_traceback(exc))), transport))
         return
     # The first dispatch mode imports torch._dynamo (1.5 s where the fork server did not preload
     # it): paid here, before "ready", so it never counts against a case's timeout.
@@ -432,7 +433,8 @@ class Worker:
             return self._died(0.0, while_="loading the backend")
         if kind != "ready":
             self.stop()
-            return Fault(Verdict.ERROR, f"the worker could not load {self.origin.target}: {payload}", 0.0)
+            why, trace = payload
+            return Fault(Verdict.ERROR, f"the worker could not load {self.origin.target}: {why}", 0.0, traceback=trace)
         self.ready = True
         return None
 

@@ -49,3 +49,6 @@ class CaseResult:
     reach: Reach | None = None
     timing: Timing | None = None  # the median of the timed launches, under `time` (difftest.engine.timing)
     library: str = ""  # the backend's Contract.library: what it loaded (distribution, version, where from)
+    # The traceback of the exception behind an ERROR or CRASH, as formatted where it was raised (in a worker
+    # process under isolation): the backend's frames, innermost last (difftest.engine.guards.formatted_traceback).
+    traceback: str | None = None

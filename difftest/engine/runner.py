@@ -32,7 +32,7 @@ from difftest.core.verdict import Verdict, worst
 from difftest.engine.batch import Batch, Retry, joined, merge, padded
 from difftest.engine.comparison import Comparison, compare, compare_spans
 from difftest.engine.config import RunConfig
-from difftest.engine.guards import Execution, Fault, Launch, Outcome
+from difftest.engine.guards import Execution, Fault, Launch, Outcome, formatted_traceback
 from difftest.engine.isolate import Executor, InProcess, WorkerPool
 from difftest.engine.result import CaseResult, Reach
 from difftest.engine.stability import StabilityKind, classify_stability
@@ -105,7 +105,7 @@ def _finished(outcome: Outcome | CaseResult, ref: Reference, contract: Contract,
     done = {**base, "isolation": executor.isolation if config.isolated else None, "isolation_note": executor.note}
     if isinstance(outcome, Fault):
         return CaseResult(verdict=outcome.verdict, seconds=outcome.seconds, reason=outcome.reason,
-                          error_type=outcome.error_type, **done)
+                          error_type=outcome.error_type, traceback=outcome.traceback, **done)
     return _judge(outcome, ref, contract, done, compared)
 
 
@@ -128,7 +128,8 @@ def _prepared(backend: Loaded, case: Case, config: RunConfig, base: dict[str, An
         reason = unsupported_reason(backend, case, config.device)
     except (Exception, SystemExit) as exc:  # a backend's own availability check failing is that backend's fault
         return CaseResult(verdict=Verdict.ERROR, seconds=0.0, reason=f"unavailable_reason raised "
-                          f"{type(exc).__name__}: {exc}", error_type=type(exc).__name__, **base)
+                          f"{type(exc).__name__}: {exc}", error_type=type(exc).__name__,
+                          traceback=formatted_traceback(exc), **base)
     if reason:
         return CaseResult(verdict=Verdict.SKIP, seconds=0.0, reason=reason, **base)
     try:

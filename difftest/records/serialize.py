@@ -33,7 +33,7 @@ from difftest.core.schema import (
 )
 from difftest.core.verdict import Mismatch, Verdict
 from difftest.engine.comparison import Comparison
-from difftest.engine.explain import Explanation, Pattern
+from difftest.engine.explain import LEGACY_PATTERNS, Example, Explanation, Pattern, Relation, Rounding
 from difftest.engine.result import CaseResult, Reach
 from difftest.engine.sanitize import Finding, SanitizerReport
 from difftest.engine.stability import Stability, StabilityKind
@@ -85,13 +85,29 @@ def _maybe(build: Any, value: Any) -> Any:
 
 
 def _comparison(data: dict[str, Any]) -> Comparison:
-    floats = {k: float(data[k]) for k in ("max_abs_err", "max_rel_err", "topk_overlap")}
+    floats = {k: float(data[k]) for k in ("max_abs_err", "max_rel_err")}
     first = _maybe(lambda m: Mismatch(m["row"], m["position"], float(m["expected"]), float(m["got"]),
                                       Verdict(m["kind"])), data.get("first_mismatch"))
-    explanation = _maybe(lambda e: Explanation(**{**e, "pattern": Pattern(e["pattern"])}), data.get("explanation"))
     limits = tuple(tuple(limit) for limit in data.get("mask_limits", ()))
     return Comparison(**{**data, **floats, "first_mismatch": first, "verdict": Verdict(data["verdict"]),
-                         "mask_limits": limits, "explanation": explanation})
+                         "topk_overlap": _maybe(float, data["topk_overlap"]), "mask_limits": limits,
+                         "explanation": _maybe(_explanation, data.get("explanation"))})
+
+
+def _explanation(data: dict[str, Any]) -> Explanation:
+    """An Explanation; one an older report wrote (a pattern and its description, no relation) reads as its
+    pattern's relation, without parameters (the description is not read back)."""
+    fields = {k: v for k, v in data.items() if k not in ("pattern", "description")}
+    relation = _relation(data["relation"]) if data.get("relation") is not None else \
+        Relation(LEGACY_PATTERNS.get(data["pattern"]) or Pattern(data["pattern"]))
+    return Explanation(**{**fields, "relation": relation, "draft_rows": tuple(data.get("draft_rows", ())),
+                          "example": _maybe(lambda e: Example(**e), data.get("example")),
+                          "differences": tuple(tuple(d) for d in data.get("differences", ())),
+                          "alternatives": tuple(_relation(r) for r in data.get("alternatives", ()))})
+
+
+def _relation(data: dict[str, Any]) -> Relation:
+    return Relation(**{**data, "pattern": Pattern(data["pattern"]), "rounding": _maybe(Rounding, data.get("rounding"))})
 
 
 def _stability(data: dict[str, Any]) -> Stability:

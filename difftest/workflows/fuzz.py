@@ -948,7 +948,7 @@ def campaign_info(campaign: Campaign, outcome: CampaignOutcome, started: float) 
 
 def _signature_info(sign: Signature) -> dict[str, Any]:
     return {"backend": sign.backend, "verdict": sign.verdict.value,
-            "pattern": sign.pattern.value if sign.pattern is not None else None, "error": sign.error}
+            "pattern": sign.relation.pattern.value if sign.relation is not None else None, "error": sign.error}
 
 
 def _found_info(found: Found, config: RunConfig) -> dict[str, Any]:

@@ -45,14 +45,14 @@ def replay(bundle: Bundle, backend: Backend | None = None, trust: bool = False,
 
 
 def render_replay(bundle: Bundle, result: CaseResult) -> str:
-    """What `difftest replay` prints: the verdict against the recorded one, the row table, the failure,
-    and the `difftest run` line that draws the bundle's case again with its recorded options (where the
-    case was drawn from a spec)."""
+    """What `difftest replay` prints: the verdict against the recorded one, the row table, the failure
+    (with the whole traceback of an ERROR), and the `difftest run` line that draws the bundle's case again
+    with its recorded options (where the case was drawn from a spec)."""
     same = "the same as recorded" if result.verdict == bundle.verdict else "differs from the recorded one"
     lines = [f"replay {bundle.path}: {result.backend} on {result.case} [{result.description}] on {result.device}",
              f"verdict: {result.verdict.value} ({same}: {bundle.verdict.value})", "",
              render_table(summarize([result]))]
-    failures = render_failures([result])
+    failures = render_failures([result], whole_tracebacks=True)
     # The recorded backend's target: a --backends override is a name the user already has at hand.
     drawn = case_command(backend_target(bundle.origin, bundle.backend), bundle.case, bundle.config)
     return "\n".join([*lines, *(["", failures] if failures else []), *([f"repro: {drawn}"] if drawn else [])])

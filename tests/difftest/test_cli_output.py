@@ -1,15 +1,17 @@
 """What `difftest run` prints: --quiet, --verbose, the progress bar, a named backend that tested
-nothing, and a reader that leaves early (`| head`)."""
+nothing, an error's traceback, and a reader that leaves early (`| head`)."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import subprocess
 import sys
 
 from difftest.cli import main
 from difftest.core.kinds import ExitStatus
+from tests import broken_backends as bb
 from tests.support import REPO_ROOT, run_cli
 
 ONE_CASE = ["run", "--cases", "edges", "--case-filter", "length-one-*", "--backends", "torch"]
@@ -25,6 +27,16 @@ def test_verbose_prints_every_result_passing_ones_too():
     assert "torch on length-one-s1000" not in quiet_table, quiet_table
     code, out, _ = run_cli([*ONE_CASE, "--no-progress", "--verbose"])
     assert code == ExitStatus.OK and "\ntorch on length-one-s1000 [B=" in out and ": PASS in " in out, out
+
+
+def test_an_errors_traceback_is_in_the_failure_block_and_whole_under_verbose(tmp_path):
+    nested = [*ONE_CASE, "--backend-module", "tests.broken_backends:raises_nested", "--no-progress"]
+    code, out, _ = run_cli([*nested, "--verbose", "--report", str(tmp_path / "r.json")])
+    assert code == ExitStatus.FAILED and "    traceback:\n      Traceback (most recent call last):\n" in out, out
+    assert all(line in out for line in bb.nested_traceback_lines()), out
+    assert json.loads((tmp_path / "r.json").read_text())["results"][1]["traceback"].startswith("Traceback (")
+    code, out, _ = run_cli(nested)
+    assert "    traceback:" in out and bb.nested_traceback_lines()[0] in out, "short: the innermost lines are kept"
 
 
 def test_quiet_and_verbose_together_is_one_line_exit_2():
