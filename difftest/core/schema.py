@@ -454,6 +454,16 @@ class TimingModel(Model):
     error: Text() | None = None
 
 
+class CallMemoryModel(Model):
+    """difftest.engine.result.CallMemory."""
+
+    what: ClassVar[str] = "a JSON object {counted, measured, alone, retried}"
+    counted: Count | None = None
+    measured: Count | None = None
+    alone: Bool = False
+    retried: Text() | None = None
+
+
 class ResultModel(Model):
     """difftest.engine.result.CaseResult as serialize.to_jsonable writes it."""
 
@@ -481,6 +491,7 @@ class ResultModel(Model):
     reach: ReachModel | None = None
     timing: TimingModel | None = None
     library: Text() = ""  # reports written before it have none
+    memory: CallMemoryModel | None = None  # reports written before it have none
 
 
 class OmittedModel(Model):
