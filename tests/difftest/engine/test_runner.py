@@ -375,3 +375,15 @@ def test_the_engines_own_comparison_out_of_memory_is_no_verdict_on_the_backend(m
     monkeypatch.setattr(call, "compare", out_of_memory)
     [result] = run([TorchBackend()], [build_case(TINY, 0)], RunConfig())
     assert result.verdict == Verdict.SKIP and "judging its output raised RuntimeError" in result.reason, result
+
+
+def test_the_side_by_side_scripts_copies_compute_the_oracle_interpreted_and_the_planted_one_fails():
+    """scripts/h200_side_by_side.sh runs tests/side_by_side_backends.py's copies on the GPU; on the CPU the
+    same kernel runs interpreted: two copies PASS, the planted one loses each window's last key."""
+    from tests.side_by_side_backends import Copy00, Copy10, Planted
+
+    case = build_case(TINY.replace(name="side-by-side", heads=16, head_dim=32, block_size=16, max_model_len=64,
+                                   lengths=(33, 0, 16), next_n=2), 0)
+    results = run([Copy00(), Copy10(), Planted()], [case], RunConfig())
+    assert [r.verdict for r in results] == [Verdict.PASS, Verdict.PASS, Verdict.FAIL_MASK], results
+    assert results[2].comparison.mask_rows == [0, 1, 4, 5], "every row whose window holds a key"
