@@ -170,11 +170,8 @@ class CallBytes(NamedTuple):
     def total(self) -> int:
         return self.kernel + self.logits + self.working
 
-    def describe(self, measured: int | None = None) -> str:
-        """'0.5 GB inputs + 8.6 GB logits + 0 B working memory (declared)', or the measured peak instead
-        of the logits and the working memory."""
-        if measured is not None and measured > self.logits + self.working:
-            return f"{size_text(self.kernel)} inputs + {size_text(measured)} its call allocated (measured)"
+    def describe(self) -> str:
+        """'0.5 GB inputs + 8.6 GB logits + 0 B working memory (declared)'."""
         return (f"{size_text(self.kernel)} inputs + {size_text(self.logits)} logits + {size_text(self.working)} "
                 "working memory (declared)")
 

@@ -457,11 +457,12 @@ class TimingModel(Model):
 class CallMemoryModel(Model):
     """difftest.engine.result.CallMemory."""
 
-    what: ClassVar[str] = "a JSON object {counted, measured, alone, retried}"
+    what: ClassVar[str] = "a JSON object {counted, measured, alone, retried, ran_out}"
     counted: Count | None = None
     measured: Count | None = None
     alone: Bool = False
     retried: Text() | None = None
+    ran_out: Bool = False
 
 
 class ResultModel(Model):

@@ -143,13 +143,14 @@ def settled_alone(result: CaseResult | OutOfMemory, backend: Loaded, case: Case,
         release_cache()  # what this process keeps cached is free for the next call, not held from it
     shape = memory.Shape.of_case(case)
     call = memory.call_bytes(shape, backend.contract)
-    need = counted if counted is not None else call.total
+    need = max(counted or 0, call.total)
+    how = call.describe() if need == call.total else f"as its earlier calls were measured; {call.describe()}"
     free = hardware.available_memory(config.device)
     shown = "not known" if free is None else memory.size_text(free)
     reason = (f"out of memory, with no other call beside it: {result.what} raised {result.error}; it needs about "
-              f"{memory.size_text(need)} ({call.describe()}), {shown} free on {config.device} now")
+              f"{memory.size_text(need)} ({how}), {shown} free on {config.device} now")
     return CaseResult(verdict=Verdict.SKIP, seconds=result.seconds, reason=reason,
-                      memory=CallMemory(counted=need, alone=True), **identity(backend, case, config))
+                      memory=CallMemory(counted=need, alone=True, ran_out=True), **identity(backend, case, config))
 
 
 def identity(backend: Loaded, case: Case, config: RunConfig) -> dict[str, Any]:

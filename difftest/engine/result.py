@@ -32,6 +32,7 @@ class CallMemory:
     alone: bool = False  # whether it ran with no other call in flight
     # its first try's out-of-memory error, beside other calls: this result is its try alone
     retried: str | None = None
+    ran_out: bool = False  # it ran out of memory with no other call beside it: this result is that SKIP
 
 
 @dataclasses.dataclass(frozen=True)

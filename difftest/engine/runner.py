@@ -45,7 +45,7 @@ from difftest.engine.call import (
     unsupported_reason,
 )
 from difftest.engine.config import RunConfig
-from difftest.engine.isolate import Executor, InProcess, WorkerPool, release_cache
+from difftest.engine.isolate import CACHE_KEPT_BYTES, Executor, InProcess, WorkerPool, release_cache
 from difftest.engine.result import CallMemory, CaseResult
 from difftest.oracles.reference import Reference, make_reference
 
@@ -208,7 +208,7 @@ def _results(backends: list[Loaded], executors: list[Executor], case: Case, ref:
     together = len(todo) > 1 and rule.together(counted.values(), hardware.available_memory(config.device))
     if not together:
         for index in todo:
-            yield index, _alone(backends[index], executors[index], case, ref, config, counted[index], rule,
+            yield index, _alone(backends[index], executors[index], case, ref, config, counted[index], rule, shape,
                                 learned=len(todo) > 1)
         return
     started = {index: start_beside(backends[index], case, ref, config, executors[index]) for index in todo}
@@ -223,20 +223,21 @@ def _results(backends: list[Loaded], executors: list[Executor], case: Case, ref:
         rule.ran_out(sum(counted.values()))
     for index, result in waiting.items():
         if isinstance(result, OutOfMemory):
-            again = _alone(backends[index], executors[index], case, ref, config, counted[index], rule)
+            again = _alone(backends[index], executors[index], case, ref, config, counted[index], rule, shape)
             yield index, _noted(again, retried=result.describe())
         else:
             yield index, _learned(result, rule, shape, counted[index], backends[index])
 
 
 def _alone(backend: Loaded, executor: Executor, case: Case, ref: Reference, config: RunConfig, counted: int,
-           rule: memory.SideBySide, learned: bool = True) -> CaseResult:
+           rule: memory.SideBySide, shape: memory.Shape, learned: bool = True) -> CaseResult:
     """`backend` on `case` with no other call in flight, the memory this process keeps cached given back
-    first; out of memory, a SKIP with the numbers. `learned`: it ran alone for want of memory (noted)."""
-    if config.device == "cuda":
+    first where the call is large (what this process frees into its cache, a worker cannot use); out of
+    memory, a SKIP with the numbers. `learned`: it ran alone for want of memory (noted)."""
+    if config.device == "cuda" and counted > CACHE_KEPT_BYTES:
         release_cache()
     result = settled_alone(start_beside(backend, case, ref, config, executor)(), backend, case, config, counted)
-    result = _learned(result, rule, memory.Shape.of_case(case), counted, backend)
+    result = _learned(result, rule, shape, counted, backend)
     return _noted(result, alone=True, counted=counted) if learned or result.memory is not None else result
 
 

@@ -362,7 +362,7 @@ def test_a_call_that_runs_out_of_memory_alone_is_a_skip_with_the_numbers_and_the
     shape = memory.Shape.of_case(cases[0])
     need = memory.call_bytes(shape, mb.CONTRACT)
     assert f"it needs about {memory.size_text(need.total)} ({need.describe()})" in reason, reason
-    assert results[0].memory == CallMemory(counted=need.total, alone=True), results[0].memory
+    assert results[0].memory == CallMemory(counted=need.total, alone=True, ran_out=True), results[0].memory
 
 
 def test_the_engines_own_comparison_out_of_memory_is_no_verdict_on_the_backend(monkeypatch):
@@ -387,3 +387,25 @@ def test_the_side_by_side_scripts_copies_compute_the_oracle_interpreted_and_the_
     results = run([Copy00(), Copy10(), Planted()], [case], RunConfig())
     assert [r.verdict for r in results] == [Verdict.PASS, Verdict.PASS, Verdict.FAIL_MASK], results
     assert results[2].comparison.mask_rows == [0, 1, 4, 5], "every row whose window holds a key"
+
+
+class _Measured(InProcess):
+    """The in-process executor, each call's outcome saying it allocated PER_LOGIT bytes a logit at its peak
+    (what guards measures on a GPU)."""
+
+    PER_LOGIT = 100
+
+    def submit(self, backend, inputs, launch):
+        pending = super().submit(backend, inputs, launch)
+        return lambda: dataclasses.replace(pending(), peak_bytes=self.PER_LOGIT * launch.rows * launch.max_model_len)
+
+
+def test_what_a_call_was_measured_to_allocate_is_noted_and_counted_for_the_backends_later_calls(monkeypatch):
+    monkeypatch.setattr(runner, "InProcess", _Measured)
+    cases = [build_case(FIXED, 0), build_case(FIXED, 1)]
+    first, second = run([TorchBackend()], cases, RunConfig())
+    shape = memory.Shape.of_case(cases[0])
+    declared = memory.call_bytes(shape, TorchBackend().contract)
+    assert first.memory.measured == second.memory.measured == _Measured.PER_LOGIT * shape.logits, first.memory
+    assert first.memory.counted == declared.total, "its first call was counted at what it declares"
+    assert second.memory.counted == declared.kernel + _Measured.PER_LOGIT * shape.logits, second.memory
