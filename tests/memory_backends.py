@@ -6,6 +6,9 @@ as a kernel on a full GPU does, under one condition:
     oom_beside_others   when another call is in flight beside it: right when it runs alone
     oom_on_first_call   on its first call under a folder (in-process, where calls never overlap)
     oom_always          always: it does not fit even alone
+    aborts_out_of_memory  kills its process as a C++ library does on a failed CUDA allocation (an uncaught
+                        c10::Error: 'what():  CUDA error: out of memory', then abort): under isolation
+                        its worker dies, and the text it left is all that says why
 
 Calls see each other through a marker-file protocol in the folder MARKERS names (a test's tmp_path,
 handed to worker processes in their environment): each call of oom_beside_others and marks_its_call
@@ -17,6 +20,7 @@ Each call appends 'name overlapped' or 'name alone' to the folder's calls.log.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -90,3 +94,12 @@ def oom_on_first_call(q, kv_cache, weights, context_lens, block_table, max_model
 def oom_always(q, kv_cache, weights, context_lens, block_table, max_model_len):
     """Out of memory on every call, alone too: it never fits."""
     raise torch.OutOfMemoryError(OUT_OF_MEMORY)
+
+
+@backend(contract=CONTRACT, name="aborts-out-of-memory")
+def aborts_out_of_memory(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Dies of SIGABRT after printing what an uncaught c10::Error prints for a failed CUDA allocation."""
+    sys.stderr.write("terminate called after throwing an instance of 'c10::Error'\n"
+                     "  what():  CUDA error: out of memory\n")
+    sys.stderr.flush()
+    os.abort()

@@ -147,7 +147,7 @@ def settled_alone(result: CaseResult | OutOfMemory, backend: Loaded, case: Case,
     how = call.describe() if need == call.total else f"as its earlier calls were measured; {call.describe()}"
     free = hardware.available_memory(config.device)
     shown = "not known" if free is None else memory.size_text(free)
-    reason = (f"out of memory, with no other call beside it: {result.what} raised {result.error}; it needs about "
+    reason = (f"out of memory with no other call beside it: {result.what} ran out ({result.error}); it needs about "
               f"{memory.size_text(need)} ({how}), {shown} free on {config.device} now")
     return CaseResult(verdict=Verdict.SKIP, seconds=result.seconds, reason=reason,
                       memory=CallMemory(counted=need, alone=True, ran_out=True), **identity(backend, case, config))

@@ -253,7 +253,7 @@ def test_running_out_of_memory_handing_over_the_inputs_is_a_skip_with_the_number
     case = build_case(TINY, 0)
     [result] = run([TorchBackend()], [case], RunConfig())
     assert result.verdict == Verdict.SKIP and result.error_type is None, f"{result=}"
-    assert "with no other call beside it: preparing its inputs raised OutOfMemoryError" in result.reason
+    assert "with no other call beside it: preparing its inputs ran out (OutOfMemoryError" in result.reason
     assert "36.50 GiB" in result.reason and "it needs about" in result.reason and "free on cpu" in result.reason
 
 
@@ -357,7 +357,7 @@ def test_a_call_that_runs_out_of_memory_alone_is_a_skip_with_the_numbers_and_the
     results = run([_fn(mb.oom_always)], cases, RunConfig())
     assert [r.verdict for r in results] == [Verdict.SKIP, Verdict.SKIP] and results[0].error_type is None, results
     reason = results[0].reason
-    assert reason.startswith("out of memory, with no other call beside it: its call raised OutOfMemoryError: CUDA out "
+    assert reason.startswith("out of memory with no other call beside it: its call ran out (OutOfMemoryError: CUDA out "
                              "of memory. Tried to allocate 8.00 GiB."), reason
     shape = memory.Shape.of_case(cases[0])
     need = memory.call_bytes(shape, mb.CONTRACT)
@@ -374,7 +374,7 @@ def test_the_engines_own_comparison_out_of_memory_is_no_verdict_on_the_backend(m
 
     monkeypatch.setattr(call, "compare", out_of_memory)
     [result] = run([TorchBackend()], [build_case(TINY, 0)], RunConfig())
-    assert result.verdict == Verdict.SKIP and "judging its output raised RuntimeError" in result.reason, result
+    assert result.verdict == Verdict.SKIP and "judging its output ran out (RuntimeError" in result.reason, result
 
 
 def test_the_side_by_side_scripts_copies_compute_the_oracle_interpreted_and_the_planted_one_fails():
@@ -409,3 +409,14 @@ def test_what_a_call_was_measured_to_allocate_is_noted_and_counted_for_the_backe
     assert first.memory.measured == second.memory.measured == _Measured.PER_LOGIT * shape.logits, first.memory
     assert first.memory.counted == declared.total, "its first call was counted at what it declares"
     assert second.memory.counted == declared.kernel + _Measured.PER_LOGIT * shape.logits, second.memory
+
+
+def test_a_worker_killed_by_a_librarys_out_of_memory_abort_is_tried_alone_then_a_skip_not_a_crash(tmp_path):
+    """A kernel library that aborts on a failed CUDA allocation takes its worker down: the text it left
+    says why, so the call is tried again alone, and running out there too is a SKIP with the numbers."""
+    backends = [_fn(mb.aborts_out_of_memory), TorchBackend()]
+    results = run(backends, [build_case(FIXED, 0)], RunConfig(isolate=True))
+    aborted = results[0]
+    assert [r.verdict for r in results] == [Verdict.SKIP, Verdict.PASS], results
+    assert "worker killed by SIGABRT" in aborted.reason and "CUDA error: out of memory" in aborted.reason, aborted
+    assert aborted.memory.retried and aborted.memory.ran_out, aborted.memory
