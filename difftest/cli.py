@@ -575,6 +575,9 @@ def _print_outcome(request: RunRequest, outcome: RunOutcome, verbose: bool = Fal
         print("\n" + siblings)
     if outcome.info.get("not_started"):
         print(f"\nbudget spent: {len(outcome.info['not_started'])} planned cases not started (listed in the report)")
+    memory = _memory_line(outcome.results)
+    if memory:
+        print("\n" + memory)
     if verbose:
         print("\n" + report.render_results(outcome.results))
     failures = report.render_failures(outcome.results, limit=len(outcome.results) if verbose else 20,
@@ -588,6 +591,21 @@ def _print_outcome(request: RunRequest, outcome: RunOutcome, verbose: bool = Fal
     if outcome.bundles:
         print(f"\nreproducers: {outcome.bundles} bundle(s) under {request.repro_dir} (difftest replay BUNDLE; "
               "--trust-bundle for a backend given as package.module:object)")
+
+
+def _memory_line(results: list) -> str:
+    """One line on the calls memory shaped: tried again alone after running out beside others, run one at a
+    time, SKIPs for want of memory ('' when none)."""
+    noted = [r for r in results if r.memory is not None]
+    retried = [r for r in noted if r.memory.retried]
+    alone = sum(r.memory.alone for r in noted)
+    skipped = sum(r.memory.ran_out for r in noted)
+    if not retried and not alone:
+        return ""
+    passed = sum(not r.verdict.failed and r.verdict.value != "SKIP" for r in retried)
+    return (f"memory: {len(retried)} calls ran out of memory beside others and were tried again alone ({passed} "
+            f"passed there); {alone} calls ran one at a time; {skipped} SKIP for want of memory (reasons in the "
+            "report)")
 
 
 def _bundle_backend(args: argparse.Namespace, bundle: object) -> object:

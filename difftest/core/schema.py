@@ -511,6 +511,17 @@ class TimingModel(Model):
     error: Text() | None = None
 
 
+class CallMemoryModel(Model):
+    """difftest.engine.result.CallMemory."""
+
+    what: ClassVar[str] = "a JSON object {counted, measured, alone, retried, ran_out}"
+    counted: Count | None = None
+    measured: Count | None = None
+    alone: Bool = False
+    retried: Text() | None = None
+    ran_out: Bool = False
+
+
 class ResultModel(Model):
     """difftest.engine.result.CaseResult as serialize.to_jsonable writes it."""
 
@@ -539,6 +550,7 @@ class ResultModel(Model):
     timing: TimingModel | None = None
     library: Text() = ""  # reports written before it have none
     traceback: Text(MAX_TRACEBACK) | None = None
+    memory: CallMemoryModel | None = None  # reports written before it have none
 
 
 class OmittedModel(Model):

@@ -19,6 +19,9 @@ fingerprinted before the first launch and after the last; a change names the ten
 Repeats: the backend is launched `repeat` times on the same inputs; difftest.engine.stability compares the
 outputs. Timing (`time` launches, difftest.engine.timing) comes after the last checksum, unpoisoned, and
 touches no verdict.
+Memory: on a GPU, a launch of more than difftest.core.memory.MEASURED_FROM_LOGITS logits has its peak
+allocation measured (torch.cuda.max_memory_allocated less what was allocated before it), so the runner's
+side-by-side rule counts what a backend allocates where its contract declares nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from difftest.backends import Backend, base, user
 from difftest.core.contract import Contract
 from difftest.core.kernel_inputs import KernelInputs
+from difftest.core.memory import MEASURED_FROM_LOGITS, ran_out
 from difftest.core.poison import INT_OF_SIZE, POISON_BITS, poisoned
 from difftest.core.verdict import Verdict
 from difftest.engine.timing import Timing, time_launches
@@ -74,6 +78,7 @@ class Execution:
     mutated: tuple[str, ...]
     seconds: float
     timing: Timing | None = None  # the timed launches, when asked for
+    peak_bytes: int | None = None  # the most a launch allocated beyond what was allocated before it (measured)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +172,8 @@ def execute(backend: Backend, inputs: KernelInputs, launch: Launch) -> Outcome:
 
     A raised exception is ERROR, unless the device no longer runs anything afterwards (a sticky
     CUDA error such as an illegal memory access): then CRASH, since nothing after it can be trusted.
+    Running out of memory is never sticky: that ERROR is not probed (a probe's own allocation may fail
+    too), and the runner decides what it means (difftest.engine.call).
     That covers a BaseException the backend raises (SystemExit, a KeyboardInterrupt of its own), but
     not a Ctrl-C that arrives while it runs: that one stops the run. An output of the wrong type,
     shape, dtype or device is ERROR with the reason 'contract: expected ..., got ...'. A raised
@@ -182,7 +189,7 @@ def execute(backend: Backend, inputs: KernelInputs, launch: Launch) -> Outcome:
         seconds = time.perf_counter() - start
         exc = exc.raised if isinstance(exc, BackendRaised) else exc
         reason, trace = f"{type(exc).__name__}: {exc}", formatted_traceback(exc)
-        broken = device_failure(inputs.q.device)
+        broken = None if ran_out(exc) else device_failure(inputs.q.device)
         if broken is not None:
             return Fault(Verdict.CRASH, f"{reason} (device unusable afterwards: {broken})", seconds, type(exc).__name__,
                          trace)
@@ -252,11 +259,13 @@ class _SigintWatch:
 def _launches(backend: Backend, inputs: KernelInputs, launch: Launch, watch: _SigintWatch) -> Execution:
     contract, device = backend.contract, inputs.q.device
     before = input_fingerprints(inputs)
-    outputs, seconds = [], []
+    outputs, seconds, peaks = [], [], []
+    watched = device.type == "cuda" and launch.rows * launch.max_model_len > MEASURED_FROM_LOGITS
     for _ in range(launch.repeat):
         out = _fresh_out(contract, launch, device)
         nbytes = launch.rows * launch.max_model_len * contract.output_dtype.itemsize
         poison_cached_memory(nbytes, contract.output_dtype, device)
+        held = _peak_reset(device) if watched else 0
         start = time.perf_counter()
         try:
             with PoisonFreshTensors():
@@ -269,6 +278,8 @@ def _launches(backend: Backend, inputs: KernelInputs, launch: Launch, watch: _Si
             raise BackendRaised(exc) from exc
         synchronize(device)
         seconds.append(time.perf_counter() - start)
+        if watched:
+            peaks.append(torch.cuda.max_memory_allocated(device) - held)
         got = _checked_output(got, launch, contract.output_dtype, device)
         # A backend may hand back the same buffer every launch, timed ones included: keep each launch's bits apart.
         outputs.append(_bit_copy(got) if launch.repeat > 1 or launch.time else got)
@@ -276,7 +287,14 @@ def _launches(backend: Backend, inputs: KernelInputs, launch: Launch, watch: _Si
     mutated = tuple(name for name in before if before[name] != after[name])
     # After the checksums: whatever the timed launches do, the verdict is made of what came before.
     timing = time_launches(backend, inputs, _fresh_out(contract, launch, device), launch.time) if launch.time else None
-    return Execution(tuple(outputs), mutated, seconds[0], timing)
+    return Execution(tuple(outputs), mutated, seconds[0], timing, max(peaks) if peaks else None)
+
+
+def _peak_reset(device: torch.device) -> int:
+    """CUDA: the peak statistic restarted from what is allocated now, and that amount (a launch's own
+    peak allocation is then max_memory_allocated less it; the poisoned output it is handed is not counted)."""
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
 
 
 def _fresh_out(contract: Contract, launch: Launch, device: torch.device) -> torch.Tensor | None:

@@ -73,6 +73,8 @@ _STDERR_LINES = 4  # last lines of a dead worker's stderr quoted when faulthandl
 # run's own time (H200 profiles, reports/h200/session9), most of it for a few MiB, on the thousands of
 # small calls of a fuzz campaign; the workers paid it too.
 CACHE_KEPT_BYTES = 512 << 20
+# How often an idle worker looks whether the parent has let go of the large outputs it sent (_release_sent).
+IDLE_COLLECT_SECONDS = 0.05
 
 
 def transport_for(device: str) -> Transport:
@@ -244,12 +246,38 @@ def serve(conn: Connection, origin: Origin, device: str, log_path: str, transpor
         # Over IPC the outputs stay on the GPU (the parent copies them out); a CPU tensor among them
         # would need a file descriptor passed along, so it goes over as a GPU tensor too.
         outgoing = _outputs_moved(outcome, device if transport == Transport.CUDA_IPC else "cpu")
+        sent = _output_bytes(outcome)
         try:
             conn.send_bytes(_dumps(("outcome", outgoing), transport))
         except Exception as exc:  # an output the transport cannot carry
             conn.send_bytes(_dumps(("outcome", Fault(Verdict.ERROR, f"output not sendable: {exc}", 0.0)), transport))
-        if isinstance(outcome, Fault) and outcome.verdict == Verdict.CRASH:
+        if crashed:
             return  # the device is unusable in this process; the parent starts a new worker
+        # Idle, this worker must not hold the outputs it sent: side by side, eleven workers each keeping a
+        # 2^31-logit output (8 GiB) left none for the next call.
+        del outcome, outgoing
+        if transport == Transport.CUDA_IPC and sent > CACHE_KEPT_BYTES:
+            _release_sent(conn)
+
+
+def _output_bytes(outcome: Outcome) -> int:
+    """Bytes of an outcome's outputs (0 for a fault)."""
+    if not isinstance(outcome, Execution):
+        return 0
+    return sum(t.numel() * t.element_size() for t in outcome.outputs)
+
+
+def _release_sent(conn: Connection) -> None:
+    """Until the next call arrives, give the device memory of the outputs just sent back once the parent
+    has copied them out. Over CUDA IPC the sender keeps a block alive until its receiver lets go of it,
+    and torch frees it only at its next collection (torch.cuda.ipc_collect, or an allocation of this
+    process's that fails): without one, an idle worker would hold its last outputs."""
+    while not conn.poll(IDLE_COLLECT_SECONDS):
+        allocated = torch.cuda.memory_allocated()
+        torch.cuda.ipc_collect()
+        release_cache()
+        if torch.cuda.memory_allocated() < allocated:
+            return  # collected: the parent has let go
 
 
 def _die_with(run_pid: int | None) -> None:

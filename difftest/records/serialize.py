@@ -34,7 +34,7 @@ from difftest.core.schema import (
 from difftest.core.verdict import Mismatch, Verdict
 from difftest.engine.comparison import Comparison
 from difftest.engine.explain import LEGACY_PATTERNS, Example, Explanation, Pattern, Relation, Rounding
-from difftest.engine.result import CaseResult, Reach
+from difftest.engine.result import CallMemory, CaseResult, Reach
 from difftest.engine.sanitize import Finding, SanitizerReport
 from difftest.engine.stability import Stability, StabilityKind
 from difftest.engine.timing import Timing
@@ -76,6 +76,7 @@ def _built(data: dict[str, Any]) -> CaseResult:
         "sanitizer": _maybe(_sanitizer, data.get("sanitizer")),
         "reach": _maybe(lambda r: Reach(**{**r, "families": tuple(r["families"])}), data.get("reach")),
         "timing": _maybe(_timing, data.get("timing")),
+        "memory": _maybe(lambda m: CallMemory(**m), data.get("memory")),
     }
     return CaseResult(**{**data, **nested})
 

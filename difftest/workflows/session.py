@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from difftest.backends import Loaded, get_backends
-from difftest.core import hardware, lifetime
+from difftest.core import hardware, lifetime, memory
 from difftest.core.case import Case
-from difftest.core.errors import Interrupted, OutputError, SpecError, require
+from difftest.core.errors import Interrupted, OutputError, SpecError, first_line, require
 from difftest.core.files import OutputLock, check_writable
 from difftest.core.kinds import CaseKind, Device, ExitStatus
 from difftest.core.verdict import Verdict
@@ -28,6 +28,7 @@ from difftest.engine import performance
 from difftest.engine.config import RunConfig
 from difftest.engine.plan import EnvelopePlan, PlannedCase, Shard, SuiteRequest, envelope_plan, kept_results, plan
 from difftest.engine.result import CaseResult
+from difftest.engine.runner import NotDrawn
 from difftest.generators.envelope import Target, estimate_bytes
 from difftest.records.bundle import bundle_name
 from difftest.records.commands import backend_target, run_command
@@ -195,11 +196,14 @@ def _fitting(cases: list[PlannedCase], device: str) -> list[PlannedCase]:
     before anything is allocated (an envelope plan fits its cases itself)."""
     if not cases:
         return cases
-    memory = Target.probe(Device(device)).memory_bytes
+    spare = Target.probe(Device(device)).memory_bytes
+    host = hardware.host_memory() if device == "cpu" else None
+    bound = f"; {host.bound} bounds it" if host is not None else ""
     for spec in dict.fromkeys(c.spec for c in cases):
         needed = estimate_bytes(spec).total(Device(device))
-        require(needed <= memory, "spec", spec.name, f"a case that fits the {memory / 2**30:.1f} GiB this {device} "
-                f"can spare; it needs {needed / 2**30:.1f} GiB ({estimate_bytes(spec).describe(Device(device))})")
+        require(needed <= spare, "spec", spec.name, f"a case that fits the {spare / 2**30:.1f} GiB this {device} "
+                f"can spare; it needs {needed / 2**30:.1f} GiB ({estimate_bytes(spec).describe(Device(device))})"
+                f"{bound}")
     return cases
 
 
@@ -215,14 +219,37 @@ def _envelope(request: RunRequest, backends: list[Loaded]) -> EnvelopePlan | Non
     return envelope_plan(backends, target, request.suite.seed, request.suite.count or 1)
 
 
-def _drawn(cases: list[PlannedCase], device: str, deadline: float | None, left: list[str]) -> Iterator[Case]:
+def _drawn(cases: list[PlannedCase], device: str, deadline: float | None, left: list[str]) -> Iterator[Case | NotDrawn]:
     """The planned cases as tensors, drawn on the run's device (a 128K-context batch would take seconds
-    on the CPU), until `deadline` (time.monotonic()): the names of those never started go to `left`."""
+    on the CPU), until `deadline` (time.monotonic()): the names of those never started go to `left`. A case
+    that runs out of memory being drawn is a NotDrawn (its backends' results are SKIPs that say so)."""
     for index, planned in enumerate(cases):
         if deadline is not None and time.monotonic() > deadline:
             left.extend(c.name for c in cases[index:])
             return
-        yield planned.build(device)
+        try:
+            case: Case | NotDrawn = planned.build(device)
+        except Exception as exc:
+            if not memory.ran_out(exc):
+                raise
+            case = _not_drawn(planned, device, exc)
+        yield case
+
+
+def _not_drawn(planned: PlannedCase, device: str, exc: BaseException) -> NotDrawn:
+    """A planned case that ran out of memory being drawn: its error, what drawing it needs and what is free."""
+    spec = planned.spec
+    footprint = estimate_bytes(spec)
+    free = hardware.available_memory(device)
+    host = hardware.host_memory() if device == "cpu" else None
+    shown = "not known" if free is None else memory.size_text(free)
+    bound = f" ({host.bound})" if host is not None else ""
+    reason = (f"not drawn: drawing the case ran out of memory ({type(exc).__name__}: {first_line(exc)}); it needs "
+              f"about {memory.size_text(footprint.total(Device(device)))} ({footprint.describe(Device(device))}), "
+              f"{shown} free on {device}{bound}")
+    description = (f"B={spec.total_batch} next_n={spec.next_n} H={spec.heads} D={spec.head_dim} "
+                   f"block={spec.block_size} max_model_len={spec.max_model_len} fp8={spec.fp8.value}")
+    return NotDrawn(planned.name, description, spec.total_batch * spec.next_n, reason, spec.to_json())
 
 
 def _taker(cases: list[PlannedCase]) -> Callable[[str, Case], bool] | None:
@@ -287,10 +314,11 @@ class _Current:
     def __init__(self) -> None:
         self.case: Case | None = None
 
-    def track(self, cases: Iterable[Case]) -> Iterator[Case]:
-        """The same cases, each remembered while the runner works on it."""
+    def track(self, cases: Iterable[Case | NotDrawn]) -> Iterator[Case | NotDrawn]:
+        """The same cases, each remembered while the runner works on it (a case that could not be drawn
+        leaves nothing to bundle: its results are SKIPs)."""
         for case in cases:
-            self.case = case
+            self.case = case if isinstance(case, Case) else None
             yield case
 
 

@@ -81,3 +81,15 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
         out, err = shell.communicate(timeout=120)
         assert err == "" and shell.returncode == 0 and len(out) == 1, (shell.args, shell.returncode, out, err)
 
+
+
+def test_the_run_says_how_many_calls_memory_shaped(tmp_path, monkeypatch):
+    """One line after the table: calls retried alone, run one at a time, SKIPs for want of memory; the
+    SKIP's reason gives the bytes, and a backend that only skipped is named as having tested nothing."""
+    monkeypatch.setenv("DIFFTEST_TEST_MARKERS", str(tmp_path))
+    code, out, err = run_cli(["run", "--backends", "torch,tests.memory_backends:oom_on_first_call,"
+                              "tests.memory_backends:oom_always", "--cases", "edges", "--case-filter", "length-one*",
+                              "--no-progress"])
+    assert code == ExitStatus.FAILED and "'oom-always', asked for by name, tested nothing: out of memory" in err, err
+    assert ("memory: 2 calls ran out of memory beside others and were tried again alone (1 passed there); 2 calls "
+            "ran one at a time; 1 SKIP for want of memory (reasons in the report)") in out, out

@@ -45,7 +45,7 @@ from difftest.engine.config import MAX_REPEAT, MAX_TIME, RunConfig
 from difftest.engine.explain import DIFFERENCES_KEPT, LEGACY_PATTERNS, Example, Explanation, Pattern, Relation, Rounding
 from difftest.engine.guards import MAX_TRACEBACK_CHARS
 from difftest.engine.performance import SiblingRace, SiblingTime
-from difftest.engine.result import CaseResult, Reach
+from difftest.engine.result import CallMemory, CaseResult, Reach
 from difftest.engine.sanitize import Finding, SanitizerReport
 from difftest.engine.stability import Stability, StabilityKind
 from difftest.engine.timing import Timing
@@ -253,7 +253,7 @@ def test_the_restated_enums_and_defaults_agree_with_their_modules():
     (schema.SanitizerModel, SanitizerReport), (schema.FindingModel, Finding), (schema.ReachModel, Reach),
     (schema.OriginModel, Origin), (schema.TimingModel, Timing), (schema.SiblingsModel, Siblings),
     (schema.SummaryModel, BackendSummary), (schema.SiblingRaceModel, SiblingRace),
-    (schema.SiblingTimeModel, SiblingTime)], ids=lambda x: x.__name__)
+    (schema.SiblingTimeModel, SiblingTime), (schema.CallMemoryModel, CallMemory)], ids=lambda x: x.__name__)
 def test_every_dataclass_field_has_its_schema_field(model, cls):
     """A field added to a result's dataclass needs its line in difftest.core.schema, or --resume refuses its streams."""
     current = set(model.model_fields) - model.legacy_fields
