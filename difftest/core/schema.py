@@ -47,6 +47,7 @@ from difftest.core.kinds import (
     TimedRegion,
     TimingMethod,
 )
+from difftest.core.text import printable
 from difftest.core.verdict import Verdict
 
 # --------------------------------------------------------------------------- bounds
@@ -1076,8 +1077,8 @@ def shown(value: Any, limit: int = 200) -> Any:
 
 
 def one_line(text: str) -> str:
-    """`text` with its control characters escaped: an error stays one line."""
-    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+    """`text` with its control characters escaped (difftest.core.text.printable): an error stays one line."""
+    return printable(text, lines=False)
 
 
 # --------------------------------------------------------------------------- reading documents
