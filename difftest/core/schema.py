@@ -643,6 +643,15 @@ class OriginModel(Model):
     registered: Bool
     why_not: Text() = ""
 
+    @model_validator(mode="after")
+    def _registered_is_a_name(self) -> "OriginModel":
+        # A registered origin is a name the registry resolves; a 'module:object' path never is one (replay
+        # imports a path only when the bundle is trusted, difftest.workflows.replay).
+        if self.registered and (self.target is None or ":" in self.target):
+            raise SpecError("registered", True, f"false for the target {self.target!r}: only a registered "
+                            "backend name (no ':') is registered")
+        return self
+
 
 class BundleInfoModel(Model):
     """bundle.json (difftest.records.bundle.write_bundle)."""
