@@ -113,6 +113,15 @@ def free_memory(index: int | None = None) -> int:
     return int(free + torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index))
 
 
+def host_free_memory() -> int | None:
+    """Bytes of host memory free now (the OS's free pages), or None where the OS does not say: what a
+    case archive may declare is bounded by it (difftest.core.schema.check_case_archive)."""
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def describe_gpu(index: int, props: Any, visible: str | None) -> str:
     """'cuda:{index} {name} (PCI {domain}:{bus}:{slot}.0, CUDA_VISIBLE_DEVICES={visible})' of
     torch.cuda.get_device_properties(index); the UUID where this torch does not expose the PCI address."""

@@ -9,9 +9,10 @@ what is allowed; the CLI prints it as one line and exits 2.
 
 A case archive (.npz, a zip of .npy files) is checked from its zip directory and the .npy headers
 alone (check_case_archive): the members, their dtypes and shapes against the case's meta, and each
-member's declared size against what those shapes take, before any array is decompressed. zipfile
-never inflates a member past its declared size, so nothing larger than the meta implies is ever
-decompressed, and object arrays (pickles) are refused.
+member's declared size against what those shapes take, and their sizes together against the host's
+free memory, before any array is decompressed. zipfile never inflates a member past its declared
+size, so nothing larger than the meta implies is ever decompressed, and object arrays (pickles) are
+refused.
 
 This module imports neither torch nor anything above difftest's bottom layer.
 """
@@ -34,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationErr
 from pydantic_core import PydanticCustomError
 
 from difftest.core.errors import SpecError
-from difftest.core.hardware import DeviceKind
+from difftest.core.hardware import DeviceKind, host_free_memory
 from difftest.core.kinds import (
     CacheLayout,
     CaseKind,
@@ -84,6 +85,7 @@ MAX_ITEMS = 1 << 20  # list entries that are not per-row or per-request (names, 
 MAX_DOCUMENT_BYTES = 1 << 32  # a JSON report, stream, bundle.json or ledger read whole
 MAX_NPY_HEADER = 1 << 16  # an .npy header (numpy writes ~128 bytes)
 MAX_DEFLATE_RATIO = 1032  # deflate's largest expansion: a member cannot inflate to more than this many times its size
+LOAD_FACTOR = 3  # host memory a case archive's arrays take while Case.load reads them, per declared byte
 META_FIXED_CHARS = 1 << 16  # the JSON meta of a case, less its per-request lists
 META_CHARS_PER_REQUEST = 24  # seq_lens and spec.lengths: up to 7 digits and ', ' each, with room
 
@@ -1178,6 +1180,7 @@ def check_case_archive(path: str | Path, where: str | None = None) -> dict[str, 
     try:
         with zipfile.ZipFile(path) as archive:
             headers = _headers(archive, where)
+            _fits_memory(headers, where)
             meta = _meta(archive, headers, where)
             _check_arrays(headers, meta, where)
             return meta
@@ -1231,6 +1234,18 @@ def _header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, where: str) -> _Hea
         raise SpecError(f"{where} size", info.file_size, f"{offset + header.nbytes} bytes: its header and "
                         f"{_n(header.nbytes)} bytes of {dtype.str} {tuple(shape)}")
     return header
+
+
+def _fits_memory(headers: dict[str, _Header], where: str) -> None:
+    """The arrays, as declared, must fit this host's free memory LOAD_FACTOR times over: an archive of a
+    few megabytes can declare gigabytes of zeros, which would be inflated for many seconds before the
+    process is killed for memory, where a case this host cannot hold is an error at once."""
+    free = host_free_memory()
+    declared = sum(header.nbytes for header in headers.values())
+    if free is not None and declared * LOAD_FACTOR > free:
+        raise SpecError(f"{where} size", declared, f"arrays this host can load: at most {_n(free // LOAD_FACTOR)} "
+                        f"bytes, 1/{LOAD_FACTOR} of the {_n(free)} bytes of memory free (loading holds each array "
+                        "twice while it is read, and the cache once more while it is split)")
 
 
 def _meta(archive: zipfile.ZipFile, headers: dict[str, _Header], where: str) -> dict[str, Any]:
