@@ -132,7 +132,11 @@ def run_folder() -> Path:
     if _folder is None or not _folder.is_dir():
         sweep()
         folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
-        (folder / OWNER).write_text(f"{os.getpid()} {_started(os.getpid())}\n")
+        # Written aside and renamed into place: a sweep in another process that read the owner file half
+        # written (empty) would take the folder for a dead run's and remove it under this one.
+        partial = folder / f".{OWNER}"
+        partial.write_text(f"{os.getpid()} {_started(os.getpid())}\n")
+        os.replace(partial, folder / OWNER)
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
         _folder = folder
     return _folder

@@ -23,7 +23,7 @@ from difftest.backends import Loaded, get_backends
 from difftest.core import hardware, lifetime
 from difftest.core.case import Case
 from difftest.core.errors import Interrupted, OutputError, SpecError, require
-from difftest.core.files import OutputLock, check_writable
+from difftest.core.files import OutputLock, check_writable, holds_output
 from difftest.core.kinds import CaseKind, Device, ExitStatus
 from difftest.core.verdict import Verdict
 from difftest.engine import performance
@@ -157,8 +157,8 @@ def _claimed(request: RunRequest) -> list[OutputLock]:
     try:
         for path, field in outputs.items():
             locks.append(OutputLock(path, field).acquire())
-        for path, field in outputs.items():
-            require(request.overwrite or request.resume is not None or not path.exists(), field, str(path),
+        for path, field in outputs.items():  # an empty file is no earlier run's: `mktemp` made it for this one
+            require(request.overwrite or request.resume is not None or not holds_output(path), field, str(path),
                     "a path no earlier run wrote (one did: overwrite it, or resume from it)")
     except BaseException:
         for lock in locks:
