@@ -19,7 +19,9 @@ This module imports neither torch nor anything above difftest's bottom layer.
 
 import json
 import math
+import os
 import re
+import stat
 import struct
 import types
 import typing
@@ -1095,11 +1097,18 @@ def one_line(text: str) -> str:
 # --------------------------------------------------------------------------- reading documents
 
 def read_text(path: str | Path, field: str, what: str, limit: int = MAX_DOCUMENT_BYTES) -> str:
-    """The UTF-8 text of `path`; SpecError(field, path, ...) when it cannot be read, is not UTF-8 or is
+    """The UTF-8 text of `path`; SpecError(field, path, ...) when it cannot be read, is not a regular
+    file (a FIFO would block the read until a writer came, a device never end), is not UTF-8 or is
     larger than `limit` bytes."""
     chunks, size = [], 0
     try:
-        with Path(path).open("rb") as file:
+        # Opened without blocking (a FIFO's open waits for a writer), then checked to be a regular file.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise SpecError(field, str(path), f"a {what} in a regular file (not a FIFO, device or folder)")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as file:
             # In chunks: file.read(limit + 1) would set aside `limit` bytes before reading any.
             while size <= limit and (chunk := file.read(1 << 20)):
                 chunks.append(chunk)
@@ -1134,11 +1143,21 @@ def read_toml(path: str | Path, field: str, what: str) -> dict[str, Any]:
 
 
 def parse_json(text: str) -> Any:
-    """json.loads, ValueError (never RecursionError) for text that is not JSON or nests too deeply."""
+    """json.loads, ValueError (never RecursionError) for text that is not JSON, nests too deeply, or
+    gives one key twice in an object (json.loads would keep the last silently)."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except RecursionError:
         raise ValueError("nested too deeply") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """The object of `pairs`; ValueError naming a key given twice."""
+    made = dict(pairs)
+    if len(made) != len(pairs):
+        twice = next(key for key, times in Counter(key for key, _ in pairs).items() if times > 1)
+        raise ValueError(f"the key {twice!r} is given twice")
+    return made
 
 
 # --------------------------------------------------------------------------- case archives (.npz)

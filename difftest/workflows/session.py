@@ -341,9 +341,9 @@ def _same_options(request: RunRequest, earlier: list[dict[str, Any]]) -> None:
     now = run_info(request, time.time(), 0)
     for header in earlier:
         for key, field in RESUMED_ALIKE.items():
-            require(key not in header or header[key] == now[key], field, now[key],
-                    f"{header[key]!r}, what the run resumed from {request.resume} used (its results were made "
-                    "under it; start a new report to change it)")
+            if key in header:
+                require(header[key] == now[key], field, now[key], f"{header[key]!r}, what the run resumed from "
+                        f"{request.resume} used (its results were made under it; start a new report to change it)")
 
 
 def _open_stream(request: RunRequest, info: dict[str, Any],
