@@ -9,16 +9,19 @@ what is allowed; the CLI prints it as one line and exits 2.
 
 A case archive (.npz, a zip of .npy files) is checked from its zip directory and the .npy headers
 alone (check_case_archive): the members, their dtypes and shapes against the case's meta, and each
-member's declared size against what those shapes take, before any array is decompressed. zipfile
-never inflates a member past its declared size, so nothing larger than the meta implies is ever
-decompressed, and object arrays (pickles) are refused.
+member's declared size against what those shapes take, and their sizes together against the host's
+free memory, before any array is decompressed. zipfile never inflates a member past its declared
+size, so nothing larger than the meta implies is ever decompressed, and object arrays (pickles) are
+refused.
 
 This module imports neither torch nor anything above difftest's bottom layer.
 """
 
 import json
 import math
+import os
 import re
+import stat
 import struct
 import types
 import typing
@@ -34,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationErr
 from pydantic_core import PydanticCustomError
 
 from difftest.core.errors import SpecError
-from difftest.core.hardware import DeviceKind
+from difftest.core.hardware import DeviceKind, available_memory
 from difftest.core.kinds import (
     CacheLayout,
     CaseKind,
@@ -47,6 +50,7 @@ from difftest.core.kinds import (
     TimedRegion,
     TimingMethod,
 )
+from difftest.core.text import printable
 from difftest.core.verdict import Verdict
 
 # --------------------------------------------------------------------------- bounds
@@ -83,6 +87,7 @@ MAX_ITEMS = 1 << 20  # list entries that are not per-row or per-request (names, 
 MAX_DOCUMENT_BYTES = 1 << 32  # a JSON report, stream, bundle.json or ledger read whole
 MAX_NPY_HEADER = 1 << 16  # an .npy header (numpy writes ~128 bytes)
 MAX_DEFLATE_RATIO = 1032  # deflate's largest expansion: a member cannot inflate to more than this many times its size
+LOAD_FACTOR = 3  # host memory a case archive's arrays take while Case.load reads them, per declared byte
 META_FIXED_CHARS = 1 << 16  # the JSON meta of a case, less its per-request lists
 META_CHARS_PER_REQUEST = 24  # seq_lens and spec.lengths: up to 7 digits and ', ' each, with room
 
@@ -774,6 +779,15 @@ class OriginModel(Model):
     registered: Bool
     why_not: Text() = ""
 
+    @model_validator(mode="after")
+    def _registered_is_a_name(self) -> "OriginModel":
+        # A registered origin is a name the registry resolves; a 'module:object' path never is one (replay
+        # imports a path only when the bundle is trusted, difftest.workflows.replay).
+        if self.registered and (self.target is None or ":" in self.target):
+            raise SpecError("registered", True, f"false for the target {self.target!r}: only a registered "
+                            "backend name (no ':') is registered")
+        return self
+
 
 class BundleInfoModel(Model):
     """bundle.json (difftest.records.bundle.write_bundle)."""
@@ -1245,18 +1259,25 @@ def shown(value: Any, limit: int = 200) -> Any:
 
 
 def one_line(text: str) -> str:
-    """`text` with its control characters escaped: an error stays one line."""
-    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+    """`text` with its control characters escaped (difftest.core.text.printable): an error stays one line."""
+    return printable(text, lines=False)
 
 
 # --------------------------------------------------------------------------- reading documents
 
 def read_text(path: str | Path, field: str, what: str, limit: int = MAX_DOCUMENT_BYTES) -> str:
-    """The UTF-8 text of `path`; SpecError(field, path, ...) when it cannot be read, is not UTF-8 or is
+    """The UTF-8 text of `path`; SpecError(field, path, ...) when it cannot be read, is not a regular
+    file (a FIFO would block the read until a writer came, a device never end), is not UTF-8 or is
     larger than `limit` bytes."""
     chunks, size = [], 0
     try:
-        with Path(path).open("rb") as file:
+        # Opened without blocking (a FIFO's open waits for a writer), then checked to be a regular file.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise SpecError(field, str(path), f"a {what} in a regular file (not a FIFO, device or folder)")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as file:
             # In chunks: file.read(limit + 1) would set aside `limit` bytes before reading any.
             while size <= limit and (chunk := file.read(1 << 20)):
                 chunks.append(chunk)
@@ -1291,11 +1312,21 @@ def read_toml(path: str | Path, field: str, what: str) -> dict[str, Any]:
 
 
 def parse_json(text: str) -> Any:
-    """json.loads, ValueError (never RecursionError) for text that is not JSON or nests too deeply."""
+    """json.loads, ValueError (never RecursionError) for text that is not JSON, nests too deeply, or
+    gives one key twice in an object (json.loads would keep the last silently)."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except RecursionError:
         raise ValueError("nested too deeply") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """The object of `pairs`; ValueError naming a key given twice."""
+    made = dict(pairs)
+    if len(made) != len(pairs):
+        twice = next(key for key, times in Counter(key for key, _ in pairs).items() if times > 1)
+        raise ValueError(f"the key {twice!r} is given twice")
+    return made
 
 
 # --------------------------------------------------------------------------- case archives (.npz)
@@ -1337,6 +1368,7 @@ def check_case_archive(path: str | Path, where: str | None = None) -> dict[str, 
     try:
         with zipfile.ZipFile(path) as archive:
             headers = _headers(archive, where)
+            _fits_memory(headers, where)
             meta = _meta(archive, headers, where)
             _check_arrays(headers, meta, where)
             return meta
@@ -1390,6 +1422,18 @@ def _header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, where: str) -> _Hea
         raise SpecError(f"{where} size", info.file_size, f"{offset + header.nbytes} bytes: its header and "
                         f"{_n(header.nbytes)} bytes of {dtype.str} {tuple(shape)}")
     return header
+
+
+def _fits_memory(headers: dict[str, _Header], where: str) -> None:
+    """The arrays, as declared, must fit this host's free memory LOAD_FACTOR times over: an archive of a
+    few megabytes can declare gigabytes of zeros, which would be inflated for many seconds before the
+    process is killed for memory, where a case this host cannot hold is an error at once."""
+    free = available_memory("cpu")
+    declared = sum(header.nbytes for header in headers.values())
+    if free is not None and declared * LOAD_FACTOR > free:
+        raise SpecError(f"{where} size", declared, f"arrays this host can load: at most {_n(free // LOAD_FACTOR)} "
+                        f"bytes, 1/{LOAD_FACTOR} of the {_n(free)} bytes this process can still allocate (loading "
+                        "holds each array twice while it is read, and the cache once more while it is split)")
 
 
 def _meta(archive: zipfile.ZipFile, headers: dict[str, _Header], where: str) -> dict[str, Any]:

@@ -26,12 +26,14 @@ side-by-side rule counts what a backend allocates where its contract declares no
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -39,6 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from difftest.backends import Backend, base, user
 from difftest.core.contract import Contract
+from difftest.core.errors import exception_text
 from difftest.core.kernel_inputs import KernelInputs
 from difftest.core.memory import MEASURED_FROM_LOGITS, ran_out
 from difftest.core.poison import INT_OF_SIZE, POISON_BITS, poisoned
@@ -179,21 +182,77 @@ def execute(backend: Backend, inputs: KernelInputs, launch: Launch) -> Outcome:
     shape, dtype or device is ERROR with the reason 'contract: expected ..., got ...'. A raised
     exception's traceback is kept (Fault.traceback).
     """
-    start = time.perf_counter()
+    start, caller = time.perf_counter(), os.getpid()
     try:
-        with _SigintWatch() as watch:
+        with _SigintWatch() as watch, TorchState.kept():
             return _launches(backend, inputs, launch, watch)
     except ContractViolation as exc:
         return Fault(Verdict.ERROR, str(exc), time.perf_counter() - start, "contract")
     except Exception as exc:  # the backend's fault becomes its verdict, never the run's end
         seconds = time.perf_counter() - start
         exc = exc.raised if isinstance(exc, BackendRaised) else exc
-        reason, trace = f"{type(exc).__name__}: {exc}", formatted_traceback(exc)
+        reason, trace = exception_text(exc), formatted_traceback(exc)
         broken = None if ran_out(exc) else device_failure(inputs.q.device)
         if broken is not None:
             return Fault(Verdict.CRASH, f"{reason} (device unusable afterwards: {broken})", seconds, type(exc).__name__,
                          trace)
         return Fault(Verdict.ERROR, reason, seconds, type(exc).__name__, trace)
+    finally:
+        if os.getpid() != caller:
+            # A copy of this process the backend forked, returning (or raising) here: it must not go on
+            # with the run (a second run writing the same report, answering the worker's pipe twice).
+            os._exit(FORKED_COPY)
+
+
+FORKED_COPY = 0  # exit status of a forked copy of the caller that the backend returned into
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchState:
+    """The process-wide torch settings a backend can change and the engine relies on after it: the
+    default dtype and device (a backend calling torch.set_default_dtype(torch.float64) would make every
+    later case's tensors float64), autograd, deterministic algorithms, matmul precision, CPU threads."""
+
+    dtype: torch.dtype
+    device: torch.device
+    grad: bool
+    deterministic: tuple[bool, bool]
+    matmul_precision: str
+    threads: int
+
+    @classmethod
+    def now(cls) -> TorchState:
+        """The settings in force."""
+        deterministic = (torch.are_deterministic_algorithms_enabled(),
+                         torch.is_deterministic_algorithms_warn_only_enabled())
+        return cls(torch.get_default_dtype(), torch.get_default_device(), torch.is_grad_enabled(), deterministic,
+                   torch.get_float32_matmul_precision(), torch.get_num_threads())
+
+    def restore(self) -> None:
+        """Put back every setting that differs from this one."""
+        now = TorchState.now()
+        if now.dtype != self.dtype:
+            torch.set_default_dtype(self.dtype)
+        if now.device != self.device:  # cpu is also what get_default_device says when none was set
+            torch.set_default_device(None if self.device == torch.device("cpu") else self.device)
+        if now.grad != self.grad:
+            torch.set_grad_enabled(self.grad)
+        if now.deterministic != self.deterministic:
+            torch.use_deterministic_algorithms(self.deterministic[0], warn_only=self.deterministic[1])
+        if now.matmul_precision != self.matmul_precision:
+            torch.set_float32_matmul_precision(self.matmul_precision)
+        if now.threads != self.threads:
+            torch.set_num_threads(self.threads)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def kept() -> Iterator[None]:
+        """The settings as they were before the block, once it ends, however it ends."""
+        before = TorchState.now()
+        try:
+            yield
+        finally:
+            before.restore()
 
 
 def formatted_traceback(exc: BaseException) -> str:
@@ -221,7 +280,7 @@ class BackendRaised(Exception):
 
     def __init__(self, raised: BaseException) -> None:
         self.raised = raised
-        super().__init__(f"{type(raised).__name__}: {raised}")
+        super().__init__(exception_text(raised))
 
 
 class _SigintWatch:
@@ -268,7 +327,7 @@ def _launches(backend: Backend, inputs: KernelInputs, launch: Launch, watch: _Si
         held = _peak_reset(device) if watched else 0
         start = time.perf_counter()
         try:
-            with PoisonFreshTensors():
+            with PoisonFreshTensors(), TorchState.kept():  # the checks below run under the engine's settings
                 got = backend(inputs, out)
         except Exception:
             raise

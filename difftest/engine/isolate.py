@@ -4,8 +4,11 @@ costs its own verdict (CRASH, TIMEOUT) and nothing else; the run goes on with a 
 One long-lived worker per backend, fed cases over a duplex pipe:
 
     worker -> parent   ("ready", name) once it has rebuilt the backend, or ("fault", (text, traceback))
-    parent -> worker   (KernelInputs, Launch)                                   one per case
-    worker -> parent   ("outcome", Execution | Fault)                            one per case
+    parent -> worker   (tag, KernelInputs, Launch)                              one per case
+    worker -> parent   ("outcome", tag, Execution | Fault)                       one per case
+
+The tag numbers the calls to one worker: an answer whose tag is not the call's (a backend that forked
+and returned in both processes answers twice) is dropped, never taken for the next call's answer.
 
 How tensors travel is the worker's transport (transport_for). On the CPU, and on a GPU with
 DIFFTEST_WORKER_TRANSPORT=copy, frames are torch.save bytes of CPU copies: the worker owns every
@@ -34,6 +37,7 @@ import contextlib
 import dataclasses
 import faulthandler
 import io
+import itertools
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.util
@@ -235,7 +239,7 @@ def serve(conn: Connection, origin: Origin, device: str, log_path: str, transpor
     conn.send_bytes(_dumps(("ready", backend.name), transport))
     while True:
         try:
-            inputs, launch = _loads(conn.recv_bytes(), transport)
+            tag, inputs, launch = _loads(conn.recv_bytes(), transport)
         except EOFError:
             return
         outcome = execute(backend, _moved(inputs, device), launch)
@@ -248,9 +252,10 @@ def serve(conn: Connection, origin: Origin, device: str, log_path: str, transpor
         outgoing = _outputs_moved(outcome, device if transport == Transport.CUDA_IPC else "cpu")
         sent = _output_bytes(outcome)
         try:
-            conn.send_bytes(_dumps(("outcome", outgoing), transport))
+            conn.send_bytes(_dumps(("outcome", tag, outgoing), transport))
         except Exception as exc:  # an output the transport cannot carry
-            conn.send_bytes(_dumps(("outcome", Fault(Verdict.ERROR, f"output not sendable: {exc}", 0.0)), transport))
+            unsent = Fault(Verdict.ERROR, f"output not sendable: {exc}", 0.0)
+            conn.send_bytes(_dumps(("outcome", tag, unsent), transport))
         if crashed:
             return  # the device is unusable in this process; the parent starts a new worker
         # Idle, this worker must not hold the outputs it sent: side by side, eleven workers each keeping a
@@ -336,6 +341,7 @@ class Worker:
         self.answered_at = 0.0
         self.starting: threading.Thread | None = None  # start_soon's thread, until joined
         self.unanswered: collections.deque[_Call] = collections.deque()  # sent, answer not yet read
+        self.tags = itertools.count(1)  # numbers the calls: an answer carries its call's
 
     @property
     def queues(self) -> bool:
@@ -394,13 +400,14 @@ class Worker:
         # 256K-context batches, seven backends).
         shipped = _shipped(inputs, torch.cuda.MemPool()) if self.transport == Transport.CUDA_IPC else \
             _moved(inputs, "cpu")
+        tag = next(self.tags)
         try:
-            self.conn.send_bytes(_dumps((shipped, launch), self.transport))
+            self.conn.send_bytes(_dumps((tag, shipped, launch), self.transport))
         except OSError:
             died = self._died(time.perf_counter() - start)
             return lambda: died
         sent_to = self.started
-        call = _Call(lambda: self._answered(sent_to, start, shipped, (backend, inputs, launch)))
+        call = _Call(lambda: self._answered(sent_to, start, shipped, tag, (backend, inputs, launch)))
         self.unanswered.append(call)
         return lambda: self._outcome_of(call)
 
@@ -412,13 +419,13 @@ class Worker:
             earliest.outcome = earliest.answer()
         return call.outcome
 
-    def _answered(self, sent_to: int, start: float, shipped: KernelInputs,
+    def _answered(self, sent_to: int, start: float, shipped: KernelInputs, tag: int,
                   call: tuple[Backend, KernelInputs, Launch]) -> Outcome:
         """The call's outcome. One sent while another was in flight went down with the process if that
         one crashed or hung: it is sent again, to the new worker."""
         if self.conn is None or self.started != sent_to:
             return self.submit(*call)()
-        return self._released(self._answer(start, shipped))
+        return self._released(self._answer(start, shipped, tag))
 
     def _released(self, outcome: Outcome) -> Outcome:
         """`outcome`, the device memory of earlier calls' inputs (and their pools) given back."""
@@ -429,18 +436,20 @@ class Worker:
     def __call__(self, backend: Backend, inputs: KernelInputs, launch: Launch) -> Outcome:
         return self.submit(backend, inputs, launch)()
 
-    def _answer(self, start: float, shipped: KernelInputs) -> Outcome:
-        """The outcome of the call sent at `start`; `shipped` (its inputs) lives until then."""
+    def _answer(self, start: float, shipped: KernelInputs, tag: int) -> Outcome:
+        """The outcome of the call `tag` sent at `start`; `shipped` (its inputs) lives until then."""
         assert self.conn is not None
         start = max(start, self.answered_at)
-        if not self.conn.poll(max(0.0, start + self.timeout - time.perf_counter())):
-            self.kill()
-            return Fault(Verdict.TIMEOUT, f"no answer within {self.timeout:g} s; the worker was killed",
-                         time.perf_counter() - start)
-        try:
-            _kind, outcome = _loads(self.conn.recv_bytes(), self.transport)
-        except (EOFError, OSError):
-            return self._died(time.perf_counter() - start)
+        answer_tag = None
+        while answer_tag != tag:  # an answer tagged otherwise answers an earlier call a second time: dropped
+            if not self.conn.poll(max(0.0, start + self.timeout - time.perf_counter())):
+                self.kill()
+                return Fault(Verdict.TIMEOUT, f"no answer within {self.timeout:g} s; the worker was killed",
+                             time.perf_counter() - start)
+            try:
+                _kind, answer_tag, outcome = _loads(self.conn.recv_bytes(), self.transport)
+            except (EOFError, OSError):
+                return self._died(time.perf_counter() - start)
         self.answered_at = time.perf_counter()
         if isinstance(outcome, Fault) and outcome.verdict == Verdict.CRASH:
             self.stop()

@@ -19,7 +19,7 @@ from typing import Any
 
 from difftest.core.contract import Siblings
 from difftest.core.errors import OutputError, SpecError
-from difftest.core.files import cannot_write
+from difftest.core.files import cannot_write, open_regular, regular_target
 from difftest.core.kinds import CacheLayout, Isolation, LengthEncoding, SanitizerTool, TimedRegion, TimingMethod
 from difftest.core.schema import (
     STREAM_TEXT,
@@ -209,14 +209,15 @@ class ResultStream:
                  flush_seconds: float = 0.0) -> None:
         self.path, self.field = Path(path), field
         self.flush_seconds, self.held, self.flushed = flush_seconds, bytearray(), time.monotonic()
+        target = regular_target(self.path, field)  # a FIFO or a device is refused, a link written through
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            if append and self.path.exists():
-                _cut_torn_line(self.path)
-            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
-            self.fd: int | None = os.open(self.path, flags, 0o644)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if append and target.exists():
+                _cut_torn_line(target)
         except OSError as exc:
             raise OutputError(field, self.path, cannot_write(exc)) from None
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
+        self.fd: int | None = open_regular(self.path, flags, field)
 
     def header(self, info: dict[str, Any]) -> None:
         self._line({"run": to_jsonable(info)})

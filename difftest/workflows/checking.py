@@ -14,6 +14,7 @@ from pathlib import Path
 
 from difftest.backends import Backend, Loaded, as_loaded, get_backends
 from difftest.core.case import Case
+from difftest.core.text import printable
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
 from difftest.engine.result import CaseResult
@@ -71,8 +72,8 @@ def _as_backend(backend: Backend | str | Callable[..., object]) -> Loaded:
 
 def failure_message(result: CaseResult, replay: str) -> str:
     """The report's failure block for `result` (mask rows, first mismatch, verdict; an ERROR's whole
-    traceback) and its replay line."""
-    return f"{render_failures([result], whole_tracebacks=True)}\n    replay: {replay}"
+    traceback) and its replay line, control characters escaped (pytest prints the message as it is)."""
+    return printable(f"{render_failures([result], whole_tracebacks=True)}\n    replay: {replay}")
 
 
 def replay_command(backend: Loaded, case: Case, result: CaseResult, config: RunConfig,

@@ -21,7 +21,7 @@ from difftest.backends import Loaded, get_backends
 from difftest.core import hardware, lifetime, memory
 from difftest.core.case import Case
 from difftest.core.errors import Interrupted, OutputError, SpecError, first_line, require
-from difftest.core.files import OutputLock, check_writable
+from difftest.core.files import OutputLock, check_writable, holds_output
 from difftest.core.kinds import CaseKind, Device, ExitStatus
 from difftest.core.verdict import Verdict
 from difftest.engine import performance
@@ -175,8 +175,8 @@ def _claimed(request: RunRequest) -> list[OutputLock]:
     try:
         for path, field in outputs.items():
             locks.append(OutputLock(path, field).acquire())
-        for path, field in outputs.items():
-            require(request.overwrite or request.resume is not None or not path.exists(), field, str(path),
+        for path, field in outputs.items():  # an empty file is no earlier run's: `mktemp` made it for this one
+            require(request.overwrite or request.resume is not None or not holds_output(path), field, str(path),
                     "a path no earlier run wrote (one did: overwrite it, or resume from it)")
     except BaseException:
         for lock in locks:
@@ -410,9 +410,9 @@ def _same_options(request: RunRequest, earlier: list[dict[str, Any]]) -> None:
     now = run_info(request, time.time(), 0)
     for header in earlier:
         for key, field in RESUMED_ALIKE.items():
-            require(key not in header or header[key] == now[key], field, now[key],
-                    f"{header[key]!r}, what the run resumed from {request.resume} used (its results were made "
-                    "under it; start a new report to change it)")
+            if key in header:
+                require(header[key] == now[key], field, now[key], f"{header[key]!r}, what the run resumed from "
+                        f"{request.resume} used (its results were made under it; start a new report to change it)")
 
 
 def _stream(request: RunRequest, info: dict[str, Any], done: dict[tuple[str, str], CaseResult]) -> StreamOutput | None:
