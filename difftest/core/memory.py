@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
 from difftest.core import hardware
+from difftest.core.errors import message
 from difftest.core.kinds import Device, Fp8Flavour
 
 if TYPE_CHECKING:
@@ -342,7 +343,7 @@ def is_out_of_memory(error_type: str | None, text: str | None) -> bool:
 
 def ran_out(exc: BaseException) -> bool:
     """Whether `exc` is an allocation that failed for want of memory."""
-    return is_out_of_memory(type(exc).__name__, str(exc))
+    return is_out_of_memory(type(exc).__name__, message(exc))  # message: a backend's __str__ may raise
 
 
 def usable(device: Device) -> int:
