@@ -752,12 +752,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def _bundle_here(path: Path) -> Bundle:
     """The bundle at `path`, when this machine has the device it was recorded on (SpecError otherwise)."""
-    from difftest.core.hardware import CUDA_UNAVAILABLE, cuda_unavailable_reason  # deferred: loads torch
+    from difftest.core.hardware import require_device  # deferred: with the bundle, below
     from difftest.records.bundle import INFO_FILE, load_bundle  # deferred: loads torch
 
     bundle = load_bundle(path)
-    if bundle.config.device == "cuda" and cuda_unavailable_reason():
-        raise SpecError(f"{bundle.path / INFO_FILE} device", "cuda", f"a device torch can see ({CUDA_UNAVAILABLE})")
+    require_device(bundle.config.device, f"{bundle.path / INFO_FILE} device")
     return bundle
 
 

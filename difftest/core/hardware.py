@@ -53,6 +53,15 @@ def cuda_unavailable_reason() -> str | None:
     return None if torch.cuda.is_available() else CUDA_UNAVAILABLE
 
 
+def require_device(device: str, field: str = "device") -> None:
+    """SpecError naming `field` unless work can run on `device` here: 'cpu' always, 'cuda' where torch
+    sees a GPU. The one check of a device's availability, made where a request enters difftest."""
+    if device == "cuda" and (reason := cuda_unavailable_reason()) is not None:
+        from difftest.core.errors import SpecError  # deferred: errors imports nothing, kept so
+
+        raise SpecError(field, device, f"a device torch can see ({reason})")
+
+
 def is_rocm() -> bool:
     """Whether this torch is a ROCm build (its 'cuda' device is an AMD GPU)."""
     import torch  # deferred: torch is heavy

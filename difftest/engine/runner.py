@@ -263,8 +263,7 @@ def _checked(backends: list[Backend], config: RunConfig) -> list[Loaded]:
     for index, backend in enumerate(loaded):
         require(isinstance(backend.contract, Contract), f"backends[{index}].contract", backend.contract,
                 "a difftest.Contract")
-    require(config.device != "cuda" or hardware.cuda_unavailable_reason() is None, "device", config.device,
-            f"a device torch can see ({hardware.CUDA_UNAVAILABLE})")
+    hardware.require_device(config.device)
     return loaded
 
 

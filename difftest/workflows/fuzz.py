@@ -270,8 +270,7 @@ def fuzz(campaign: Campaign, on_progress: ProgressListener | None = None) -> Cam
     signature, shrunk in turn in what is left; last its report and JUnit XML where asked for. `on_progress`
     hears where it is (a few times a second at most)."""
     start, started = time.monotonic(), time.time()
-    require(campaign.config.device != "cuda" or hardware.cuda_unavailable_reason() is None, "device", "cuda",
-            f"a device torch can see ({hardware.CUDA_UNAVAILABLE})")
+    hardware.require_device(campaign.config.device)  # this host's, not the campaign's: checked where it runs
     outputs = _outputs(campaign)
     clock = _Clock(start, campaign, on_progress)
     backends = get_backends(list(campaign.backends) if campaign.backends else None)

@@ -59,6 +59,24 @@ class RunRequest:
     fail_slow: bool = False  # a timed backend slower than its sibling by more than it allows fails the run
     ledger: Ledger | None = None  # known divergences: the failures it expects do not fail the run
 
+    def __post_init__(self) -> None:
+        """Valid by construction: what execute() relies on is checked here, once."""
+        require(self.budget is None or self.budget > 0, "budget", self.budget, "a number of seconds > 0")
+        require(not self.fail_slow or self.config.time is not None, "fail_slow", True,
+                "timed launches to compare (time=K, --time K)")
+        require(self.backends is None or all(self.backends), "backends", self.backends,
+                "None (every registered backend) or non-empty names")
+        if self.gpus is not None:
+            self.require_spreadable()
+
+    def require_spreadable(self) -> None:
+        """SpecError unless the run can be spread over child processes: a spread run neither resumes nor
+        is a shard (it shards itself)."""
+        require(self.resume is None, "resume", str(self.resume),
+                "a run that is not spread (resume a spread run's report or stream on one GPU)")
+        require(self.suite.shard is None, "shard", str(self.suite.shard),
+                "a run that is not spread (a spread run shards itself)")
+
     @property
     def stream_path(self) -> Path | None:
         """Where results stream: `stream`, else beside `report`, else nowhere."""
@@ -107,11 +125,7 @@ def execute(request: RunRequest, on_result: Listener | None = None,
     `on_result` each one as it is made."""
     spread.join_parent()  # a shard of a spread run dies with its parent
     lifetime.sweep()  # the temporary folders of runs killed with SIGKILL
-    require(request.budget is None or request.budget > 0, "budget", request.budget, "a number of seconds > 0")
-    require(not request.fail_slow or request.config.time is not None, "fail_slow", True,
-            "timed launches to compare (time=K, --time K)")
-    require(request.config.device != "cuda" or hardware.cuda_unavailable_reason() is None, "device", "cuda",
-            f"a device torch can see ({hardware.CUDA_UNAVAILABLE})")
+    hardware.require_device(request.config.device)  # this host's, not the request's: checked where it runs
     backends = get_backends(list(request.backends) if request.backends else None)
     planned = _envelope(request, backends)
     cases = planned.narrowed(request.suite) if planned else _fitting(plan(request.suite), request.config.device)
@@ -342,10 +356,7 @@ def _pairs(cases: list[PlannedCase], backends: list[Loaded]) -> int:
 def _spread(request: RunRequest, backends: list[Loaded], cases: list[PlannedCase],
             envs: list[dict[str, str]], extra: dict[str, Any]) -> RunOutcome:
     """The plan's shards in child processes (difftest.workflows.spread), their results merged in plan order."""
-    require(request.resume is None, "resume", str(request.resume), "a run that is not spread (resume a spread "
-            "run's report or stream on one GPU)")
-    require(request.suite.shard is None, "shard", str(request.suite.shard), "a run that is not spread "
-            "(a spread run shards itself)")
+    request.require_spreadable()  # what `gpus` checks at construction, for a run spread by `shard_envs`
     started = time.time()
     expected = [len(Shard(i, len(envs)).of(cases)) * len(backends) for i in range(len(envs))]
     try:
