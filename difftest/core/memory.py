@@ -69,7 +69,7 @@ BATCH_LOGITS = 1 << 24
 # The merged case is every member's rows by the widest member's max_model_len: each output, the oracle's
 # and the comparisons are that shape. One wide small case (1 row of 2^20) among many rows of 8K would make
 # it thousands of times a member's own logits (on the H200 two jobs ran out of memory asking for 5.8 GiB:
-# reports/h200/session12): a batch closes before its merged shape passes BATCH_MERGED_LOGITS (256 MiB of
+# on the H200): a batch closes before its merged shape passes BATCH_MERGED_LOGITS (256 MiB of
 # fp32 per output). The small regime's widest batch (4096 rows of 8K) stays under it.
 BATCH_MERGED_LOGITS = 1 << 26
 # Small logits do not make a small case: the envelope's pool families (2^31-byte caches, block ids past
@@ -79,11 +79,11 @@ BATCH_MERGED_LOGITS = 1 << 26
 SMALL_POOL = 64 << 20
 BATCH_POOL = 1 << 30
 # What each process of a fuzz job holds beyond what its cases need: a CUDA context (518 MiB on the H200,
-# reports/h200/session11/visit2) and the free memory its allocator keeps (isolate.CACHE_KEPT_BYTES).
+# on the H200) and the free memory its allocator keeps (isolate.CACHE_KEPT_BYTES).
 JOB_PROCESS_BYTES = 1 << 30
 # Of several jobs, job 0 draws every large case and the others only small ones (at most SMALL_LOGITS and
 # SMALL_POOL): side by side, large cases would share the GPU's memory and time (four jobs at production
-# shapes ran no faster than one and ran out of memory: reports/h200/session11). What a job of small cases
+# shapes ran no faster than one and ran out of memory on the H200). What a job of small cases
 # holds at most: batches of at most BATCH_POOL of pools, PREFETCH_DEPTH + 2 of them drawn, a copy of one
 # in each worker, and its outputs and comparisons.
 SMALL_JOB_BYTES = 8 << 30

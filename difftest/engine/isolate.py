@@ -74,7 +74,7 @@ STARTUP_TIMEOUT = 600.0  # seconds a worker may take to import and build its bac
 _STDERR_LINES = 4  # last lines of a dead worker's stderr quoted when faulthandler said nothing
 # Device memory a process keeps cached, free, between calls before it gives it back. Giving it back
 # (empty_cache) frees segments, which waits for the device: after every call that was 0.3-0.4 ms of the
-# run's own time (H200 profiles, reports/h200/session9), most of it for a few MiB, on the thousands of
+# run's own time (H200 profiles, bench/README.md), most of it for a few MiB, on the thousands of
 # small calls of a fuzz campaign; the workers paid it too.
 CACHE_KEPT_BYTES = 512 << 20
 # How often an idle worker looks whether the parent has let go of the large outputs it sent (_release_sent).
@@ -202,7 +202,7 @@ def release_cache() -> None:
     """Give the current GPU's cached free memory back once it passes CACHE_KEPT_BYTES: what a call's
     inputs were shipped in (a memory pool per call) or what a backend allocated stays cached until then."""
     # One read of the allocator's statistics, left nested: memory_reserved() and memory_allocated() each
-    # flatten all of them (a warm H200 campaign spent 1.1 s of its 30 s there, reports/h200/session10).
+    # flatten all of them (a warm H200 campaign spent 1.1 s of its 30 s there).
     if not torch.cuda.is_initialized():
         return  # nothing allocated, nothing cached (and no statistics to read)
     stats = torch.cuda.memory_stats_as_nested_dict()

@@ -100,7 +100,7 @@ STREAM_FLUSH_SECONDS = 1.0
 PREFETCH_DEPTH = 2
 DIVERGED_SHOWN = 5  # batch-only failures the campaign's end lists one by one
 # A campaign's main thread is busy the whole time (launching, judging, re-running) while the GPU and the
-# workers mostly wait (reports/h200/session10): several campaigns side by side, each in its own process
+# workers mostly wait (on the H200): several campaigns side by side, each in its own process
 # with its own workers and its own share of the plan, draw cases that much faster. Each is one process
 # and a worker per backend.
 MAX_JOBS = 64
