@@ -11,6 +11,7 @@ import contextlib
 import enum
 import importlib.util
 import io
+import math
 import os
 import re
 import sys
@@ -347,7 +348,7 @@ def _with_project_defaults(args: argparse.Namespace) -> argparse.Namespace:
     pyproject.toml put before the command line's own options: an option given overrides its default,
     and args.argv (the report's command, a --gpus run's children) shows the defaults as options.
     A child of a spread run is handed them so: it reads none itself. SpecError naming the file and
-    the key for a table that does not fit difftest.core.schema.validate_defaults."""
+    the key for a table that does not fit (_project_defaults)."""
     from difftest.core import schema  # deferred: loads pydantic
     from difftest.workflows import spread  # deferred: loads pydantic, and torch
 
@@ -361,7 +362,7 @@ def _with_project_defaults(args: argparse.Namespace) -> argparse.Namespace:
     run = _subparser(build_parser(), "run")
     options = {_long_name(a): a for a in run._actions if a.option_strings and a.dest != "help"}
     kinds = {key: _option_kind(action) for key, action in options.items()}
-    defaults = schema.validate_defaults(table, kinds, f"{path} [tool.difftest] ")
+    defaults = _project_defaults(table, kinds, f"{path} [tool.difftest] ")
     given = _given(run, args.argv[1:])
     words = [w for key, value in defaults.items() if options[key].dest not in given
              for w in _words(options[key], value)]
@@ -383,14 +384,41 @@ def _option_kind(action: argparse.Action) -> object:
     from difftest.core import schema  # deferred: loads pydantic
 
     if action.nargs == 0:  # --flag, --x/--no-x
-        return schema.OPTION_FLAG
+        return schema.Bool
     if isinstance(action, argparse._AppendAction):
-        return schema.OPTION_TEXTS
+        return schema.ListOf(schema.Text(schema.MAX_TEXT), schema.MAX_ITEMS, "a list of strings")
     if hasattr(action.type, "kind"):
         return schema.OneOf(action.type.kind)
-    kinds = {int: schema.OPTION_INT, _integer: schema.OPTION_INT, float: schema.OPTION_NUMBER,
-             _duration: schema.OPTION_NUMBER, _names: schema.OPTION_NAMES, _int_list: schema.OPTION_INTS}
-    return kinds.get(action.type, schema.OPTION_TEXT)
+    whole = schema.Rule(lambda v: type(v) is int, "an integer").type(int)
+    number = schema.Rule(lambda v: type(v) in (int, float) and math.isfinite(v), "a number").type()
+    names = schema.ListOf(schema.Filled("a non-empty name"), schema.MAX_ITEMS,
+                          'a list of names, e.g. ["torch", "mymod:kernel"]')
+    ints = schema.IntList(-(1 << 63), (1 << 63) - 1, schema.MAX_ITEMS, "a list of integers, e.g. [1, 2, 4]")
+    kinds = {int: whole, _integer: whole, float: number, _duration: number, _names: names, _int_list: ints}
+    return kinds.get(action.type, schema.Text(schema.MAX_TEXT))
+
+
+PROJECT_TABLES = ("matrix",)  # [tool.difftest.<name>] tables that other commands read
+
+
+def _project_defaults(data: object, options: dict[str, object], where: str) -> dict[str, object]:
+    """The [tool.difftest] table `data` of a pyproject.toml: each key one of `options` (an option's
+    name without its dashes -> what its value may be), the tables of PROJECT_TABLES left to their
+    readers; the keys given, with their values. SpecError naming `where` and the key otherwise."""
+    from pydantic import Field, create_model  # deferred: loads pydantic
+
+    from difftest.core import schema  # deferred: loads pydantic
+
+    if not isinstance(data, dict):
+        raise SpecError(where.rstrip(), schema.shown(data), "a table of `difftest run` options")
+    base = type("ProjectDefaultsBase", (schema.Model,), {
+        "__module__": __name__, "what": "a table of `difftest run` options", "unknown_name": f"{where}keys",
+        "unknown_expected": f"`difftest run` options among {sorted(options)} (or the tables {list(PROJECT_TABLES)})"})
+    # Not Optional: TOML has no null. The None default is never validated, and model_dump leaves it out.
+    fields = {key.replace("-", "_"): (kind, Field(None, alias=key)) for key, kind in options.items()}
+    model = create_model("ProjectDefaultsModel", __base__=base, **fields)  # type: ignore[call-overload]
+    given = {key: value for key, value in data.items() if key not in PROJECT_TABLES}
+    return schema.validate(model, given, where).model_dump(by_alias=True, exclude_unset=True)
 
 
 def _given(parser: argparse.ArgumentParser, words: Sequence[str]) -> set[str]:
@@ -650,7 +678,7 @@ def _ledger(path: Path | None) -> Ledger | None:
 def _spec(text: str) -> object:
     """The CaseSpec of --spec; its errors name the spec's field under --spec."""
     from difftest.core.schema import parse_json  # deferred: loads pydantic
-    from difftest.generators.spec import CaseSpec  # deferred: with session, above
+    from difftest.core.spec import CaseSpec  # deferred: with session, above
 
     try:
         data = parse_json(text)

@@ -18,7 +18,7 @@ from difftest_pytest.options import SEED, Settings
 if TYPE_CHECKING:
     from difftest.engine.result import CaseResult
 
-PROPERTY = "difftest"  # user_properties name of one result, as difftest.records.serialize.to_jsonable writes it
+PROPERTY = "difftest"  # user_properties name of one result, as difftest.core.schema.to_jsonable writes it
 RESULTS = pytest.StashKey[list["CaseResult"]]()  # an item's results, in the order its checks ran
 
 
@@ -39,7 +39,7 @@ class Recorder:
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
         """Run the test with an Observer attached to difftest.check (difftest.workflows.observe)."""
         def record(result: CaseResult) -> None:
-            from difftest.records.serialize import to_jsonable  # deferred: loads torch
+            from difftest.core.schema import to_jsonable  # deferred: loads pydantic
 
             item.stash.setdefault(RESULTS, []).append(result)
             item.user_properties.append((PROPERTY, to_jsonable(result)))

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain
 
 import triton
 
-from difftest.generators.spec import CaseSpec
+from difftest.core.spec import CaseSpec
 from difftest.generators.tensors import build_case
 from difftest.oracles.fused import compiled_offline, default_config
 

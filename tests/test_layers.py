@@ -121,7 +121,7 @@ def test_the_errors_module_loads_no_other_project_module():
 
 
 def test_generators_do_not_import_hypothesis():
-    loaded = _modules_loaded_by("import difftest.generators, difftest.generators.spec, difftest.generators.cases")
+    loaded = _modules_loaded_by("import difftest.generators, difftest.core.spec, difftest.generators.cases")
     assert "hypothesis" not in loaded, "importing generators imported hypothesis"
 
 

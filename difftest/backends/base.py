@@ -12,7 +12,9 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from difftest.core.errors import SpecError
 from difftest.core.kinds import TimedRegion
+from difftest.core.schema import Bool, Name, Record, Text
 
 if TYPE_CHECKING:
     import torch
@@ -65,7 +67,7 @@ def launcher(backend: Backend, inputs: KernelInputs, out: torch.Tensor | None) -
 
 
 @dataclasses.dataclass(frozen=True)
-class Origin:
+class Origin(Record):
     """How a fresh process (a worker, a replay) rebuilds a backend.
 
     `target` is a registered name ('aiter-triton-stage1') or 'package.module:object'; None when
@@ -73,9 +75,17 @@ class Origin:
     target apart: a registered name is resolved through the registry, a module path is imported.
     """
 
-    target: str | None
-    registered: bool
-    why_not: str = ""
+    what = "a JSON object {target, registered, why_not}"
+    target: Name | None
+    registered: Bool
+    why_not: Text() = ""
+
+    def checked(self) -> None:
+        """A registered origin read from a bundle is a name the registry resolves; a 'module:object' path
+        never is one (replay imports a path only when the bundle is trusted, difftest.workflows.replay)."""
+        if self.registered and (self.target is None or ":" in self.target):
+            raise SpecError("registered", True, f"false for the target {self.target!r}: only a registered "
+                            "backend name (no ':') is registered")
 
     def describe(self) -> str:
         """One line for reports: what rebuilds the backend, or why nothing can."""

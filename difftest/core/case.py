@@ -19,11 +19,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from difftest.core.case_archive import check_case_archive
 from difftest.core.errors import SpecError, require
 from difftest.core.fp8 import decode
 from difftest.core.kinds import CacheLayout, Fp8Flavour
 from difftest.core.layout import pack_cache, unpack_cache
-from difftest.core.schema import SPEC_DEFAULTS, check_case_archive, one_line, shown
+from difftest.core.schema import one_line, shown, to_jsonable
+from difftest.core.spec import CaseSpec
 
 
 def row_limits(seq_lens: torch.Tensor, next_n: int) -> torch.Tensor:
@@ -140,7 +142,8 @@ class Case:
         spec, seed = self.meta.get("spec"), self.meta.get("seed")
         if not isinstance(spec, dict) or not isinstance(seed, int):
             return None
-        fields = {k: v for k, v in spec.items() if k == "name" or SPEC_DEFAULTS.get(k) != v}
+        defaults = to_jsonable(CaseSpec())
+        fields = {k: v for k, v in spec.items() if k == "name" or defaults.get(k) != v}
         device = "" if self.device.type == "cpu" else f", device={str(self.device)!r}"
         return f"build_case(CaseSpec.from_json({fields!r}), {seed}{device})"
 
@@ -188,7 +191,7 @@ class Case:
     def load(cls, path: str | Path) -> Case:
         """Read a case written by save(), or one of the golden cases in tests/golden.
 
-        The archive is checked first (difftest.core.schema.check_case_archive): its members, their shapes
+        The archive is checked first (difftest.core.case_archive.check_case_archive): its members, their shapes
         and dtypes against its meta and their declared sizes, before any array is decompressed. A file
         that does not fit is a SpecError naming the path and what is wrong, never another exception.
         """

@@ -16,6 +16,7 @@ import torch
 from difftest.core import hardware
 from difftest.core.errors import require
 from difftest.core.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention, PartitionScope
+from difftest.core.schema import Filled, Float, Record
 
 # Positions a decode row's top-k keeps: DeepSeek-V3.2's indexer (index_topk = 2048), also the k of
 # vLLM's and sglang's decode top-k kernels (their topk=2048 defaults).
@@ -43,15 +44,16 @@ class WorkPartition:
 
 
 @dataclasses.dataclass(frozen=True)
-class Siblings:
+class Siblings(Record):
     """Backends that compute the same logits by another path (DeepGEMM native, flattened and varlen;
     AITER stage1 and fused): `difftest run --time` puts the members of one group side by side on
     each case and flags a member slower than its fastest sibling by more than its `slowdown`.
     A correctness run never sees a path that is 4x slower than it should be (vLLM's varlen path,
     214 us before its fix, 52 us after); this does."""
 
-    group: str  # the name the members share
-    slowdown: float  # the most this member may take, as a multiple of its fastest sibling's time on a case
+    what = "a JSON object {group, slowdown}"
+    group: Filled("a non-empty group name")  # the name the members share
+    slowdown: Float(1, math.inf)  # the most this member may take, as a multiple of its fastest sibling's time on a case
 
     def __post_init__(self) -> None:
         require(bool(self.group), "siblings.group", self.group, "a non-empty group name")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from difftest.core.schema import MAX_MODEL_LEN, Int, JsonFloat, Member, Record, RowIndex
+
 
 class Verdict(str, enum.Enum):
     """Outcome of one backend on one case, worst first in `severity`."""
@@ -58,11 +60,11 @@ def worst(verdicts: list[Verdict]) -> Verdict:
 
 
 @dataclasses.dataclass(frozen=True)
-class Mismatch:
+class Mismatch(Record):
     """The first disagreeing position of a row, with both values (None stands for -inf/NaN text)."""
 
-    row: int
-    position: int
-    expected: float
-    got: float
-    kind: Verdict
+    row: RowIndex
+    position: Int(0, MAX_MODEL_LEN)
+    expected: JsonFloat
+    got: JsonFloat
+    kind: Member(Verdict)

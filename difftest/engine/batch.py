@@ -22,9 +22,9 @@ import itertools
 import torch
 
 from difftest.core.case import Case
+from difftest.core.spec import CaseSpec
 from difftest.engine.guards import Execution
 from difftest.engine.result import CaseResult
-from difftest.generators.spec import CaseSpec
 from difftest.oracles.reference import Reference
 
 BatchKey = tuple[int, int, int, int, str]  # (next_n, heads, head_dim, block_size, fp8 flavour)

@@ -10,45 +10,85 @@ from collections.abc import Callable
 import torch
 
 from difftest.core.contract import DEFAULT_TOPK, Contract
+from difftest.core.errors import SpecError
 from difftest.core.kinds import MaskConvention
 from difftest.core.poison import is_poison
+from difftest.core.schema import (
+    AS_JSON_FLOAT,
+    MAX_MODEL_LEN,
+    MAX_ROWS,
+    Count,
+    Int,
+    Member,
+    NonNegative,
+    Record,
+    Rows,
+    Rule,
+    Text,
+    TupleOf,
+)
 from difftest.core.verdict import Mismatch, Verdict, worst
-from difftest.engine.explain import Explanation, MaskLimit, explain
+from difftest.engine.explain import MASK_LIMITS, Explanation, MaskLimit, explain
 
 CHUNK_ELEMENTS = 1 << 25  # logits compared at once: a few float64 copies of this many stay under 2 GB
 _KINDS = (Verdict.FAIL_UNWRITTEN, Verdict.FAIL_NAN, Verdict.FAIL_MASK, Verdict.FAIL_VALUE)
-# Wrong-mask rows whose limits a Comparison records: enough for every pattern difftest.engine.explain knows
-# (a case's requests repeat them), few enough that a JSON report of a 2^21-row case stays small.
-MASK_LIMITS = 256
 STRIP_SPAN = 12  # positions the mask strip shows on each side of a boundary
 STRIP_LEGEND = "v value, - -inf, N NaN, ? poison, + +inf; | where the oracle's window ends, ] where the kernel's does"
 
 
+def _mask_limit(value: object) -> bool:
+    """[row, oracle limit, apparent limit or null], each limit in [0, max_model_len]."""
+    return (type(value) is list and len(value) == 3 and type(value[0]) is int and 0 <= value[0] <= MAX_ROWS
+            and type(value[1]) is int and 0 <= value[1] <= MAX_MODEL_LEN
+            and (value[2] is None or (type(value[2]) is int and 0 <= value[2] <= MAX_MODEL_LEN)))
+
+
+def _overlap(value: object) -> bool:
+    """A mean of per-row ratios in [0, 1]: its float sum may round a hair past 1; NaN for none compared."""
+    if value == "nan" or (type(value) is float and math.isnan(value)):
+        return True
+    return type(value) in (int, float) and -1e-9 <= value <= 1 + 1e-9
+
+
+MaskLimits = TupleOf(Rule(_mask_limit, "[row, oracle limit, apparent limit or null]", tuple).type(tuple), MASK_LIMITS,
+                     f"a list of at most {MASK_LIMITS} [row, oracle limit, apparent limit or null]")
+Overlap = Rule(_overlap, "a number in [0, 1], or 'nan'", float).type(float, AS_JSON_FLOAT)
+
+
 @dataclasses.dataclass(frozen=True)
-class Comparison:
+class Comparison(Record):
     """Everything the report says about one backend on one case."""
 
-    rows: int
-    mask_rows: list[int]  # rows with a wrong -inf pattern: the headline
-    nan_rows: list[int]
-    unwritten_rows: list[int]
-    value_rows: list[int]
-    positions_differing: int
-    max_abs_err: float
-    max_rel_err: float  # error over the row's largest |expected| in the window
+    rows: Int(0, MAX_ROWS)
+    mask_rows: Rows  # rows with a wrong -inf pattern: the headline
+    nan_rows: Rows
+    unwritten_rows: Rows
+    value_rows: Rows
+    positions_differing: Count
+    max_abs_err: NonNegative
+    max_rel_err: NonNegative  # error over the row's largest |expected| in the window
     # Mean over the rows whose window is longer than `topk` of their top-k overlap, tie-aware; None (n/a)
     # when no row's is: a top-k that keeps every position of a window picks it whatever the values.
-    topk_overlap: float | None
+    topk_overlap: Overlap | None
     first_mismatch: Mismatch | None
-    verdict: Verdict
+    verdict: Member(Verdict)
     # (row, the oracle's limit, the kernel's apparent limit) of the first MASK_LIMITS wrong-mask rows. The
     # apparent limit is how many leading positions are not -inf (nor poison): the window the kernel
     # behaved as if it had; None when its visible positions are no prefix (-inf between values).
     # Under tail-unspecified only the oracle's window is read: the first -inf in it.
-    mask_limits: tuple[MaskLimit, ...] = ()
+    # Reports written before failures explained themselves have none of these.
+    mask_limits: MaskLimits = ()
     explanation: Explanation | None = None  # the pattern the wrong windows follow (difftest.engine.explain)
-    mask_strip: str | None = None  # the first wrong-mask row around its boundaries (STRIP_LEGEND)
-    topk: int = DEFAULT_TOPK  # the k of topk_overlap: the contract's (Contract.topk)
+    mask_strip: Text() | None = None  # the first wrong-mask row around its boundaries (STRIP_LEGEND)
+    topk: Int(1, MAX_MODEL_LEN) = DEFAULT_TOPK  # the k of topk_overlap: the contract's (Contract.topk)
+
+    def checked(self) -> None:
+        """Every listed row is one of the comparison's."""
+        for name in ("mask_rows", "nan_rows", "unwritten_rows", "value_rows"):
+            rows = getattr(self, name)
+            if rows and max(rows) >= self.rows:
+                index = next(i for i, row in enumerate(rows) if row >= self.rows)
+                raise SpecError(f"{name}[{index}]", rows[index], f"a row index in [0, rows = {self.rows})")
 
 
 def compare(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, contract: Contract,

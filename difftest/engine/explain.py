@@ -50,7 +50,28 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 
+from difftest.core.errors import SpecError
+from difftest.core.schema import (
+    MAX_BATCH,
+    MAX_MODEL_LEN,
+    MAX_NEXT_N,
+    MAX_TEXT,
+    Bool,
+    Count,
+    Int,
+    Member,
+    Record,
+    RowIndex,
+    Rule,
+    TupleOf,
+    bound_text,
+    shown,
+)
+
 MaskLimit = tuple[int, int, int | None]  # (row, the oracle's limit, the kernel's apparent limit or None)
+# Wrong-mask rows whose limits a Comparison records: enough for every pattern this module knows (a case's
+# requests repeat them), few enough that a JSON report of a 2^21-row case stays small.
+MASK_LIMITS = 256
 DIFFERENCES_KEPT = 8  # distinct kernel - oracle limits an Explanation keeps, the most common first
 _SHIFT_WITNESSES = 4  # recorded rows whose limit is looked up among the other requests' for a shift
 _SHIFTS_TRIED = 16  # the nearest shifts those rows suggest
@@ -74,6 +95,7 @@ class Pattern(str, enum.Enum):
 
 # Pattern values older reports hold, and what they read as now.
 LEGACY_PATTERNS = {"shifted-by-one-request": Pattern.SHIFTED_REQUEST}
+LEGACY_TEXT = "a relation, or the pattern of an older report (one of the two)"
 
 
 class Rounding(str, enum.Enum):
@@ -84,49 +106,84 @@ class Rounding(str, enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
-class Relation:
+class Relation(Record):
     """What the kernel computes for its windows: a Pattern and the parameters it takes (None elsewhere)."""
 
-    pattern: Pattern
-    offset: int | None = None  # CONSTANT_OFFSET: kernel limit - oracle limit
-    shift: int | None = None  # SHIFTED_REQUEST: request b's rows see request b - shift's limits
-    tile: int | None = None  # TILE_TRUNCATED: the declared tile the windows are rounded to
-    rounding: Rounding | None = None  # TILE_TRUNCATED
+    pattern: Member(Pattern)
+    offset: Int(-MAX_MODEL_LEN, MAX_MODEL_LEN) | None = None  # CONSTANT_OFFSET: kernel limit - oracle limit
+    # SHIFTED_REQUEST: request b's rows see request b - shift's limits
+    shift: Int(-2 * MAX_BATCH, 2 * MAX_BATCH) | None = None
+    tile: Int(2, MAX_MODEL_LEN) | None = None  # TILE_TRUNCATED: the declared tile the windows are rounded to
+    rounding: Member(Rounding) | None = None  # TILE_TRUNCATED
 
 
 @dataclasses.dataclass(frozen=True)
-class Example:
+class Example(Record):
     """One recorded wrong row, placed in its request when next_n is known."""
 
-    row: int
-    oracle: int
-    kernel: int | None  # its apparent limit; None when its visible positions are no prefix
-    request: int | None = None
-    draft_row: int | None = None  # j
-    length: int | None = None  # L_b
+    row: RowIndex
+    oracle: Int(0, MAX_MODEL_LEN)
+    kernel: Int(0, MAX_MODEL_LEN) | None  # its apparent limit; None when its visible positions are no prefix
+    request: Int(0, 2 * MAX_BATCH) | None = None
+    draft_row: Int(0, MAX_NEXT_N - 1) | None = None  # j
+    length: Int(0, MAX_MODEL_LEN) | None = None  # L_b
+
+
+def _difference(value: object) -> bool:
+    """[kernel - oracle limit or null, recorded rows]."""
+    return (type(value) is list and len(value) == 2
+            and (value[0] is None or (type(value[0]) is int and -MAX_MODEL_LEN <= value[0] <= MAX_MODEL_LEN))
+            and type(value[1]) is int and 1 <= value[1] <= MASK_LIMITS)
+
+
+DraftRows = TupleOf(Int(0, MAX_NEXT_N - 1), MAX_NEXT_N, f"a list of at most {MAX_NEXT_N} draft rows")
+Differences = TupleOf(Rule(_difference, "[kernel - oracle limit or null, rows]", tuple).type(tuple), DIFFERENCES_KEPT,
+                      f"a list of at most {DIFFERENCES_KEPT} [kernel - oracle limit or null, rows]")
+Relations = TupleOf(Relation, len(Pattern) * 8, "a list of Relation objects")
 
 
 @dataclasses.dataclass(frozen=True)
-class Explanation:
+class Explanation(Record):
     """The relation a case's wrong windows follow and the evidence for it (see the module docstring)."""
 
     relation: Relation
-    explained: int  # recorded wrong rows whose apparent limit the relation gives
-    rows: int  # wrong rows with a recorded limit (Comparison.mask_limits)
-    selective: bool = False  # it holds on the wrong rows only: other rows it would change are right
-    next_n: int | None = None
-    draft_rows: tuple[int, ...] = ()  # the draft positions j with a wrong row, when next_n is known
+    explained: Count  # recorded wrong rows whose apparent limit the relation gives
+    rows: Int(0, MASK_LIMITS)  # wrong rows with a recorded limit (Comparison.mask_limits)
+    selective: Bool = False  # it holds on the wrong rows only: other rows it would change are right
+    next_n: Int(1, MAX_NEXT_N) | None = None
+    draft_rows: DraftRows = ()  # the draft positions j with a wrong row, when next_n is known
     example: Example | None = None
-    right_windows: int = 0  # rows with a non-empty window whose mask is right
-    holes: int = 0  # recorded wrong rows whose visible positions are no prefix (-inf between values)
+    right_windows: Count = 0  # rows with a non-empty window whose mask is right
+    # recorded wrong rows whose visible positions are no prefix (-inf between values)
+    holes: Int(0, MASK_LIMITS) = 0
     # (kernel - oracle limit, or None for no prefix; recorded rows), the DIFFERENCES_KEPT most common
-    differences: tuple[tuple[int | None, int], ...] = ()
-    alternatives: tuple[Relation, ...] = ()  # other relations that fit as exactly
+    differences: Differences = ()
+    alternatives: Relations = ()  # other relations that fit as exactly
 
     @property
     def pattern(self) -> Pattern:
         """The named relation's pattern."""
         return self.relation.pattern
+
+    @classmethod
+    def upgraded(cls, data: object) -> object:
+        """An explanation an older report wrote (a pattern, one of LEGACY_PATTERNS' too, and its description;
+        no relation) as its pattern's relation, without parameters (the description is not read back)."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        pattern, description = data.pop("pattern", None), data.pop("description", None)
+        if (data.get("relation") is None) == (pattern is None):
+            raise SpecError("relation", None if pattern is None else "both", LEGACY_TEXT)
+        if pattern is not None:
+            values = [p.value for p in Pattern] + list(LEGACY_PATTERNS)
+            if pattern not in values:
+                raise SpecError("pattern", shown(pattern), f"one of {values}")
+            if description is not None and not (type(description) is str and len(description) <= MAX_TEXT):
+                raise SpecError("description", shown(description),
+                                f"a string of at most {bound_text(MAX_TEXT)} characters, or null")
+            data["relation"] = {"pattern": getattr(LEGACY_PATTERNS.get(pattern), "value", pattern)}
+        return data
 
 
 def explain(mask_limits: Sequence[MaskLimit], next_n: int | None, row_lens: torch.Tensor | Sequence[int], *,

@@ -11,9 +11,11 @@ carries the declared group), so a report read back, resumed or merged from shard
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 
 from difftest.core.kinds import TimedRegion
+from difftest.core.schema import MAX_ITEMS, Bool, Filled, Float, Member, Name, Record, TupleOf
 from difftest.engine.result import CaseResult
 from difftest.engine.timing import Timing
 
@@ -22,24 +24,25 @@ SHOWN = 20  # slow results listed one per line; the JSON report holds them all
 
 
 @dataclasses.dataclass(frozen=True)
-class SiblingTime:
+class SiblingTime(Record):
     """One member of a sibling group on one case."""
 
-    backend: str
-    seconds: float  # its median timed launch
-    ratio: float  # its seconds over the fastest member's on the case
-    allowed: float  # the slowdown it declares (Siblings.slowdown)
-    region: TimedRegion
-    slow: bool  # ratio > allowed
+    backend: Name
+    seconds: Float(0.0, math.inf)  # its median timed launch
+    ratio: Float(1, math.inf)  # its seconds over the fastest member's on the case
+    allowed: Float(1, math.inf)  # the slowdown it declares (Siblings.slowdown)
+    region: Member(TimedRegion)
+    slow: Bool  # ratio > allowed
 
 
 @dataclasses.dataclass(frozen=True)
-class SiblingRace:
+class SiblingRace(Record):
     """The members of one sibling group timed on one case, fastest first."""
 
-    case: str
-    group: str
-    times: tuple[SiblingTime, ...]
+    what = "a JSON object {case, group, times}"
+    case: Name
+    group: Filled("a non-empty group name")
+    times: TupleOf(SiblingTime, MAX_ITEMS, "a list of sibling times, fastest first", low=2)
 
 
 def races(results: list[CaseResult]) -> list[SiblingRace]:

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from difftest.core.errors import SpecError, require
 from difftest.core.kinds import CaseKind
+from difftest.core.spec import CaseSpec, case_name
 from difftest.generators.cases import suite
-from difftest.generators.spec import CaseSpec, case_name
 
 if TYPE_CHECKING:
     from difftest.backends import Backend

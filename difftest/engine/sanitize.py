@@ -32,6 +32,7 @@ from pathlib import Path
 
 from difftest.core import hardware
 from difftest.core.kinds import SanitizerTool
+from difftest.core.schema import MAX_COMMAND, MAX_ITEMS, Bool, Count, Int, Member, Record, Text, TupleOf
 
 ERROR_EXITCODE = 99  # what the sanitizer exits with when it reported errors
 TIMEOUT = 900.0  # seconds: replays under memcheck run tens of times slower than the kernel
@@ -45,13 +46,15 @@ _SKIPPED_HEADLINES = re.compile(r"^(COMPUTE-SANITIZER|ERROR SUMMARY|RACECHECK SU
 
 
 @dataclasses.dataclass(frozen=True)
-class Finding:
+class Finding(Record):
     """One kind of error the sanitizer reported: its message, where, and how often."""
 
-    message: str  # e.g. "Invalid __global__ read of size 4 bytes"
-    kernel: str | None  # from the report's "at ... in ..." line
-    count: int  # reports with this message and kernel (memcheck reports every faulting thread)
-    details: tuple[str, ...]  # the first report's thread, block and address lines
+    message: Text()  # e.g. "Invalid __global__ read of size 4 bytes"
+    kernel: Text() | None  # from the report's "at ... in ..." line
+    # reports with this message and kernel (memcheck reports every faulting thread)
+    count: Int(1, (1 << 63) - 1)
+    # the first report's thread, block and address lines
+    details: TupleOf(Text(), 1024, "a list of at most 1024 strings")
 
     def describe(self) -> str:
         where = f" in {self.kernel}" if self.kernel else ""
@@ -59,17 +62,17 @@ class Finding:
 
 
 @dataclasses.dataclass(frozen=True)
-class SanitizerReport:
+class SanitizerReport(Record):
     """What one sanitizer run found, or why it did not run."""
 
-    tool: SanitizerTool
-    ran: bool
-    reason: str | None = None  # why it did not run or did not finish
-    command: str | None = None
-    exit_code: int | None = None
-    errors: int | None = None  # the count of its ERROR SUMMARY line
-    findings: tuple[Finding, ...] = ()
-    output_tail: str = ""
+    tool: Member(SanitizerTool)
+    ran: Bool
+    reason: Text() | None = None  # why it did not run or did not finish
+    command: Text(MAX_COMMAND) | None = None
+    exit_code: Int(-(1 << 31), (1 << 31) - 1) | None = None
+    errors: Count | None = None  # the count of its ERROR SUMMARY line
+    findings: TupleOf(Finding, MAX_ITEMS, "a list of sanitizer findings") = ()
+    output_tail: Text() = ""
 
     def summary(self) -> str:
         """One line: the error count and the distinct findings, or why there are none."""

@@ -10,7 +10,9 @@ import torch
 from difftest.core.contract import Contract
 from difftest.core.kinds import MaskConvention
 from difftest.core.poison import bits
+from difftest.core.schema import Int, Member, NonNegative, Record, Rows
 from difftest.engine.comparison import tolerance
+from difftest.engine.config import MAX_REPEAT
 
 
 class StabilityKind(str, enum.Enum):
@@ -22,14 +24,14 @@ class StabilityKind(str, enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
-class Stability:
+class Stability(Record):
     """Launches 2..K compared with launch 1, over the positions the comparison checks."""
 
-    kind: StabilityKind
-    launches: int
-    moved_rows: list[int]  # rows whose bits changed in any launch
-    unstable_rows: list[int]  # rows that moved past the tolerance (a subset of moved_rows)
-    max_abs_diff: float  # largest |launch k - launch 1| between finite values inside the windows
+    kind: Member(StabilityKind)
+    launches: Int(1, MAX_REPEAT)
+    moved_rows: Rows  # rows whose bits changed in any launch
+    unstable_rows: Rows  # rows that moved past the tolerance (a subset of moved_rows)
+    max_abs_diff: NonNegative  # largest |launch k - launch 1| between finite values inside the windows
 
 
 def classify_stability(outputs: tuple[torch.Tensor, ...], expected: torch.Tensor, row_lens: torch.Tensor,

@@ -38,6 +38,8 @@ from difftest.backends.base import Backend, launcher, timed_region
 from difftest.core.contract import Siblings
 from difftest.core.kernel_inputs import KernelInputs
 from difftest.core.kinds import TimedRegion, TimingMethod
+from difftest.core.schema import Bool, Int, Member, NonNegative, Record, Text
+from difftest.engine.config import MAX_TIME
 
 WARMUP = 2  # untimed launches before the timed ones
 # Zeroed before each timed CUDA launch: 256 MiB, as triton.testing.do_bench, over four times the
@@ -46,18 +48,18 @@ L2_FLUSH_BYTES = 256 << 20
 
 
 @dataclasses.dataclass(frozen=True)
-class Timing:
+class Timing(Record):
     """K timed launches of one backend on one case, in seconds per launch."""
 
-    method: TimingMethod
-    region: TimedRegion  # the per-layer kernel call, or the whole call (no prepare declared)
-    launches: int  # timed launches, after WARMUP untimed ones
-    median: float  # NaN when `error`
-    minimum: float
-    maximum: float
-    l2_flush: bool  # whether the L2 was flushed before each timed launch
+    method: Member(TimingMethod)
+    region: Member(TimedRegion)  # the per-layer kernel call, or the whole call (no prepare declared)
+    launches: Int(1, MAX_TIME)  # timed launches, after WARMUP untimed ones
+    median: NonNegative  # NaN when `error`
+    minimum: NonNegative
+    maximum: NonNegative
+    l2_flush: Bool  # whether the L2 was flushed before each timed launch
     siblings: Siblings | None = None  # the backend's declared sibling group (the performance differential)
-    error: str | None = None  # a timing launch raised: no numbers; the verdict stands
+    error: Text() | None = None  # a timing launch raised: no numbers; the verdict stands
 
 
 def time_launches(backend: Backend, inputs: KernelInputs, out: torch.Tensor | None, launches: int) -> Timing:

@@ -11,8 +11,8 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "CaseSpec": "difftest.generators.spec", "LengthDist": "difftest.generators.spec",
-    "Stale": "difftest.generators.spec", "Values": "difftest.generators.spec", "case_name": "difftest.generators.spec",
+    "CaseSpec": "difftest.core.spec", "LengthDist": "difftest.core.spec",
+    "Stale": "difftest.core.spec", "Values": "difftest.core.spec", "case_name": "difftest.core.spec",
     "default_specs": "difftest.generators.cases", "edge_cases": "difftest.generators.cases",
     "build_case": "difftest.generators.tensors", "build_cases": "difftest.generators.tensors",
     "random_cases": "difftest.generators.tensors",

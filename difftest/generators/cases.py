@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from difftest.core.errors import SpecError
 from difftest.core.kinds import Fp8Flavour
-from difftest.generators.spec import CaseSpec, LengthDist, Stale, Values
+from difftest.core.spec import CaseSpec, LengthDist, Stale, Values
 
 _BASE = CaseSpec(heads=32, head_dim=64, block_size=16, max_model_len=128)
 

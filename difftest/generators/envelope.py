@@ -52,7 +52,7 @@ from difftest.core.errors import SpecError
 from difftest.core.kinds import Device, Fp8Flavour, PartitionScope
 from difftest.core.memory import Footprint, Shape
 from difftest.core.memory import size_text as _size
-from difftest.generators.spec import CaseSpec, LengthDist, Stale, Values
+from difftest.core.spec import CaseSpec, LengthDist, Stale, Values
 
 
 class EdgeFamily(str, enum.Enum):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from difftest.core.errors import require
-from difftest.generators.spec import CaseSpec
+from difftest.core.spec import CaseSpec
 
 
 @dataclasses.dataclass(frozen=True)

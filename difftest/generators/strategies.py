@@ -21,7 +21,7 @@ from hypothesis.errors import InvalidArgument
 
 from difftest.core.case import Case
 from difftest.core.kinds import Fp8Flavour
-from difftest.generators.spec import CaseSpec, Stale, Values
+from difftest.core.spec import CaseSpec, Stale, Values
 from difftest.generators.tensors import build_case
 
 # Simplest first: sampled_from shrinks toward the first element.

@@ -13,7 +13,7 @@ from difftest.core.case import Case
 from difftest.core.errors import require
 from difftest.core.fp8 import COMMON_MAX, convert
 from difftest.core.kinds import Fp8Flavour
-from difftest.generators.spec import CaseSpec, LengthDist, Stale, Values, case_name
+from difftest.core.spec import CaseSpec, LengthDist, Stale, Values, case_name
 
 
 def build_case(spec: CaseSpec, seed: int, device: str | torch.device = "cpu", name: str | None = None,

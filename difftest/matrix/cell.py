@@ -24,10 +24,10 @@ from difftest.backends import get_backends
 from difftest.core import hardware
 from difftest.core.errors import require
 from difftest.core.hardware import DeviceKind
+from difftest.core.spec import CaseSpec
 from difftest.engine.config import RunConfig
 from difftest.engine.plan import SuiteRequest
 from difftest.engine.result import CaseResult
-from difftest.generators.spec import CaseSpec
 from difftest.matrix.definition import Cell, Matrix, MatrixPlan, Source, Version, load_matrix, plan
 from difftest.matrix.emit import CELLS_DIR
 from difftest.records import junit

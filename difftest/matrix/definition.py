@@ -20,19 +20,32 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+
+from pydantic import Field, model_validator
 
 from difftest.core.errors import SpecError, require
 from difftest.core.hardware import DeviceKind
 from difftest.core.kinds import CaseKind
 from difftest.core.schema import (
-    MatrixDifftestModel,
-    MatrixModel,
-    MatrixSuiteModel,
-    MatrixVersionModel,
+    MAX_NAME,
+    MAX_TEXT,
+    Bool,
+    Checked,
+    Expect,
+    Filled,
+    Int,
+    ListOf,
+    Model,
+    Number,
+    OneOf,
+    Seed,
+    Text,
     read_toml,
     validate,
 )
+from difftest.core.schema import Rule as Check
+from difftest.core.spec import CaseSpec
 
 if TYPE_CHECKING:
     from difftest.core.contract import Contract
@@ -238,6 +251,145 @@ class MatrixPlan:
 
 # --------------------------------------------------------------------------- reading the file
 
+# The file's schema: Models (the file is read into Matrix, whose shape is the plan's, not the file's).
+
+MAX_MATRIX_ITEMS = 256  # entries of one axis or rule list: a matrix past this is not one CI can run
+MAX_SUITE_SECONDS = 7 * 86400  # a suite's budget; a week is far past any CI job's limit
+MATRIX_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+MATRIX_NAME_TEXT = "a name of 1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit"
+# A pinned wheel: 'distribution==version' (PEP 508 name, PEP 440 version characters), extras allowed.
+PINNED = re.compile(r"([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)(\[[A-Za-z0-9._,-]*\])?==([A-Za-z0-9.+!_-]+)")
+
+# difftest itself, as a CI job installs it ([matrix.difftest]): a release's version (PEP 440, public), a git
+# URL pip can clone and a ref in it, or a wheel file. Each goes into a shell command (quoted) and a pip
+# requirement, so none may hold what pip would read as another part of it ('@', '#', ';', a space).
+RELEASE = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?")
+GIT_URL = re.compile(r"(git\+)?(https?|ssh|file)://[^\s@#;]+(@[^\s@#;/]+/[^\s@#;]+)?|git@[^\s@#;]+:[^\s@#;]+")
+GIT_REF = re.compile(r"[A-Za-z0-9._/-]{1,255}")
+MatrixName = Check(lambda v: type(v) is str and MATRIX_NAME.fullmatch(v) is not None, MATRIX_NAME_TEXT).type(str)
+Pattern = Filled("an fnmatch pattern (a non-empty string)")
+Patterns = ListOf(Pattern, MAX_MATRIX_ITEMS, f"a list of 1 to {MAX_MATRIX_ITEMS} fnmatch patterns", low=1)
+Labels = Check(lambda v: (type(v) is str and v.strip() != "" and len(v) <= MAX_NAME) or (
+    type(v) is list and 1 <= len(v) <= 16 and all(type(x) is str and x.strip() != "" for x in v)),
+    "a runner label, or a list of 1 to 16 labels").type()
+
+
+class MatrixDeviceModel(Model):
+    """One [matrix.devices.KIND] table: where the CI jobs of that device kind run."""
+
+    what: ClassVar[str] = "a table {runner, queue}"
+    runner: Labels  # GitHub Actions `runs-on`
+    queue: Filled("a Buildkite agent queue (a non-empty string)") | None = None  # default: the runner label
+
+
+class MatrixVersionModel(Model):
+    """One [matrix.versions.NAME] table: a library version the backends it provides run under."""
+
+    what: ClassVar[str] = "a table {wheel or path, backends, pip_args}"
+    wheel: Check(lambda v: type(v) is str and PINNED.fullmatch(v) is not None,
+                "a pinned requirement 'distribution==version'").type(str) | None = None
+    path: Filled("a folder (a source checkout or an unpacked tree)") | None = None
+    backends: Patterns = Field(default_factory=lambda: ["*"])
+    pip_args: ListOf(Text(256), 16, "a list of at most 16 pip options, e.g. ['--no-deps']") = Field(
+        default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> MatrixVersionModel:
+        if self.wheel is not None and self.path is not None:
+            raise SpecError("path", self.path, "no path beside a wheel: a version is one wheel or one folder")
+        if self.pip_args and self.wheel is None:
+            raise SpecError("pip_args", self.pip_args, "no pip options without a wheel to install")
+        return self
+
+
+class MatrixDifftestModel(Model):
+    """[matrix.difftest]: how every CI job installs difftest itself (with its matrix extra). At most one
+    of version, git or wheel; none of them: the version of difftest that emits the CI files."""
+
+    what: ClassVar[str] = "a table {version}, {git, ref} or {wheel}"
+    version: Check(lambda v: type(v) is str and RELEASE.fullmatch(v) is not None,
+                  "a difftest release, e.g. '0.1.0'").type(str) | None = None
+    git: Check(lambda v: type(v) is str and len(v) <= MAX_NAME and GIT_URL.fullmatch(v) is not None,
+              "a git URL pip can clone, e.g. 'https://github.com/ORG/difftest'").type(str) | None = None
+    ref: Check(lambda v: type(v) is str and GIT_REF.fullmatch(v) is not None and not v.startswith("-"),
+              "a branch, tag or commit of the git URL").type(str) | None = None
+    wheel: Check(lambda v: type(v) is str and v.endswith(".whl") and v.strip() == v and len(v) <= MAX_NAME,
+                "a wheel file (.whl), relative to the matrix file").type(str) | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> MatrixDifftestModel:
+        given = [name for name in ("version", "git", "wheel") if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise SpecError(given[1], getattr(self, given[1]), f"nothing beside {given[0]}: difftest is installed "
+                            "from a version, a git URL or a wheel, one of them")
+        if self.ref is not None and self.git is None:
+            raise SpecError("ref", self.ref, "a ref only beside a git URL")
+        return self
+
+
+class MatrixSuiteModel(Model):
+    """One [matrix.suites.NAME] table: which cases a cell runs (as `difftest run` or `fuzz` options)."""
+
+    what: ClassVar[str] = "a table of suite fields"
+    cases: OneOf(CaseKind) = CaseKind.ENVELOPE.value
+    count: Int(1, 1000) | None = None
+    seed: Seed = 0
+    budget: Number(1.0, MAX_SUITE_SECONDS) | None = None  # seconds
+    spec: Checked(CaseSpec) | None = None  # one CaseSpec as JSON, as `--spec` takes it
+    case_filter: ListOf(Pattern, MAX_MATRIX_ITEMS, "a list of fnmatch patterns") = Field(default_factory=list)
+    fuzz: Bool = False  # a `difftest fuzz` campaign of `budget` seconds instead of a run
+    isolate: Bool | None = None
+
+    @model_validator(mode="after")
+    def _fuzz_budget(self) -> MatrixSuiteModel:
+        if self.fuzz and self.budget is None:
+            raise SpecError("budget", None, "a number of seconds: a fuzz suite runs for its budget")
+        return self
+
+
+class MatrixIncludeModel(Model):
+    """One [[matrix.include]] table: combinations run even where an exclude rule matches them."""
+
+    what: ClassVar[str] = "a table of fnmatch patterns {device, backend, version, suite}"
+    device: Pattern = "*"
+    backend: Pattern = "*"
+    version: Pattern = "*"
+    suite: Pattern = "*"
+
+
+class MatrixExcludeModel(MatrixIncludeModel):
+    """One [[matrix.exclude]] table: combinations not run, and why."""
+
+    what: ClassVar[str] = "a table {device, backend, version, suite, reason}"
+    reason: Filled("a non-empty string: why these combinations are not run", MAX_TEXT)
+
+
+class MatrixModel(Model):
+    """The CI matrix: [matrix] of a difftest.toml, or [tool.difftest.matrix] of a pyproject.toml."""
+
+    what: ClassVar[str] = "a [matrix] table"
+    devices: Annotated[dict[OneOf(DeviceKind), MatrixDeviceModel], Field(min_length=1),
+                       Expect(f"a table of device kind -> {{runner}}, kinds among {[k.value for k in DeviceKind]}")]
+    backends: ListOf(Filled("a registered backend name or 'package.module:object'"), MAX_MATRIX_ITEMS,
+                     f"a list of 1 to {MAX_MATRIX_ITEMS} backend names", low=1)
+    versions: Annotated[dict[MatrixName, MatrixVersionModel], Field(min_length=1, max_length=MAX_MATRIX_ITEMS),
+                        Expect("a table of version name -> {wheel or path, backends}")] = Field(
+        default_factory=lambda: {"installed": MatrixVersionModel()})  # the job's own environment
+    suites: Annotated[dict[MatrixName, MatrixSuiteModel], Field(min_length=1, max_length=MAX_MATRIX_ITEMS),
+                      Expect("a table of suite name -> suite fields")]
+    include: ListOf(MatrixIncludeModel, MAX_MATRIX_ITEMS, "an array of tables ([[matrix.include]])") = Field(
+        default_factory=list)
+    exclude: ListOf(MatrixExcludeModel, MAX_MATRIX_ITEMS, "an array of tables ([[matrix.exclude]])") = Field(
+        default_factory=list)
+    ledger: Filled("a ledger file (TOML)") | None = None
+    baseline: Filled("a merged.json of an earlier merge") | None = None
+    difftest: MatrixDifftestModel = Field(default_factory=MatrixDifftestModel)  # how CI installs difftest
+    # run after installing difftest
+    setup: ListOf(Text(MAX_NAME, 1), 16, "a list of at most 16 shell commands") = Field(default_factory=list)
+    merge_runner: Labels = "ubuntu-latest"  # where the merge job runs
+
+
+
 def load_matrix(path: str | Path | None = None) -> Matrix:
     """The matrix of `path` (a difftest.toml or a pyproject.toml), else of the first of FILES in the
     working folder that holds one; SpecError naming the first field that does not fit."""
@@ -301,8 +453,7 @@ def _version(name: str, model: MatrixVersionModel) -> Version:
 
 
 def _suite(name: str, model: MatrixSuiteModel) -> Suite:
-    spec = model.spec.model_dump(exclude_unset=True) if model.spec is not None else None
-    return Suite(name, CaseKind(model.cases), model.count, model.seed, model.budget, spec,
+    return Suite(name, CaseKind(model.cases), model.count, model.seed, model.budget, model.spec,
                  tuple(model.case_filter), model.fuzz, model.isolate)
 
 

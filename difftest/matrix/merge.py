@@ -30,38 +30,57 @@ from difftest.core.errors import SpecError, require
 from difftest.core.files import atomic_write
 from difftest.core.hardware import DeviceKind
 from difftest.core.kinds import ExitStatus
-from difftest.core.schema import MergedModel, ReportModel, one_line, parse_json, read_text, validate
+from difftest.core.schema import (
+    MAX_ITEMS,
+    MAX_NAME,
+    Count,
+    ListOf,
+    Member,
+    Name,
+    Names,
+    Record,
+    Text,
+    TupleOf,
+    bound_text,
+    one_line,
+    parse_json,
+    read_text,
+    to_jsonable,
+    validate,
+)
 from difftest.core.verdict import Verdict, worst
 from difftest.engine.result import CaseResult
 from difftest.matrix.heatmap import NO_FAMILY, heatmap, render_png
 from difftest.matrix.outputs import output_file, output_folder
 from difftest.records import junit
 from difftest.records.ledger import Ledger
-from difftest.records.serialize import result_from_json, to_jsonable
+from difftest.records.report import Report
 
 MAX_LISTED = 200  # failures listed per section of the summary and the page
 
 
 @dataclasses.dataclass(frozen=True)
-class Entry:
-    """One result of one cell, as the merged report keeps it."""
+class Entry(Record):
+    """One result of one cell, as the merged report (merged.json) keeps it."""
 
-    cell: str
-    device: DeviceKind
-    version: str
-    library: str  # the version's wheel, 'path DIR' or 'installed'
-    backend: str
-    case: str
-    families: tuple[str, ...]  # the edge families the case was drawn for
-    verdict: Verdict
-    rows: int
-    mask_rows: int
-    nan_rows: int  # NaN or unwritten rows
-    value_rows: int
-    known: str | None = None  # the ledger's "reason (issue)" of a known divergence
+    what = "a JSON object of merged result fields"
+    cell: Name
+    device: Member(DeviceKind)
+    version: Name
+    library: Text(MAX_NAME)  # the version's wheel, 'path DIR' or 'installed'
+    backend: Name
+    case: Name
+    # the edge families the case was drawn for
+    families: TupleOf(Name, MAX_ITEMS, f"a list of names of at most {bound_text(MAX_NAME)} characters")
+    verdict: Member(Verdict)
+    rows: Count
+    mask_rows: Count
+    nan_rows: Count  # NaN or unwritten rows
+    value_rows: Count
+    known: Text() | None = None  # the ledger's "reason (issue)" of a known divergence
     # What the backend loaded under that version (its Contract.library, as the cell's result names it):
     # the distribution, its version and the file it came from. Merges before it have none.
-    loaded: str = ""
+    loaded: Text() = ""
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -77,6 +96,16 @@ class Entry:
         """'cpu/installed/quick planted-block-boundary on edges-s0: FAIL(mask), 3/12 mask rows'."""
         return (f"{self.cell} {self.backend} on {self.case}: {self.verdict.value}, {self.mask_rows}/{self.rows} "
                 f"mask rows, {self.nan_rows} NaN rows, {self.value_rows} value rows")
+
+
+@dataclasses.dataclass(frozen=True)
+class MergedFile(Record):
+    """merged.json (`difftest matrix merge`): what a later merge diffs against as its baseline."""
+
+    what = "a JSON object {difftest, cells, results}"
+    difftest: Text(MAX_NAME)  # the version of difftest that merged it
+    cells: Names
+    results: ListOf(Entry, 1 << 30, "a list of merged results")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,23 +164,22 @@ def merge(reports: Sequence[str | Path], ledger: Ledger | None = None, baseline:
 
 
 def _cell_entries(path: Path, ledger: Ledger | None) -> tuple[CellReport, list[Entry]]:
-    document = _parse_report(path)
-    matrix = document["run"].get("matrix")
+    report = _parse_report(path)
+    matrix = report.run.get("matrix")
     require(matrix is not None, f"{path} run.matrix", None, "a report of `difftest matrix run` (it names its cell)")
-    results = tuple(result_from_json(data) for data in document["results"])
+    results = tuple(report.results)
     entries = [_entry(matrix, result, ledger) for result in results]
     return CellReport(matrix["cell"], results), entries
 
 
-def _parse_report(path: Path) -> dict:
-    """A JSON report, checked against difftest.core.schema.ReportModel; SpecError naming the field otherwise."""
+def _parse_report(path: Path) -> Report:
+    """A JSON report, validated into its Report; SpecError naming the field otherwise."""
     text = read_text(path, "reports", "JSON report")
     try:
         document = parse_json(text)
     except ValueError as exc:
         raise SpecError("reports", str(path), f"a JSON report ({exc})") from None
-    validate(ReportModel, document, f"{path} ")
-    return document
+    return validate(Report, document, f"{path} ")
 
 
 def _entry(matrix: dict, result: CaseResult, ledger: Ledger | None) -> Entry:
@@ -173,15 +201,13 @@ def _families(result: CaseResult) -> tuple[str, ...]:
 
 
 def load_merged(path: str | Path) -> tuple[Entry, ...]:
-    """The entries of a merged.json, checked against difftest.core.schema.MergedModel."""
+    """The entries of a merged.json (MergedFile); SpecError naming the field that does not fit."""
     text = read_text(path, "baseline", "merged report (merged.json)")
     try:
         document = parse_json(text)
     except ValueError as exc:
         raise SpecError("baseline", str(path), f"a merged.json ({exc})") from None
-    model = validate(MergedModel, document, f"{path} ")
-    return tuple(Entry(**{**e.model_dump(), "device": DeviceKind(e.device), "families": tuple(e.families),
-                          "verdict": Verdict(e.verdict)}) for e in model.results)
+    return tuple(validate(MergedFile, document, f"{path} ").results)
 
 
 def _diff(now: tuple[Entry, ...], before: tuple[Entry, ...]) -> Diff:
@@ -210,8 +236,7 @@ def write_outputs(merged: Merged, out: str | Path) -> list[Path]:
     (difftest.matrix.outputs says what it takes); OutputError naming `out` where one cannot be written."""
     folder = output_folder(out, "out")
     png = render_png(heatmap(merged.entries))
-    document = {"difftest": __version__, "cells": [cell.cell for cell in merged.cells],
-                "results": to_jsonable(list(merged.entries))}
+    document = to_jsonable(MergedFile(__version__, [cell.cell for cell in merged.cells], list(merged.entries)))
     known = merged.ledger.known if merged.ledger is not None else None
     suites = [junit.suite(cell.cell, cell.results, known) for cell in merged.cells]
 

@@ -1,21 +1,22 @@
 """Reproducer bundles: everything needed to re-run one failing (backend, case) bit for bit.
 
-A bundle is a folder holding case.npz (Case.save: the exact tensors) and bundle.json (backend and
-where it was loaded from, library versions, device, run config, verdict, first mismatch, and the
-command that replays it). A bundle is data: loading one imports nothing it names
-(docs/bundles.md says what replay does with the recorded origin).
+A bundle is a folder holding case.npz (Case.save: the exact tensors) and bundle.json (BundleInfo: backend
+and where it was loaded from, library versions, device, run config, verdict, first mismatch, and the
+command that replays it; BundleInfo is both what write_bundle writes and what load_bundle reads). A
+bundle is data: loading one imports nothing it names (docs/bundles.md says what replay does with the
+recorded origin).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import platform
 import re
 import shutil
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -24,16 +25,72 @@ from difftest.backends import Origin
 from difftest.core.case import Case
 from difftest.core.errors import OutputError, SpecError, require
 from difftest.core.files import atomic_write, sync_folder
-from difftest.core.kinds import CacheLayout, LengthEncoding, OracleKind
-from difftest.core.schema import BundleInfoModel, one_line, parse_json, read_text, shown, validate
+from difftest.core.kinds import CacheLayout, Device, LengthEncoding, OracleKind
+from difftest.core.schema import (
+    MAX_COMMAND,
+    MAX_NAME,
+    Bool,
+    Float,
+    Int,
+    Member,
+    Name,
+    OneOf,
+    Record,
+    Text,
+    one_line,
+    parse_json,
+    read_text,
+    shown,
+    to_jsonable,
+    validate,
+)
 from difftest.core.verdict import Verdict
-from difftest.engine.config import RunConfig
+from difftest.engine.comparison import Comparison
+from difftest.engine.config import MAX_REPEAT, MAX_STARTUP_TIMEOUT, RunConfig
 from difftest.engine.result import CaseResult
 from difftest.records.commands import replay_command
-from difftest.records.serialize import to_jsonable
 
 CASE_FILE, INFO_FILE = "case.npz", "bundle.json"
 MAX_BUNDLE_INFO_BYTES = 1 << 28  # bundle.json: a comparison lists its bad rows, up to one per row
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BundleInfo(Record):
+    """bundle.json: the backend and where it was loaded from, the run's config (bundles written before a
+    field of it existed replay with its default), the verdict, the case, the versions, and the command
+    that replays it."""
+
+    what = "a JSON object of bundle fields"
+    backend: Name
+    origin: Origin  # where the backend was loaded from when the bundle was written
+    library: Text(MAX_NAME) = ""  # the backend's Contract.library
+    device: OneOf(Device)
+    encoding_override: Member(LengthEncoding) | None = None
+    layout_override: Member(CacheLayout) | None = None
+    isolate: Bool | None = None  # RunConfig.isolate of the run that wrote it: where replay and shrink run it
+    timeout: Float(0.0, math.inf) | None = None
+    startup_timeout: Float(0.0, MAX_STARTUP_TIMEOUT) | None = None
+    oracle: Member(OracleKind) | None = None
+    repeat: Int(1, MAX_REPEAT) = 1
+    verdict: Member(Verdict)
+    reason: Text() | None = None
+    comparison: Comparison | None = None
+    case: Name
+    description: Text() = ""
+    torch: Text(MAX_NAME) = ""
+    difftest: Text(MAX_NAME) = ""
+    python: Text(MAX_NAME) = ""
+    gpu: Text(MAX_NAME) | None = None  # where the result was computed (hardware.gpu_description)
+    replay: Text(MAX_COMMAND) = ""
+
+    @property
+    def config(self) -> RunConfig:
+        """The RunConfig the bundle's run fed the backend with."""
+        default = RunConfig()
+        return RunConfig(device=self.device, encoding=self.encoding_override, layout=self.layout_override,
+                         isolate=self.isolate, timeout=self.timeout, oracle=self.oracle, repeat=self.repeat,
+                         startup_timeout=default.startup_timeout if self.startup_timeout is None
+                         else self.startup_timeout)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,11 +99,27 @@ class Bundle:
 
     path: Path
     case: Case
-    backend: str
-    origin: Origin  # where the backend was loaded from when the bundle was written
-    config: RunConfig
-    verdict: Verdict
-    info: dict[str, Any]
+    info: BundleInfo
+
+    @property
+    def backend(self) -> str:
+        """The backend's name when the bundle was written."""
+        return self.info.backend
+
+    @property
+    def origin(self) -> Origin:
+        """Where the backend was loaded from when the bundle was written."""
+        return self.info.origin
+
+    @property
+    def config(self) -> RunConfig:
+        """How the bundle's run fed the backend."""
+        return self.info.config
+
+    @property
+    def verdict(self) -> Verdict:
+        """What the backend gave on the case then."""
+        return self.info.verdict
 
 
 def bundle_name(result: CaseResult) -> str:
@@ -71,20 +144,16 @@ def write_bundle(directory: str | Path, case: Case, result: CaseResult, config: 
     except OSError as exc:
         shutil.rmtree(partial, ignore_errors=True)
         raise OutputError(field, folder, f"cannot write: {exc.strerror or exc}") from None
-    info = {
-        "backend": result.backend, "origin": to_jsonable(origin), "library": library,
-        "device": config.device, "encoding_override": config.encoding.value if config.encoding else None,
-        "layout_override": config.layout.value if config.layout else None,
-        "isolate": config.isolate, "timeout": config.timeout, "startup_timeout": config.startup_timeout,
-        "oracle": config.oracle_kind.value, "repeat": config.repeat,
-        "verdict": result.verdict.value, "reason": result.reason,
-        "comparison": to_jsonable(result.comparison), "case": case.name, "description": case.describe(),
-        "torch": torch.__version__, "difftest": __version__, "python": platform.python_version(),
-        "gpu": result.gpu,  # where the result was computed (hardware.gpu_description), not where it is written
-        "replay": replay_command(folder, origin),
-    }
+    info = BundleInfo(
+        backend=result.backend, origin=origin, library=library, device=config.device,
+        encoding_override=config.encoding, layout_override=config.layout, isolate=config.isolate,
+        timeout=config.timeout, startup_timeout=config.startup_timeout, oracle=config.oracle_kind,
+        repeat=config.repeat, verdict=result.verdict, reason=result.reason, comparison=result.comparison,
+        case=case.name, description=case.describe(), torch=torch.__version__, difftest=__version__,
+        python=platform.python_version(), gpu=result.gpu,  # where the result was computed, not where it is written
+        replay=replay_command(folder, origin))
     try:
-        atomic_write(partial / INFO_FILE, json.dumps(info, indent=1) + "\n", field)
+        atomic_write(partial / INFO_FILE, json.dumps(to_jsonable(info), indent=1) + "\n", field)
         _replace_folder(partial, folder)
     except OSError as exc:
         raise OutputError(field, folder, f"cannot write: {exc.strerror or exc}") from None
@@ -115,7 +184,7 @@ def _replace_folder(partial: Path, folder: Path) -> None:
 def load_bundle(path: str | Path) -> Bundle:
     """Read a bundle folder written by write_bundle.
 
-    bundle.json is checked against difftest.core.schema.BundleInfoModel, then case.npz from its zip
+    bundle.json is validated into its BundleInfo, then case.npz from its zip
     directory and array headers against its meta and the spec it was drawn from (Case.load) before
     anything is decompressed; the case's name must be the one bundle.json records. Anything that does
     not fit is one SpecError naming the file and the field ('.../bundle.json origin.target').
@@ -129,16 +198,8 @@ def load_bundle(path: str | Path) -> Bundle:
         info = parse_json(text)
     except ValueError as exc:
         raise SpecError(one_line(str(info_path)), shown(text, 80), f"a JSON object of bundle fields ({exc})") from None
-    validate(BundleInfoModel, info, f"{info_path} ")
+    bundle = validate(BundleInfo, info, f"{info_path} ")
     case = Case.load(folder / CASE_FILE)
-    require(case.name == info["case"], one_line(f"{info_path} case"), info["case"],
+    require(case.name == bundle.case, one_line(f"{info_path} case"), bundle.case,
             f"the name of the case in {CASE_FILE}, {case.name!r}")
-    encoding, layout = info.get("encoding_override"), info.get("layout_override")
-    oracle = info.get("oracle")
-    config = RunConfig(device=info["device"], encoding=LengthEncoding(encoding) if encoding else None,
-                       layout=CacheLayout(layout) if layout else None, isolate=info.get("isolate"),
-                       timeout=info.get("timeout"), oracle=OracleKind(oracle) if oracle else None,
-                       repeat=info.get("repeat", 1),
-                       startup_timeout=info.get("startup_timeout", RunConfig().startup_timeout))
-    return Bundle(path=folder, case=case, backend=info["backend"],
-                  origin=Origin(**info["origin"]), config=config, verdict=Verdict(info["verdict"]), info=info)
+    return Bundle(path=folder, case=case, info=bundle)

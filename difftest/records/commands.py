@@ -18,8 +18,8 @@ from pathlib import Path
 
 from difftest.backends import Origin
 from difftest.core.case import Case
+from difftest.core.spec import CaseSpec
 from difftest.engine.config import RunConfig
-from difftest.generators.spec import CaseSpec
 
 _CONFIG_DEFAULTS = RunConfig()  # what `difftest run` feeds a backend when an option is not given
 

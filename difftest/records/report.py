@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import platform
 import statistics
 import time
@@ -21,39 +22,73 @@ import torch
 from difftest import __version__
 from difftest.core.files import atomic_write
 from difftest.core.kinds import TimedRegion
+from difftest.core.schema import (
+    MAX_ITEMS,
+    MAX_NAME,
+    Checked,
+    Count,
+    Float,
+    JsonFloat,
+    ListOf,
+    Member,
+    Name,
+    NonNegative,
+    OneOf,
+    Record,
+    TableOf,
+    Text,
+    to_jsonable,
+)
 from difftest.core.verdict import Verdict, worst
 from difftest.engine.comparison import STRIP_LEGEND, Comparison
 from difftest.engine.config import RunConfig
 from difftest.engine.explain import Example, Explanation, Pattern, Relation, Rounding
-from difftest.engine.performance import format_seconds, races
+from difftest.engine.performance import SiblingRace, format_seconds, races
 from difftest.engine.plan import EnvelopePlan
 from difftest.engine.result import CaseResult
 from difftest.engine.stability import Stability, StabilityKind
-from difftest.records.serialize import to_jsonable
+from difftest.records.run_info import RunInfoModel
 
 
 @dataclasses.dataclass(frozen=True)
-class BackendSummary:
+class BackendSummary(Record):
     """One backend over a whole run."""
 
-    backend: str
-    cases: int  # cases it ran (not skipped)
-    skipped: int
-    rows: int  # rows compared
-    mask_rows: int  # rows with a wrong -inf mask: the headline numerator
-    max_rel_err: float
-    topk_overlap: float | None  # the lowest of its cases' top-k overlaps; None where no case had one (n/a)
-    verdict: Verdict
-    counts: dict[str, int]  # verdict -> cases
-    skip_reasons: list[str]
-    stability: str | None = None  # the least stable kind over its repeated cases, with the launches
-    seconds: float = 0.0  # its calls' seconds over the cases it ran (CaseResult.seconds), summed
-    median_seconds: float = 0.0  # the median of those per case
-    kernel_seconds: float | None = None  # under --time: the median over its cases of their median timed launch
-    timed_region: TimedRegion | None = None  # what those launches covered
+    backend: Name
+    cases: Count  # cases it ran (not skipped)
+    skipped: Count
+    rows: Count  # rows compared
+    mask_rows: Count  # rows with a wrong -inf mask: the headline numerator
+    max_rel_err: NonNegative
+    # the lowest of its cases' top-k overlaps; None where no case had one (n/a); 'nan' in older reports
+    topk_overlap: JsonFloat | None
+    verdict: Member(Verdict)
+    counts: TableOf(OneOf(Verdict), Count, "a table of verdict -> cases")  # verdict -> cases
+    skip_reasons: ListOf(Text(), MAX_ITEMS, "a list of skip reasons")
+    stability: Text(MAX_NAME) | None = None  # the least stable kind over its repeated cases, with the launches
+    # Reports written before the time column have none of these.
+    seconds: Float(0.0, math.inf) = 0.0  # its calls' seconds over the cases it ran (CaseResult.seconds), summed
+    median_seconds: Float(0.0, math.inf) = 0.0  # the median of those per case
+    # under --time: the median over its cases of their median timed launch
+    kernel_seconds: Float(0.0, math.inf) | None = None
+    timed_region: Member(TimedRegion) | None = None  # what those launches covered
     # What it loaded (Contract.library), as its results name it; '; '-joined where they name several (a
-    # resumed run whose earlier part loaded another version).
-    library: str = ""
+    # resumed run whose earlier part loaded another version). Reports written before it have none.
+    library: Text() = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Report(Record):
+    """A JSON report (write_json): how the run was made (run info, kept as written), the summaries, every
+    result and the sibling races of a --time run."""
+
+    what = "a JSON report {run, summaries, results}"
+    run: Checked(RunInfoModel) = dataclasses.field(default_factory=dict)
+    summaries: ListOf(BackendSummary, MAX_ITEMS, "a list of backend summaries") = dataclasses.field(
+        default_factory=list)
+    results: ListOf(CaseResult, 1 << 30, "a list of results")
+    performance: ListOf(SiblingRace, 1 << 30, "a list of sibling races (--time)") = dataclasses.field(
+        default_factory=list)
 
 
 def summarize(results: list[CaseResult]) -> list[BackendSummary]:
@@ -361,9 +396,8 @@ def write_json(path: str | Path, results: list[CaseResult], run_info: dict[str, 
     """The whole run: how it was made, the summaries, every result and the sibling races of a --time run
     (difftest.engine.performance). Written atomically (a crash leaves the old report or the new one, never a
     part); OutputError (field 'report') when it cannot be."""
-    doc = {"run": run_info, "summaries": to_jsonable(summarize(results)), "results": to_jsonable(results),
-           "performance": to_jsonable(races(results))}
-    return atomic_write(Path(path), json.dumps(doc, indent=1) + "\n", "report")
+    report = Report(run=run_info, summaries=summarize(results), results=list(results), performance=races(results))
+    return atomic_write(Path(path), json.dumps(to_jsonable(report), indent=1) + "\n", "report")
 
 
 def render_reach(results: list[CaseResult], plan: EnvelopePlan | None = None) -> str:

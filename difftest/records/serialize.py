@@ -8,129 +8,51 @@ load_results reads a stream or a JSON report (difftest.records.report.write_json
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import json
-import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from difftest.core.contract import Siblings
+from pydantic import model_validator
+
 from difftest.core.errors import OutputError, SpecError
 from difftest.core.files import cannot_write, open_regular, regular_target
-from difftest.core.kinds import CacheLayout, Isolation, LengthEncoding, SanitizerTool, TimedRegion, TimingMethod
-from difftest.core.schema import (
-    STREAM_TEXT,
-    ReportModel,
-    ResultModel,
-    StreamLineModel,
-    parse_json,
-    read_text,
-    shown,
-    validate,
-)
-from difftest.core.verdict import Mismatch, Verdict
-from difftest.engine.comparison import Comparison
-from difftest.engine.explain import LEGACY_PATTERNS, Example, Explanation, Pattern, Relation, Rounding
-from difftest.engine.result import CallMemory, CaseResult, Reach
-from difftest.engine.sanitize import Finding, SanitizerReport
-from difftest.engine.stability import Stability, StabilityKind
-from difftest.engine.timing import Timing
+from difftest.core.schema import Model, parse_json, read_text, shown, to_jsonable, validate
+from difftest.engine.result import CaseResult
+from difftest.records.report import Report
+from difftest.records.run_info import RunInfoModel
 
 MAX_LINE_PEEK = 1 << 20  # is_stream reads this much of the first line at most
+STREAM_TEXT = 'a JSON report, or JSONL lines {"run": ...} / {"result": ...}'
 
 
-def to_jsonable(value: Any) -> Any:
-    """Dataclasses, enums and floats (inf, NaN as strings) as plain JSON."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, dict):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    return value
+class StreamLineModel(Model):
+    """One line of a JSONL stream (ResultStream): {"run": ...} or {"result": ...}, the result a CaseResult."""
+
+    what: ClassVar[str] = STREAM_TEXT
+    unknown_expected: ClassVar[str | None] = STREAM_TEXT
+    run: RunInfoModel | None = None
+    result: CaseResult | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> StreamLineModel:
+        if (self.run is None) == (self.result is None):
+            raise SpecError("", sorted(self.model_fields_set), STREAM_TEXT)
+        return self
 
 
 def result_from_json(data: dict[str, Any]) -> CaseResult:
     """The CaseResult to_jsonable wrote (non-finite floats come back from their 'inf'/'nan' strings);
-    SpecError naming the first field that does not fit difftest.core.schema.ResultModel ('result.verdict')."""
-    validate(ResultModel, data, "result.")
-    return _built(data)
-
-
-def _built(data: dict[str, Any]) -> CaseResult:
-    """The CaseResult of `data`, which fits ResultModel."""
-    nested = {
-        "verdict": Verdict(data["verdict"]), "seconds": float(data["seconds"]),
-        "encoding": LengthEncoding(data["encoding"]), "layout": CacheLayout(data["layout"]),
-        "isolation": _maybe(Isolation, data.get("isolation")),
-        "comparison": _maybe(_comparison, data.get("comparison")),
-        "mutated_inputs": tuple(data.get("mutated_inputs", ())),
-        "stability": _maybe(_stability, data.get("stability")),
-        "sanitizer": _maybe(_sanitizer, data.get("sanitizer")),
-        "reach": _maybe(lambda r: Reach(**{**r, "families": tuple(r["families"])}), data.get("reach")),
-        "timing": _maybe(_timing, data.get("timing")),
-        "memory": _maybe(lambda m: CallMemory(**m), data.get("memory")),
-    }
-    return CaseResult(**{**data, **nested})
-
-
-def _maybe(build: Any, value: Any) -> Any:
-    return None if value is None else build(value)
-
-
-def _comparison(data: dict[str, Any]) -> Comparison:
-    floats = {k: float(data[k]) for k in ("max_abs_err", "max_rel_err")}
-    first = _maybe(lambda m: Mismatch(m["row"], m["position"], float(m["expected"]), float(m["got"]),
-                                      Verdict(m["kind"])), data.get("first_mismatch"))
-    limits = tuple(tuple(limit) for limit in data.get("mask_limits", ()))
-    return Comparison(**{**data, **floats, "first_mismatch": first, "verdict": Verdict(data["verdict"]),
-                         "topk_overlap": _maybe(float, data["topk_overlap"]), "mask_limits": limits,
-                         "explanation": _maybe(_explanation, data.get("explanation"))})
-
-
-def _explanation(data: dict[str, Any]) -> Explanation:
-    """An Explanation; one an older report wrote (a pattern and its description, no relation) reads as its
-    pattern's relation, without parameters (the description is not read back)."""
-    fields = {k: v for k, v in data.items() if k not in ("pattern", "description")}
-    relation = _relation(data["relation"]) if data.get("relation") is not None else \
-        Relation(LEGACY_PATTERNS.get(data["pattern"]) or Pattern(data["pattern"]))
-    return Explanation(**{**fields, "relation": relation, "draft_rows": tuple(data.get("draft_rows", ())),
-                          "example": _maybe(lambda e: Example(**e), data.get("example")),
-                          "differences": tuple(tuple(d) for d in data.get("differences", ())),
-                          "alternatives": tuple(_relation(r) for r in data.get("alternatives", ()))})
-
-
-def _relation(data: dict[str, Any]) -> Relation:
-    return Relation(**{**data, "pattern": Pattern(data["pattern"]), "rounding": _maybe(Rounding, data.get("rounding"))})
-
-
-def _stability(data: dict[str, Any]) -> Stability:
-    return Stability(**{**data, "kind": StabilityKind(data["kind"]), "max_abs_diff": float(data["max_abs_diff"])})
-
-
-def _timing(data: dict[str, Any]) -> Timing:
-    floats = {k: float(data[k]) for k in ("median", "minimum", "maximum")}
-    return Timing(**{**data, **floats, "method": TimingMethod(data["method"]), "region": TimedRegion(data["region"]),
-                     "siblings": _maybe(lambda s: Siblings(s["group"], float(s["slowdown"])), data.get("siblings"))})
-
-
-def _sanitizer(data: dict[str, Any]) -> SanitizerReport:
-    findings = tuple(Finding(**{**f, "details": tuple(f["details"])}) for f in data.get("findings", ()))
-    return SanitizerReport(**{**data, "tool": SanitizerTool(data["tool"]), "findings": findings})
+    SpecError naming the first field that does not fit ('result.verdict')."""
+    return validate(CaseResult, data, "result.")
 
 
 def load_results(path: str | Path, field: str = "resume") -> list[CaseResult]:
     """Every result of a JSON report (write_json) or of a JSONL stream (ResultStream).
 
-    A stream's last line may be torn (the run was killed while writing it): it is ignored. The file
-    is checked against difftest.core.schema (ReportModel, StreamLineModel) before any result is built: a
+    A stream's last line may be torn (the run was killed while writing it): it is ignored. Each result
+    is validated into its CaseResult (a report as a Report, a stream line by StreamLineModel): a
     SpecError names `field`, the bad value, what is allowed and where ('at r.jsonl:3 result.verdict'),
     or why the file cannot be read.
     """
@@ -140,8 +62,7 @@ def load_results(path: str | Path, field: str = "resume") -> list[CaseResult]:
         document = _json_or_none(text)
         # One JSON object that is not one stream record ({"run": ...} or {"result": ...}) is a report.
         if isinstance(document, dict) and not (len(document) == 1 and {"run", "result"} & set(document)):
-            validate(ReportModel, document, f"{path} ")
-            return [_built(r) for r in document["results"]]
+            return validate(Report, document, f"{path} ").results
         return _stream_results(text, path)
     except SpecError as exc:  # named after `field` (the option that gave the file), the place in it after
         raise SpecError(field, exc.value, f"{exc.expected}, at {exc.field}") from None
@@ -180,9 +101,9 @@ def _stream_results(text: str, path: Path) -> list[CaseResult]:
         where = f"{path}:{number} "
         if record is None:
             raise SpecError(where.rstrip(), shown(line, 80), STREAM_TEXT)
-        validate(StreamLineModel, record, where)
-        if "result" in record:
-            results.append(_built(record["result"]))
+        result = validate(StreamLineModel, record, where).result
+        if result is not None:
+            results.append(result)
     return results
 
 

@@ -36,12 +36,12 @@ from difftest.backends import Backend, as_loaded
 from difftest.core.case import Case
 from difftest.core.errors import SpecError, require
 from difftest.core.kinds import Fp8Flavour
+from difftest.core.spec import CaseSpec, Stale, Values, case_name
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
 from difftest.engine.isolate import Executor
 from difftest.engine.result import CaseResult
 from difftest.engine.runner import executors_for
-from difftest.generators.spec import CaseSpec, Stale, Values, case_name
 from difftest.generators.tensors import build_case
 from difftest.records.bundle import Bundle
 from difftest.records.commands import run_command

@@ -135,11 +135,11 @@ def test_a_case_archive_declaring_more_than_the_host_can_hold_is_refused_before_
     _declaring(failing / CASE_FILE, folder, case.k_pool.shape[0] + 1024)  # a few hundred KiB of zeros
     declared = sum(np.prod(a.shape) * a.itemsize for a in _arrays(folder / CASE_FILE))
     # This host, for the test, has less memory free than three times what the archive declares.
-    monkeypatch.setattr("difftest.core.schema.available_memory", lambda device: int(declared * 2))
+    monkeypatch.setattr("difftest.core.case_archive.available_memory", lambda device: int(declared * 2))
     with pytest.raises(SpecError) as refused:
         load_bundle(folder)
     assert refused.value.field.endswith(f"{CASE_FILE} size") and "arrays this host can load" in refused.value.expected
-    monkeypatch.setattr("difftest.core.schema.available_memory", lambda device: int(declared * 4))
+    monkeypatch.setattr("difftest.core.case_archive.available_memory", lambda device: int(declared * 4))
     assert load_bundle(folder).case.k_pool.shape[0] == case.k_pool.shape[0] + 1024
 
 

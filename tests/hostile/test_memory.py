@@ -14,9 +14,9 @@ import pytest
 from difftest.core import hardware
 from difftest.core.errors import SpecError
 from difftest.core.kinds import Device
+from difftest.core.spec import CaseSpec, LengthDist
 from difftest.engine.plan import PlannedCase, SuiteRequest
 from difftest.generators.envelope import Target, estimate_bytes
-from difftest.generators.spec import CaseSpec, LengthDist
 from difftest.workflows.session import RunRequest, execute
 from tests.support import REPO_ROOT
 

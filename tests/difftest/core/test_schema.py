@@ -13,7 +13,6 @@ from __future__ import annotations
 import atexit
 import copy
 import dataclasses
-import enum
 import io
 import json
 import math
@@ -22,6 +21,7 @@ import shutil
 import struct
 import tempfile
 import tracemalloc
+import typing
 import zipfile
 import zlib
 from collections.abc import Callable
@@ -33,29 +33,31 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
+from pydantic import PlainValidator
 
 from difftest.backends import Origin, as_loaded
 from difftest.core import schema
-from difftest.core.contract import DEFAULT_TOPK, Siblings
+from difftest.core.contract import Siblings
 from difftest.core.errors import SpecError
 from difftest.core.kinds import ExitStatus, Isolation, SanitizerTool
+from difftest.core.schema import to_jsonable
+from difftest.core.spec import Stale, Values
 from difftest.core.verdict import Mismatch, Verdict
-from difftest.engine.comparison import MASK_LIMITS, Comparison
-from difftest.engine.config import MAX_REPEAT, MAX_TIME, RunConfig
-from difftest.engine.explain import DIFFERENCES_KEPT, LEGACY_PATTERNS, Example, Explanation, Pattern, Relation, Rounding
-from difftest.engine.guards import MAX_TRACEBACK_CHARS
+from difftest.engine.comparison import Comparison
+from difftest.engine.config import RunConfig
+from difftest.engine.explain import Example, Explanation, Pattern, Relation, Rounding
 from difftest.engine.performance import SiblingRace, SiblingTime
 from difftest.engine.result import CallMemory, CaseResult, Reach
 from difftest.engine.sanitize import Finding, SanitizerReport
 from difftest.engine.stability import Stability, StabilityKind
 from difftest.engine.timing import Timing
 from difftest.generators import CaseSpec, build_case
-from difftest.generators.spec import LengthDist, Stale, Values
 from difftest.matrix.definition import load_matrix
-from difftest.records.bundle import CASE_FILE, INFO_FILE, load_bundle, write_bundle
-from difftest.records.ledger import load_ledger
-from difftest.records.report import BackendSummary, write_json
-from difftest.records.serialize import ResultStream, load_results, result_from_json, to_jsonable
+from difftest.matrix.merge import Entry, MergedFile
+from difftest.records.bundle import CASE_FILE, INFO_FILE, BundleInfo, load_bundle, write_bundle
+from difftest.records.ledger import Divergence, LedgerSpecModel, load_ledger
+from difftest.records.report import BackendSummary, Report, write_json
+from difftest.records.serialize import ResultStream, load_results, result_from_json
 from tests import planted
 from tests.support import TINY, run_cli
 
@@ -228,36 +230,44 @@ def _folder() -> Path:
     return Path(tempfile.mkdtemp(dir=WORK))
 
 
-# --------------------------------------------------------------------------- the schema agrees with the code
+# --------------------------------------------------------------------------- one definition per document
 
-def test_the_restated_enums_and_defaults_agree_with_their_modules():
-    assert schema.LENGTH_DISTS == tuple(d.value for d in LengthDist)
-    assert schema.VALUE_DISTS == tuple(v.value for v in Values)
-    assert schema.STALES == tuple(s.value for s in Stale)
-    assert schema.STABILITY_KINDS == tuple(k.value for k in StabilityKind)
-    assert schema.MASK_PATTERNS == tuple(p.value for p in Pattern)
-    assert schema.LEGACY_MASK_PATTERNS == tuple(LEGACY_PATTERNS)
-    assert schema.ROUNDINGS == tuple(r.value for r in Rounding) and schema.DIFFERENCES_KEPT == DIFFERENCES_KEPT
-    assert schema.MAX_TRACEBACK == MAX_TRACEBACK_CHARS and schema.DEFAULT_TOPK == DEFAULT_TOPK
-    assert schema.MASK_LIMITS == MASK_LIMITS
-    assert schema.MAX_REPEAT == MAX_REPEAT and schema.MAX_TIME == MAX_TIME
-    defaults = {f.name: f.default for f in dataclasses.fields(CaseSpec)}
-    assert schema.SPEC_DEFAULTS == {k: v.value if isinstance(v, enum.Enum) else v for k, v in defaults.items()}
-    assert set(schema.SpecModel.model_fields) == set(defaults) == set(schema.LedgerSpecModel.model_fields)
+RECORDS = [CaseResult, Comparison, Mismatch, Explanation, Relation, Example, Stability, SanitizerReport, Finding, Reach,
+           Origin, Timing, Siblings, BackendSummary, SiblingRace, SiblingTime, CallMemory, CaseSpec, BundleInfo, Report,
+           Entry, MergedFile, Divergence]
 
 
-@pytest.mark.parametrize("model, cls", [
-    (schema.ResultModel, CaseResult), (schema.ComparisonModel, Comparison), (schema.MismatchModel, Mismatch),
-    (schema.ExplanationModel, Explanation), (schema.RelationModel, Relation), (schema.ExampleModel, Example),
-    (schema.StabilityModel, Stability),
-    (schema.SanitizerModel, SanitizerReport), (schema.FindingModel, Finding), (schema.ReachModel, Reach),
-    (schema.OriginModel, Origin), (schema.TimingModel, Timing), (schema.SiblingsModel, Siblings),
-    (schema.SummaryModel, BackendSummary), (schema.SiblingRaceModel, SiblingRace),
-    (schema.SiblingTimeModel, SiblingTime), (schema.CallMemoryModel, CallMemory)], ids=lambda x: x.__name__)
-def test_every_dataclass_field_has_its_schema_field(model, cls):
-    """A field added to a result's dataclass needs its line in difftest.core.schema, or --resume refuses its streams."""
-    current = set(model.model_fields) - model.legacy_fields
-    assert current == {f.name for f in dataclasses.fields(cls)}, f"{cls.__name__} and {model.__name__}"
+def _bounded(annotation: Any) -> bool:
+    """Whether every value `annotation` admits is checked: a rule (or a whole validator, IntList's), a
+    record, or a container of those."""
+    annotation, _ = schema._strip(annotation)
+    metadata = getattr(annotation, "__metadata__", ())
+    if any(isinstance(m, (schema.Rule, schema.As, PlainValidator)) for m in metadata):
+        return True
+    base = schema._base(annotation)
+    if isinstance(base, type) and issubclass(base, schema.Record):
+        return True
+    items = [a for a in typing.get_args(base) if a is not Ellipsis]
+    return any(isinstance(m, schema.Expect) for m in metadata) and bool(items) and all(map(_bounded, items))
+
+
+def _records(kind: type = schema.Record) -> set[type]:
+    return {sub for child in kind.__subclasses__() for sub in (child, *_records(child))}
+
+
+def test_every_record_is_listed_here():
+    assert _records() == set(RECORDS), "a new Record: list it in RECORDS, so its fields are checked below"
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda x: x.__name__)
+def test_every_record_field_declares_its_bounds(record):
+    """A record is its document's one definition: a field without its rule would read anything back."""
+    loose = [key for key, annotation in schema.record_fields(record).items() if not _bounded(annotation)]
+    assert not loose, f"{record.__name__} fields without a rule: {loose}"
+
+
+def test_a_ledger_entry_may_name_every_spec_field():
+    assert set(LedgerSpecModel.model_fields) == {f.name for f in dataclasses.fields(CaseSpec)}
 
 
 def test_valid_documents_load_as_before():
@@ -266,7 +276,8 @@ def test_valid_documents_load_as_before():
     assert _as_json([result_from_json(to_jsonable(r)) for r in RESULTS]) == same
     assert _as_json(load_results(WORK / "report.json")) == same == _as_json(load_results(WORK / "stream.jsonl"))
     bundle = load_bundle(BUNDLE)
-    assert bundle.case.name == CASE.name and bundle.verdict == RESULT.verdict and bundle.info == BUNDLE_INFO
+    assert bundle.case.name == CASE.name and bundle.verdict == RESULT.verdict
+    assert to_jsonable(bundle.info) == BUNDLE_INFO
     (WORK / "ledger.toml").write_text(_toml(LEDGER))
     assert [e.spec for e in load_ledger(WORK / "ledger.toml").entries][1] == (
         ("length_dist", "edg*"), ("lengths", [1, 2]), ("next_n", 4))

@@ -10,8 +10,8 @@ import torch
 
 from difftest.core.errors import SpecError
 from difftest.core.kinds import OracleKind
+from difftest.core.spec import CaseSpec
 from difftest.engine.batch import joined, merge
-from difftest.generators.spec import CaseSpec
 from difftest.generators.tensors import build_case
 from difftest.oracles.reference import make_reference
 from tests.support import TINY

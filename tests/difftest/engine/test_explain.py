@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 
 from difftest.backends.user import FunctionBackend
 from difftest.cli import main
-from difftest.core import schema
 from difftest.core.case import row_limits
 from difftest.core.contract import Contract
 from difftest.core.kinds import CacheLayout, LengthEncoding, MaskConvention
 from difftest.core.poison import poisoned
+from difftest.core.schema import to_jsonable
 from difftest.core.verdict import Verdict
 from difftest.engine import comparison
 from difftest.engine.comparison import MASK_LIMITS, compare
@@ -31,7 +31,7 @@ from difftest.engine.explain import Explanation, Pattern, Relation, Rounding, ex
 from difftest.engine.runner import run
 from difftest.generators import build_case
 from difftest.records.report import explanation_lines, render_failures
-from difftest.records.serialize import result_from_json, to_jsonable
+from difftest.records.serialize import result_from_json
 from tests import planted
 from tests import user_backends as ub
 from tests.support import TINY
@@ -263,11 +263,6 @@ def test_the_record_is_capped_and_the_same_a_few_rows_at_a_time(monkeypatch):
 
 def test_explain_without_wrong_rows_is_none():
     assert explain((), NEXT_N, _oracle()) is None
-
-
-def test_the_schema_restates_the_patterns_and_the_cap():
-    assert schema.MASK_PATTERNS == tuple(p.value for p in Pattern)
-    assert schema.MASK_LIMITS == MASK_LIMITS
 
 
 # --------------------------------------------------------------------------- properties: exact fits, near misses

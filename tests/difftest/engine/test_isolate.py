@@ -26,6 +26,7 @@ from difftest.cli import main
 from difftest.core.errors import SpecError
 from difftest.core.kernel_inputs import encode
 from difftest.core.kinds import ExitStatus, Isolation, Transport
+from difftest.core.schema import to_jsonable
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
 from difftest.engine.guards import Execution, Launch, execute
@@ -41,7 +42,7 @@ from difftest.engine.runner import run
 from difftest.engine.sanitize import Finding, SanitizerReport
 from difftest.generators import build_case
 from difftest.records.report import write_json
-from difftest.records.serialize import ResultStream, load_results, to_jsonable
+from difftest.records.serialize import ResultStream, load_results
 from tests import broken_backends as bb
 from tests import user_backends as ub
 from tests.support import REPO_ROOT, TINY

@@ -10,9 +10,9 @@ from difftest.backends.torch_ref import TorchBackend
 from difftest.core.contract import WorkPartition
 from difftest.core.errors import SpecError
 from difftest.core.kinds import CaseKind, PartitionScope
+from difftest.core.spec import CaseSpec
 from difftest.engine.plan import PlannedCase, Shard, SuiteRequest, envelope_plan, filtered, plan
 from difftest.generators.envelope import Target
-from difftest.generators.spec import CaseSpec
 
 
 @pytest.mark.parametrize(("text", "shard"), [("0/1", (0, 1)), ("1/2", (1, 2)), ("3/8", (3, 8))])

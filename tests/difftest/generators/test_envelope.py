@@ -17,6 +17,7 @@ import torch
 from difftest.core.contract import Contract, WorkingMemory, WorkPartition
 from difftest.core.errors import SpecError
 from difftest.core.kinds import CacheLayout, Device, Fp8Flavour, LengthEncoding, MaskConvention, PartitionScope
+from difftest.core.spec import CaseSpec, LengthDist
 from difftest.generators.cases import default_specs, edge_cases, suite
 from difftest.generators.envelope import (
     TWO_31,
@@ -30,7 +31,6 @@ from difftest.generators.envelope import (
     estimate_bytes,
     fit,
 )
-from difftest.generators.spec import CaseSpec, LengthDist
 from difftest.generators.tensors import build_case
 
 GB = 10**9

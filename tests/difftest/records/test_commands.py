@@ -15,12 +15,12 @@ from difftest import cli
 from difftest.backends import Loaded, get_backends
 from difftest.core.case import Case
 from difftest.core.kinds import CacheLayout, LengthEncoding, OracleKind
+from difftest.core.spec import CaseSpec
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
 from difftest.engine.plan import PlannedCase
 from difftest.engine.result import CaseResult
 from difftest.generators import build_case
-from difftest.generators.spec import CaseSpec
 from difftest.records.bundle import INFO_FILE, load_bundle, write_bundle
 from difftest.records.commands import run_command
 from difftest.records.report import render_failures
@@ -108,7 +108,7 @@ def test_a_replay_line_names_a_bundle_that_records_every_option(printed, who):
     spec, seed = REPLAYED[who]
     assert bundle.config == CONFIG and bundle.origin.target == TARGET
     assert (CaseSpec.from_json(bundle.case.meta["spec"]), bundle.case.meta["seed"]) == (spec, seed)
-    assert bundle.info["gpu"] == "cuda:0 NVIDIA H200 (PCI 0000:19:00.0)", "the GPU it ran on, not this host's"
+    assert bundle.info.gpu == "cuda:0 NVIDIA H200 (PCI 0000:19:00.0)", "the GPU it ran on, not this host's"
 
 
 def test_options_at_their_defaults_are_written_out_where_a_default_depends_on_the_device():

@@ -12,7 +12,7 @@ import torch
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend
 from difftest.core.kinds import Isolation
-from difftest.core.schema import ReportModel, validate
+from difftest.core.schema import to_jsonable, validate
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
 from difftest.engine.runner import run
@@ -20,6 +20,7 @@ from difftest.generators import build_case
 from difftest.records.report import (
     TOPK_NA_NOTE,
     TRACEBACK_LINES,
+    Report,
     headline,
     render_devices,
     render_failures,
@@ -27,7 +28,7 @@ from difftest.records.report import (
     summarize,
     write_json,
 )
-from difftest.records.serialize import ResultStream, load_results, to_jsonable
+from difftest.records.serialize import ResultStream, load_results
 from tests import broken_backends as bb
 from tests import user_backends as ub
 from tests.support import TINY
@@ -140,7 +141,7 @@ def test_a_report_written_before_the_library_field_still_loads(tmp_path):
     doc = json.loads(write_json(tmp_path / "r.json", results, {}).read_text())
     for record in doc["results"] + doc["summaries"]:
         del record["library"]
-    validate(ReportModel, doc)
+    validate(Report, doc)
     (tmp_path / "old.json").write_text(json.dumps(doc))
     assert load_results(tmp_path / "old.json") == [dataclasses.replace(r, library="") for r in results]
 

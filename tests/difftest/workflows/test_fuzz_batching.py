@@ -10,6 +10,7 @@ import torch
 
 from difftest.backends import get_backends
 from difftest.core.kinds import OracleKind
+from difftest.core.spec import CaseSpec, LengthDist
 from difftest.core.verdict import Verdict
 from difftest.engine import call, runner
 from difftest.engine.batch import Retry, merge
@@ -17,7 +18,6 @@ from difftest.engine.comparison import compare
 from difftest.engine.config import RunConfig
 from difftest.engine.isolate import InProcess
 from difftest.engine.runner import run
-from difftest.generators.spec import CaseSpec, LengthDist
 from difftest.generators.tensors import build_case
 from difftest.oracles.reference import make_reference
 

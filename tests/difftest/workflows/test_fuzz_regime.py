@@ -11,9 +11,9 @@ import pytest
 from difftest.cli import main
 from difftest.core.errors import SpecError
 from difftest.core.kinds import ExitStatus
+from difftest.core.spec import CaseSpec
 from difftest.engine.config import RunConfig
 from difftest.generators.regime import Regime
-from difftest.generators.spec import CaseSpec
 from difftest.records.serialize import ResultStream
 from difftest.workflows.fuzz import Campaign, describe_retries, fuzz, render_campaign
 

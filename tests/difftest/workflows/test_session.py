@@ -9,9 +9,9 @@ import torch
 
 from difftest.core.errors import SpecError
 from difftest.core.kinds import CaseKind, ExitStatus
+from difftest.core.spec import CaseSpec, LengthDist
 from difftest.engine.config import RunConfig
 from difftest.engine.plan import Shard, SuiteRequest
-from difftest.generators.spec import CaseSpec, LengthDist
 from difftest.records.report import render_reach
 from difftest.workflows.session import RunRequest, execute
 from tests.support import run_cli

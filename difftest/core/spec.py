@@ -1,13 +1,39 @@
-"""CaseSpec: the small description a case is drawn from (which case), kept apart from the tensors."""
+"""CaseSpec: the small description a case is drawn from (which case), kept apart from the tensors.
+
+CaseSpec is the spec's one definition: its fields, their defaults, and (Annotated, for the readers) the
+bounds a spec read from JSON must keep (CaseSpec.from_json, a result's or a case archive's spec, a
+matrix suite's, a ledger entry's).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
 
-from difftest.core.errors import require
+from difftest.core.errors import SpecError, require
 from difftest.core.kinds import Fp8Flavour
-from difftest.core.schema import SpecModel, validate
+from difftest.core.schema import (
+    MAX_BATCH,
+    MAX_BLOCK_SIZE,
+    MAX_CANARY_BLOCKS,
+    MAX_EXTRA_COLUMNS,
+    MAX_HEADS,
+    MAX_LOGITS,
+    MAX_MODEL_LEN,
+    MAX_NEXT_N,
+    MAX_POOL_BYTES,
+    MAX_QUERY_BYTES,
+    Bool,
+    HeadDim,
+    Int,
+    IntList,
+    Member,
+    Record,
+    Text,
+    bound_text,
+    to_jsonable,
+    validate,
+)
 
 
 class LengthDist(str, enum.Enum):
@@ -35,31 +61,34 @@ class Stale(str, enum.Enum):
     ZERO = "zero"  # block 0
 
 
+LENGTHS_TEXT = f"a list of 1 to {bound_text(MAX_BATCH)} lengths in [0, max_model_len]"
+
+
 @dataclasses.dataclass(frozen=True)
-class CaseSpec:
+class CaseSpec(Record):
     """Structure and distributions of a case. `lengths` fixes every L_b (and B) when given."""
 
-    name: str = "random"
-    batch: int = 4
-    next_n: int = 1
-    heads: int = 32
-    head_dim: int = 64
-    block_size: int = 16
-    max_model_len: int = 256
-    length_dist: LengthDist = LengthDist.UNIFORM
-    lengths: tuple[int, ...] | None = None
-    values: Values = Values.NORMAL
-    padding: int = 0  # trailing padding requests (L = 0) after the batch
-    shared_blocks: bool = False  # neighbours share their full prefix blocks (prefix caching)
-    stale: Stale = Stale.CANARY
-    extra_columns: int = 0  # block-table columns past ceil(max_model_len / block_size)
-    canary_blocks: int = 2  # unused pool blocks filled with NaN keys and scales
-    fp8: Fp8Flavour = Fp8Flavour.E4M3FN
+    name: Text(256, 1) = "random"
+    batch: Int(1, MAX_BATCH) = 4
+    next_n: Int(1, MAX_NEXT_N) = 1
+    heads: Int(1, MAX_HEADS) = 32
+    head_dim: HeadDim = 64
+    block_size: Int(1, MAX_BLOCK_SIZE) = 16
+    max_model_len: Int(1, MAX_MODEL_LEN) = 256
+    length_dist: Member(LengthDist) = LengthDist.UNIFORM
+    lengths: IntList(0, MAX_MODEL_LEN, MAX_BATCH, LENGTHS_TEXT, least=1, as_tuple=True) | None = None
+    values: Member(Values) = Values.NORMAL
+    padding: Int(0, MAX_BATCH) = 0  # trailing padding requests (L = 0) after the batch
+    shared_blocks: Bool = False  # neighbours share their full prefix blocks (prefix caching)
+    stale: Member(Stale) = Stale.CANARY
+    extra_columns: Int(0, MAX_EXTRA_COLUMNS) = 0  # block-table columns past ceil(max_model_len / block_size)
+    canary_blocks: Int(1, MAX_CANARY_BLOCKS) = 2  # unused pool blocks filled with NaN keys and scales
+    fp8: Member(Fp8Flavour) = Fp8Flavour.E4M3FN
     # Physical blocks in the pool; None: the used ones plus canary_blocks. Every block no sequence
     # uses holds NaN canaries, so a big pool costs one NaN fill, and keys are drawn only for used blocks.
-    pool_blocks: int | None = None
+    pool_blocks: Int(1, MAX_POOL_BYTES) | None = None
     # Used blocks take the pool's highest ids, so in a big pool block_id * bytes_per_block passes 2^31.
-    high_block_ids: bool = False
+    high_block_ids: Bool = False
 
     @property
     def total_batch(self) -> int:
@@ -102,14 +131,8 @@ class CaseSpec:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
     def to_json(self) -> dict[str, object]:
-        """Plain JSON values; CaseSpec.from_json inverts it."""
-        # Every field is immutable (ints, enums, a tuple), so a shallow dict is enough: asdict's deep
-        # copy took 0.4 ms, a tenth of drawing a small case (difftest fuzz draws hundreds a second).
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for key, value in out.items():
-            if isinstance(value, enum.Enum):
-                out[key] = value.value
-        out["lengths"] = list(self.lengths) if self.lengths is not None else None
+        """Plain JSON values (the spec's dump, to_jsonable); CaseSpec.from_json inverts it."""
+        out = to_jsonable(self)
         # Pool fields at their defaults are left out, so every spec written before they existed
         # (reports, bundles, --resume) has the same JSON; from_json fills them back in.
         for key in _POOL_FIELDS:
@@ -120,13 +143,34 @@ class CaseSpec:
     @classmethod
     def from_json(cls, data: dict[str, object]) -> CaseSpec:
         """The spec of to_json's JSON (fields left out keep their defaults); SpecError naming the first
-        field that does not fit difftest.core.schema.SpecModel ('lengths[2]'), or that validate() refuses."""
-        validate(SpecModel, data, root="spec")
-        enums = {"length_dist": LengthDist, "values": Values, "stale": Stale, "fp8": Fp8Flavour}
-        kwargs = {k: enums[k](v) if k in enums else v for k, v in data.items()}
-        if kwargs.get("lengths") is not None:
-            kwargs["lengths"] = tuple(kwargs["lengths"])  # type: ignore[arg-type]
-        return cls(**kwargs).validate()  # type: ignore[arg-type]
+        field that does not fit ('lengths[2]'), or that validate() refuses."""
+        return validate(cls, data, root="spec").validate()
+
+    def checked(self) -> None:
+        """Lengths within max_model_len; the cache, q and logits a case of this spec allocates, bounded
+        (a spec read from JSON: one a program makes is checked by validate())."""
+        within("lengths", self.lengths or (), self.max_model_len)
+        rows = self.total_batch * self.next_n
+        if rows * self.max_model_len > MAX_LOGITS:
+            raise SpecError("logits", rows * self.max_model_len, "(batch + padding) * next_n * max_model_len "
+                            f"at most {bound_text(MAX_LOGITS)}")
+        if rows * self.heads * self.head_dim > MAX_QUERY_BYTES:
+            raise SpecError("q bytes", rows * self.heads * self.head_dim, "(batch + padding) * next_n * heads * "
+                            f"head_dim at most {bound_text(MAX_QUERY_BYTES)}")
+        blocks = self.pool_blocks if self.pool_blocks is not None else self.max_used_blocks + self.canary_blocks
+        if blocks * self.block_size * (self.head_dim + 4) > MAX_POOL_BYTES:
+            raise SpecError("pool_blocks" if self.pool_blocks is not None else "pool bytes",
+                            self.pool_blocks if self.pool_blocks is not None else
+                            blocks * self.block_size * (self.head_dim + 4),
+                            f"a cache of at most {bound_text(MAX_POOL_BYTES)} bytes: blocks * block_size * "
+                            "(head_dim + 4)")
+
+
+def within(name: str, lengths: tuple[int, ...] | list[int], max_model_len: int) -> None:
+    """SpecError naming the first of `lengths` past max_model_len ('lengths[2]')."""
+    if lengths and max(lengths) > max_model_len:
+        index = next(i for i, n in enumerate(lengths) if n > max_model_len)
+        raise SpecError(f"{name}[{index}]", lengths[index], f"an integer in [0, max_model_len = {max_model_len}]")
 
 
 _POOL_FIELDS = ("pool_blocks", "high_block_ids")

@@ -1,0 +1,263 @@
+"""A case archive (.npz, a zip of .npy files, as difftest.core.case.Case.save writes it), checked from its
+zip directory and the .npy headers alone before anything is decompressed, and its meta's schema.
+
+check_case_archive reads the members, their dtypes and shapes against the case's meta, each member's
+declared size against what those shapes take, and their sizes together against the host's free
+memory, before any array is decompressed. zipfile never inflates a member past its declared size, so
+nothing larger than the meta implies is ever decompressed, and object arrays (pickles) are refused.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import zipfile
+import zlib
+from collections import Counter
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from pydantic import model_validator
+
+from difftest.core.errors import SpecError
+from difftest.core.hardware import available_memory
+from difftest.core.kinds import CacheLayout, Fp8Flavour
+from difftest.core.schema import (
+    MAX_BATCH,
+    MAX_BLOCK_SIZE,
+    MAX_EXTRA_COLUMNS,
+    MAX_HEADS,
+    MAX_LOGITS,
+    MAX_MODEL_LEN,
+    MAX_NAME,
+    MAX_NEXT_N,
+    MAX_POOL_BYTES,
+    MAX_QUERY_BYTES,
+    HeadDim,
+    Int,
+    IntList,
+    Model,
+    Names,
+    OneOf,
+    Seed,
+    Text,
+    bound_text,
+    one_line,
+    parse_json,
+    shown,
+    validate,
+)
+from difftest.core.spec import CaseSpec, within
+
+MAX_NPY_HEADER = 1 << 16  # an .npy header (numpy writes ~128 bytes)
+MAX_DEFLATE_RATIO = 1032  # deflate's largest expansion: a member cannot inflate to more than this many times its size
+LOAD_FACTOR = 3  # host memory a case archive's arrays take while Case.load reads them, per declared byte
+META_FIXED_CHARS = 1 << 16  # the JSON meta of a case, less its per-request lists
+META_CHARS_PER_REQUEST = 24  # seq_lens and spec.lengths: up to 7 digits and ', ' each, with room
+
+
+class CaseMetaModel(Model):
+    """The `meta` of a case archive (difftest.core.case.Case.save): the structure its arrays must have, and
+    what Case.meta held (seed and spec of a drawn case, its edge families, a golden file's note)."""
+
+    what: ClassVar[str] = "a JSON object of case meta fields"
+    name: Text(MAX_NAME)
+    B: Int(0, 2 * MAX_BATCH)
+    next_n: Int(1, MAX_NEXT_N)
+    H: Int(1, MAX_HEADS)
+    D: HeadDim
+    block_size: Int(1, MAX_BLOCK_SIZE)
+    max_model_len: Int(1, MAX_MODEL_LEN)
+    layout: OneOf(CacheLayout)
+    fp8: OneOf(Fp8Flavour)
+    seq_lens: IntList(0, MAX_MODEL_LEN, 2 * MAX_BATCH, "a list of B lengths in [0, max_model_len]")
+    seed: Seed | None = None
+    spec: CaseSpec | None = None
+    families: Names | None = None
+    note: Text() | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CaseMetaModel:
+        if len(self.seq_lens) != self.B:
+            raise SpecError("seq_lens", shown(self.seq_lens), f"B = {self.B} lengths")
+        within("seq_lens", self.seq_lens, self.max_model_len)
+        rows = self.B * self.next_n
+        if rows * self.max_model_len > MAX_LOGITS:
+            raise SpecError("B", self.B, f"B * next_n * max_model_len at most {bound_text(MAX_LOGITS)}")
+        if rows * self.H * self.D > MAX_QUERY_BYTES:
+            raise SpecError("B", self.B, f"B * next_n * H * D at most {bound_text(MAX_QUERY_BYTES)}")
+        if self.spec is not None:
+            self._matches_spec(self.spec)
+        return self
+
+    def _matches_spec(self, spec: CaseSpec) -> None:
+        """The arrays were drawn from `spec`: their structure is the spec's."""
+        pairs = (("next_n", "next_n"), ("H", "heads"), ("D", "head_dim"), ("block_size", "block_size"),
+                 ("max_model_len", "max_model_len"), ("fp8", "fp8"))
+        for mine, theirs in pairs:
+            wanted = getattr(spec, theirs)
+            wanted = getattr(wanted, "value", wanted)  # the fp8 flavour, as the meta names it
+            if getattr(self, mine) != wanted:
+                raise SpecError(mine, getattr(self, mine), f"spec.{theirs} = {wanted!r}, "
+                                "the spec the case was drawn from")
+        if self.B != spec.total_batch:
+            raise SpecError("B", self.B, f"{spec.total_batch}: the spec's requests and padding")
+        if spec.lengths is not None and tuple(self.seq_lens[:len(spec.lengths)]) != spec.lengths:
+            raise SpecError("seq_lens", shown(self.seq_lens), "the spec's lengths, then its padding")
+
+
+# member -> (the dtypes it may have, what its shape must be, in words)
+_MEMBERS = {
+    "q": (("|u1",), "[B, next_n, H, D] uint8"),
+    "kv_cache": (("|u1",), "[num_blocks, block_size, 1, D + 4] uint8"),
+    "weights": (("<f4",), "[B * next_n, H] float32"),
+    "context_lens": (("<i4", "<i8"), "[B, next_n] int32"),
+    "block_table": (("<i4", "<i8"), "[B, W] int32 or int64"),
+    "meta": ((), "a JSON string"),
+    "expected": (("<f4", "<f8"), "[B * next_n, max_model_len] float32 or float64 (a golden file's logits)"),
+}
+_OPTIONAL_MEMBERS = ("expected",)
+_ARCHIVE_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError, EOFError, OSError,
+                   ValueError, KeyError, IndexError, struct.error, zlib.error, OverflowError, TypeError)
+
+
+class _Header:
+    def __init__(self, info: zipfile.ZipInfo, shape: tuple[int, ...], dtype: np.dtype, offset: int) -> None:
+        self.info, self.shape, self.dtype, self.offset = info, shape, dtype, offset
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def check_case_archive(path: str | Path, where: str | None = None) -> dict[str, Any]:
+    """Check a case archive without decompressing its arrays; its meta, validated (CaseMetaModel).
+
+    The zip must hold exactly the members Case.save writes (q, kv_cache, weights, context_lens,
+    block_table, meta; a golden file's `expected` too), as .npy files of format 1.0 or 2.0, stored or
+    deflated, not encrypted, no object arrays. Each member's shape and dtype (read from its header)
+    must be what the meta says, and its declared size exactly its header plus its data. The meta is
+    the only array read, and only when its declared size fits the number of requests q declares.
+    """
+    where = one_line(f"{path}" if where is None else where)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            headers = _headers(archive, where)
+            _fits_memory(headers, where)
+            meta = _meta(archive, headers, where)
+            _check_arrays(headers, meta, where)
+            return meta
+    except SpecError:
+        raise
+    except _ARCHIVE_ERRORS as exc:
+        raise SpecError(where, str(path), f"a case archive (.npz) as Case.save writes it "
+                        f"({type(exc).__name__}: {one_line(str(exc))[:200]})") from None
+
+
+def _headers(archive: zipfile.ZipFile, where: str) -> dict[str, _Header]:
+    infos = archive.infolist()
+    names = [info.filename for info in infos]
+    allowed = [f"{m}.npy" for m in _MEMBERS]
+    seen = Counter(names)
+    odd = sorted(n for n, times in seen.items() if n not in allowed or times > 1)
+    if odd:
+        raise SpecError(f"{where} members", shown(odd), f"each of {allowed} once at most")
+    missing = [m for m in _MEMBERS if f"{m}.npy" not in names and m not in _OPTIONAL_MEMBERS]
+    if missing:
+        raise SpecError(f"{where} members", shown(sorted(names)), f"{[f'{m}.npy' for m in missing]} as well")
+    order = ["q.npy"] + [n for n in names if n != "q.npy"]  # q first: it bounds what the others may declare
+    by_name = {info.filename: info for info in infos}
+    return {name[:-4]: _header(archive, by_name[name], f"{where} {name}") for name in order}
+
+
+def _header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, where: str) -> _Header:
+    if info.flag_bits & 0x1:
+        raise SpecError(where, "encrypted", "an unencrypted member")
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise SpecError(f"{where} compression", info.compress_type, "stored (0) or deflated (8)")
+    # What a member declares is what numpy allocates: it must be a size its bytes on disk can give.
+    most = info.compress_size if info.compress_type == zipfile.ZIP_STORED else \
+        info.compress_size * MAX_DEFLATE_RATIO + 1024
+    if info.file_size > most:
+        raise SpecError(f"{where} size", info.file_size, f"at most {most} bytes: what its {info.compress_size} "
+                        "bytes in the archive can hold")
+    with archive.open(info) as member:
+        version = np.lib.format.read_magic(member)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(member, max_header_size=MAX_NPY_HEADER)
+        elif version == (2, 0):
+            shape, _, dtype = np.lib.format.read_array_header_2_0(member, max_header_size=MAX_NPY_HEADER)
+        else:
+            raise SpecError(f"{where} version", version, "an .npy of format 1.0 or 2.0")
+        offset = member.tell()
+    if dtype.hasobject:
+        raise SpecError(f"{where} dtype", str(dtype), "plain numbers or text (object arrays are pickles)")
+    header = _Header(info, tuple(shape), dtype, offset)
+    if info.file_size != offset + header.nbytes:
+        raise SpecError(f"{where} size", info.file_size, f"{offset + header.nbytes} bytes: its header and "
+                        f"{bound_text(header.nbytes)} bytes of {dtype.str} {tuple(shape)}")
+    return header
+
+
+def _fits_memory(headers: dict[str, _Header], where: str) -> None:
+    """The arrays, as declared, must fit this host's free memory LOAD_FACTOR times over: an archive of a
+    few megabytes can declare gigabytes of zeros, which would be inflated for many seconds before the
+    process is killed for memory, where a case this host cannot hold is an error at once."""
+    free = available_memory("cpu")
+    declared = sum(header.nbytes for header in headers.values())
+    if free is not None and declared * LOAD_FACTOR > free:
+        raise SpecError(f"{where} size", declared, "arrays this host can load: at most "
+                        f"{bound_text(free // LOAD_FACTOR)} bytes, 1/{LOAD_FACTOR} of the {bound_text(free)} bytes "
+                        "this process can still allocate (loading holds each array twice while it is read, and the "
+                        "cache once more while it is split)")
+
+
+def _meta(archive: zipfile.ZipFile, headers: dict[str, _Header], where: str) -> dict[str, Any]:
+    q, meta = headers["q"], headers["meta"]
+    if len(q.shape) != 4:
+        raise SpecError(f"{where} q.shape", q.shape, _MEMBERS["q"][1])
+    if meta.dtype.kind != "U" or meta.shape != ():
+        raise SpecError(f"{where} meta.npy dtype", f"{meta.dtype.str} {meta.shape}", "a 0-d unicode array (JSON text)")
+    most = META_FIXED_CHARS + META_CHARS_PER_REQUEST * q.shape[0]
+    chars = meta.dtype.itemsize // 4
+    if chars > most:
+        raise SpecError(f"{where} meta.npy size", chars, f"at most {most} characters for the {q.shape[0]} "
+                        "requests of q")
+    with archive.open(meta.info) as member:
+        text = str(np.lib.format.read_array(member, allow_pickle=False))
+    try:
+        data = parse_json(text)
+    except ValueError as exc:
+        raise SpecError(f"{where} meta", shown(text), f"JSON ({exc})") from None
+    validate(CaseMetaModel, data, f"{where} meta.")
+    return data
+
+
+def _check_arrays(headers: dict[str, _Header], meta: dict[str, Any], where: str) -> None:
+    b, n, h, d = meta["B"], meta["next_n"], meta["H"], meta["D"]
+    bs, top = meta["block_size"], meta["max_model_len"]
+    longest = max(meta["seq_lens"], default=0)
+    table = headers["block_table"].shape
+    kv = headers["kv_cache"].shape
+    shapes: dict[str, tuple[bool, str]] = {
+        "q": (headers["q"].shape == (b, n, h, d), f"{(b, n, h, d)}"),
+        "weights": (headers["weights"].shape == (b * n, h), f"{(b * n, h)}"),
+        "context_lens": (headers["context_lens"].shape == (b, n), f"{(b, n)}"),
+        "block_table": (len(table) == 2 and table[0] == b and -(-longest // bs) <= table[1]
+                        <= -(-top // bs) + MAX_EXTRA_COLUMNS,
+                        f"({b}, W) with {-(-longest // bs)} <= W <= {-(-top // bs) + MAX_EXTRA_COLUMNS}"),
+        "kv_cache": (len(kv) == 4 and kv[1:] == (bs, 1, d + 4) and kv[0] * bs * (d + 4) <= MAX_POOL_BYTES,
+                     f"(num_blocks, {bs}, 1, {d + 4}) of at most {bound_text(MAX_POOL_BYTES)} bytes"),
+        "expected": (headers["expected"].shape == (b * n, top) if "expected" in headers else True,
+                     f"{(b * n, top)}"),
+    }
+    for member, (fits, wanted) in shapes.items():
+        if member not in headers:
+            continue
+        header = headers[member]
+        dtypes, words = _MEMBERS[member]
+        if header.dtype.str not in dtypes:
+            raise SpecError(f"{where} {member}.dtype", header.dtype.str, f"{' or '.join(dtypes)}: {words}")
+        if not fits:
+            raise SpecError(f"{where} {member}.shape", header.shape, f"{wanted}: {words}, as the meta says")
