@@ -50,9 +50,9 @@ class Recorder:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Gather the results of a finished test (from any xdist worker) on the controller."""
         if report.when == "teardown" and self.controller:
-            from difftest.records.serialize import result_from_json  # deferred: loads torch
+            from difftest.engine.result import CaseResult  # deferred: loads torch
 
-            self.results.extend(result_from_json(value) for name, value in report.user_properties
+            self.results.extend(CaseResult.from_json(value, "result.") for name, value in report.user_properties
                                 if name == PROPERTY)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:

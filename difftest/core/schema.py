@@ -278,10 +278,13 @@ class Model(BaseModel):
     unknown_expected: ClassVar[str | None] = None  # what its keys may be; default: its fields, sorted
 
 
+R = TypeVar("R", bound="Record")
+
+
 class Record:
     """The base of a dataclass that is its document's one definition: pydantic validates a JSON object
-    into the dataclass itself (every field Annotated with its rule; unknown keys refused) and dumps it
-    back (to_jsonable). A subclass may set `what` (what the object must be, in errors; default 'a JSON
+    into the dataclass itself (from_json; every field Annotated with its rule; unknown keys refused) and
+    dumps it back (to_json, to_jsonable). A subclass may set `what` (what the object must be, in errors; default 'a JSON
     object of <class> fields'), override `upgraded` (the JSON as read, before validation: an older
     document's keys as this one names them) and `checked` (the instance, after: checks across fields,
     SpecError naming the field)."""
@@ -298,6 +301,16 @@ class Record:
 
     def checked(self) -> None:
         """SpecError naming the field where the fields, each valid, do not fit together."""
+
+    @classmethod
+    def from_json(cls: type[R], data: Any, where: str = "") -> R:
+        """The record of `data` (JSON as to_json writes it); SpecError naming the first field that does not
+        fit, its path after `where` ('result.' reads 'result.verdict')."""
+        return validate(cls, data, where)
+
+    def to_json(self) -> Any:
+        """This record as plain JSON: to_jsonable's dump, where a subclass writes no more than that."""
+        return to_jsonable(self)
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> core_schema.CoreSchema:

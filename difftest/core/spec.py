@@ -31,7 +31,6 @@ from difftest.core.schema import (
     Record,
     Text,
     bound_text,
-    to_jsonable,
     validate,
 )
 
@@ -132,7 +131,7 @@ class CaseSpec(Record):
 
     def to_json(self) -> dict[str, object]:
         """Plain JSON values (the spec's dump, to_jsonable); CaseSpec.from_json inverts it."""
-        out = to_jsonable(self)
+        out = super().to_json()
         # Pool fields at their defaults are left out, so every spec written before they existed
         # (reports, bundles, --resume) has the same JSON; from_json fills them back in.
         for key in _POOL_FIELDS:
@@ -141,10 +140,10 @@ class CaseSpec(Record):
         return out
 
     @classmethod
-    def from_json(cls, data: dict[str, object]) -> CaseSpec:
+    def from_json(cls, data: object, where: str = "") -> CaseSpec:
         """The spec of to_json's JSON (fields left out keep their defaults); SpecError naming the first
         field that does not fit ('lengths[2]'), or that validate() refuses."""
-        return validate(cls, data, root="spec").validate()
+        return validate(cls, data, where, root="spec").validate()
 
     def checked(self) -> None:
         """Lengths within max_model_len; the cache, q and logits a case of this spec allocates, bounded

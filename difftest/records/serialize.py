@@ -42,12 +42,6 @@ class StreamLineModel(Model):
         return self
 
 
-def result_from_json(data: dict[str, Any]) -> CaseResult:
-    """The CaseResult to_jsonable wrote (non-finite floats come back from their 'inf'/'nan' strings);
-    SpecError naming the first field that does not fit ('result.verdict')."""
-    return validate(CaseResult, data, "result.")
-
-
 def load_results(path: str | Path, field: str = "resume") -> list[CaseResult]:
     """Every result of a JSON report (write_json) or of a JSONL stream (ResultStream).
 

@@ -57,7 +57,7 @@ from difftest.matrix.merge import Entry, MergedFile
 from difftest.records.bundle import CASE_FILE, INFO_FILE, BundleInfo, load_bundle, write_bundle
 from difftest.records.ledger import Divergence, LedgerSpecModel, load_ledger
 from difftest.records.report import BackendSummary, Report, write_json
-from difftest.records.serialize import ResultStream, load_results, result_from_json
+from difftest.records.serialize import ResultStream, load_results
 from tests import planted
 from tests.support import TINY, run_cli
 
@@ -273,7 +273,7 @@ def test_a_ledger_entry_may_name_every_spec_field():
 def test_valid_documents_load_as_before():
     assert CaseSpec.from_json(SPEC).to_json() == SPEC
     same = _as_json(RESULTS)  # compared as JSON: a NaN error is not == itself
-    assert _as_json([result_from_json(to_jsonable(r)) for r in RESULTS]) == same
+    assert _as_json([CaseResult.from_json(to_jsonable(r), "result.") for r in RESULTS]) == same
     assert _as_json(load_results(WORK / "report.json")) == same == _as_json(load_results(WORK / "stream.jsonl"))
     bundle = load_bundle(BUNDLE)
     assert bundle.case.name == CASE.name and bundle.verdict == RESULT.verdict
@@ -347,13 +347,13 @@ def test_cli_refuses_a_bad_spec_in_one_line(doc):
 @settings(max_examples=150, **FAST)
 @given(doc=JSONISH)
 def test_result_reader_on_any_json(doc):
-    loads_or_refuses(lambda: result_from_json(doc))
+    loads_or_refuses(lambda: CaseResult.from_json(doc, "result."))
 
 
 @settings(max_examples=350, **FAST)
 @given(doc=st.sampled_from([to_jsonable(r) for r in RESULTS]).flatmap(mutated))
 def test_result_reader_on_mutated_results(doc):
-    loads_or_refuses(lambda: result_from_json(doc))
+    loads_or_refuses(lambda: CaseResult.from_json(doc, "result."))
 
 
 def _stream_text(draw: st.DrawFn) -> str:

@@ -28,10 +28,10 @@ from difftest.engine import comparison
 from difftest.engine.comparison import MASK_LIMITS, compare
 from difftest.engine.config import RunConfig
 from difftest.engine.explain import Explanation, Pattern, Relation, Rounding, explain
+from difftest.engine.result import CaseResult
 from difftest.engine.runner import run
 from difftest.generators import build_case
 from difftest.records.report import explanation_lines, render_failures
-from difftest.records.serialize import result_from_json
 from tests import planted
 from tests import user_backends as ub
 from tests.support import TINY
@@ -404,7 +404,7 @@ def test_planted_kernels_fail_with_their_pattern_named(planted_results, backend,
 
 def test_the_new_comparison_fields_survive_json(planted_results):
     for result in planted_results:
-        back = result_from_json(json.loads(json.dumps(to_jsonable(result))))
+        back = CaseResult.from_json(json.loads(json.dumps(to_jsonable(result))), "result.")
         assert back == result, f"{back.comparison=}\n{result.comparison=}"
 
 
@@ -419,7 +419,7 @@ def test_an_older_reports_explanation_reads_as_its_relation_without_parameters(p
                                          "explained": 3, "rows": 3}
     for key in ("topk",):  # older reports had no top-k k either
         del data["comparison"][key]
-    back = result_from_json(data)
+    back = CaseResult.from_json(data, "result.")
     assert back.comparison.explanation == Explanation(relation, 3, 3) and back.comparison.topk == 2048
     assert render_failures([back]).count("pattern: (3 of 3 wrong rows) ") == 1
 
