@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from difftest.core.case_archive import check_case_archive
+from difftest.core.case_archive import CaseMeta, check_case_archive
 from difftest.core.errors import SpecError, require
 from difftest.core.fp8 import decode
 from difftest.core.kinds import CacheLayout, Fp8Flavour
@@ -175,16 +175,16 @@ class Case:
     def save(self, path: str | Path) -> Path:
         """Write the case as an .npz in the golden-file format (block-split bytes plus a JSON meta)."""
         path = Path(path)
-        meta = {**self.meta, "name": self.name, "B": self.batch, "next_n": self.next_n,
-                "H": self.heads, "D": self.head_dim, "block_size": self.block_size,
-                "max_model_len": self.max_model_len, "layout": CacheLayout.BLOCK_SPLIT.value,
-                "fp8": self.fp8.value, "seq_lens": self.seq_lens.tolist()}
+        meta = CaseMeta.from_json({**self.meta, "name": self.name, "B": self.batch, "next_n": self.next_n,
+                                   "H": self.heads, "D": self.head_dim, "block_size": self.block_size,
+                                   "max_model_len": self.max_model_len, "layout": CacheLayout.BLOCK_SPLIT.value,
+                                   "fp8": self.fp8.value, "seq_lens": self.seq_lens.tolist()}, "meta.")
         case = self.to("cpu")
         np.savez_compressed(
             path, q=case.q.numpy(), weights=case.weights.numpy(),
             kv_cache=pack_cache(case.k_pool, case.scale_pool, CacheLayout.BLOCK_SPLIT).numpy(),
             context_lens=case.row_lens().to(torch.int32).numpy(),
-            block_table=case.block_table.numpy(), meta=np.array(json.dumps(meta)))
+            block_table=case.block_table.numpy(), meta=np.array(json.dumps(meta.to_json())))
         return path
 
     @classmethod
@@ -203,18 +203,14 @@ class Case:
         except (OSError, ValueError, EOFError, MemoryError, zipfile.BadZipFile, zlib.error) as exc:
             raise SpecError(one_line(str(path)), str(path), f"a case archive whose arrays read back "
                             f"({type(exc).__name__}: {one_line(str(exc))[:200]})") from None
-        head_dim = int(meta["D"])
-        k_pool, scale_pool = unpack_cache(arrays["kv_cache"], head_dim, CacheLayout(meta["layout"]))
-        known = {"name", "B", "next_n", "H", "D", "block_size", "max_model_len", "layout", "fp8",
-                 "seq_lens"}
-        case = cls(name=meta["name"], q=arrays["q"], k_pool=k_pool, scale_pool=scale_pool,
+        k_pool, scale_pool = unpack_cache(arrays["kv_cache"], meta.D, meta.layout)
+        case = cls(name=meta.name, q=arrays["q"], k_pool=k_pool, scale_pool=scale_pool,
                    weights=arrays["weights"], block_table=arrays["block_table"],
-                   seq_lens=torch.tensor(meta["seq_lens"], dtype=torch.int64),
-                   max_model_len=int(meta["max_model_len"]), fp8=Fp8Flavour(meta["fp8"]),
-                   meta={k: v for k, v in meta.items() if k not in known})
+                   seq_lens=torch.tensor(meta.seq_lens, dtype=torch.int64),
+                   max_model_len=meta.max_model_len, fp8=meta.fp8, meta=meta.held)
         stored = arrays["context_lens"].to(torch.int64)
         require(torch.equal(stored, case.row_lens()), "context_lens", shown(stored.tolist()),
-                f"the per-row limits of seq_lens {shown(meta['seq_lens'])!r}")
+                f"the per-row limits of seq_lens {shown(meta.seq_lens)!r}")
         return case.validate()
 
 

@@ -1,5 +1,6 @@
 """A case archive (.npz, a zip of .npy files, as difftest.core.case.Case.save writes it), checked from its
-zip directory and the .npy headers alone before anything is decompressed, and its meta's schema.
+zip directory and the .npy headers alone before anything is decompressed, and its meta (CaseMeta, the
+meta's one definition: Case.save writes it, the check reads it).
 
 check_case_archive reads the members, their dtypes and shapes against the case's meta, each member's
 declared size against what those shapes take, and their sizes together against the host's free
@@ -9,16 +10,16 @@ nothing larger than the meta implies is ever decompressed, and object arrays (pi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 import zipfile
 import zlib
 from collections import Counter
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
-from pydantic import model_validator
 
 from difftest.core.errors import SpecError
 from difftest.core.hardware import available_memory
@@ -34,14 +35,16 @@ from difftest.core.schema import (
     MAX_NEXT_N,
     MAX_POOL_BYTES,
     MAX_QUERY_BYTES,
+    Checked,
     HeadDim,
     Int,
     IntList,
-    Model,
+    Member,
     Names,
-    OneOf,
+    Record,
     Seed,
     Text,
+    adapter,
     bound_text,
     one_line,
     parse_json,
@@ -57,11 +60,17 @@ META_FIXED_CHARS = 1 << 16  # the JSON meta of a case, less its per-request list
 META_CHARS_PER_REQUEST = 24  # seq_lens and spec.lengths: up to 7 digits and ', ' each, with room
 
 
-class CaseMetaModel(Model):
-    """The `meta` of a case archive (difftest.core.case.Case.save): the structure its arrays must have, and
-    what Case.meta held (seed and spec of a drawn case, its edge families, a golden file's note)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CaseMeta(Record):
+    """The `meta` of a case archive: what Case.meta held (a drawn case's seed and spec, its edge families, a
+    golden file's note), then the structure its arrays must have. Case.save writes it (to_json: the fields
+    Case.meta does not hold are left out) and check_case_archive reads it."""
 
-    what: ClassVar[str] = "a JSON object of case meta fields"
+    what = "a JSON object of case meta fields"
+    seed: Seed | None = None
+    spec: Checked(CaseSpec) | None = None  # as CaseSpec.to_json wrote it
+    families: Names | None = None
+    note: Text() | None = None
     name: Text(MAX_NAME)
     B: Int(0, 2 * MAX_BATCH)
     next_n: Int(1, MAX_NEXT_N)
@@ -69,16 +78,22 @@ class CaseMetaModel(Model):
     D: HeadDim
     block_size: Int(1, MAX_BLOCK_SIZE)
     max_model_len: Int(1, MAX_MODEL_LEN)
-    layout: OneOf(CacheLayout)
-    fp8: OneOf(Fp8Flavour)
+    layout: Member(CacheLayout)
+    fp8: Member(Fp8Flavour)
     seq_lens: IntList(0, MAX_MODEL_LEN, 2 * MAX_BATCH, "a list of B lengths in [0, max_model_len]")
-    seed: Seed | None = None
-    spec: CaseSpec | None = None
-    families: Names | None = None
-    note: Text() | None = None
 
-    @model_validator(mode="after")
-    def _consistent(self) -> CaseMetaModel:
+    def to_json(self) -> dict[str, Any]:
+        """The meta as Case.save writes it: Case.meta's fields only where it held them."""
+        return adapter(CaseMeta).dump_python(self, mode="json", exclude_none=True)
+
+    @property
+    def held(self) -> dict[str, Any]:
+        """What Case.meta holds of it (seed, spec, families, note: those the archive gives)."""
+        return {key: value for key, value in self.to_json().items() if key in HELD}
+
+    def checked(self) -> None:
+        """B lengths within max_model_len; what the arrays allocate, bounded; the structure of the spec the
+        case was drawn from, when it names one."""
         if len(self.seq_lens) != self.B:
             raise SpecError("seq_lens", shown(self.seq_lens), f"B = {self.B} lengths")
         within("seq_lens", self.seq_lens, self.max_model_len)
@@ -88,23 +103,28 @@ class CaseMetaModel(Model):
         if rows * self.H * self.D > MAX_QUERY_BYTES:
             raise SpecError("B", self.B, f"B * next_n * H * D at most {bound_text(MAX_QUERY_BYTES)}")
         if self.spec is not None:
-            self._matches_spec(self.spec)
-        return self
+            self._matches_spec(validate(CaseSpec, self.spec))
 
     def _matches_spec(self, spec: CaseSpec) -> None:
         """The arrays were drawn from `spec`: their structure is the spec's."""
         pairs = (("next_n", "next_n"), ("H", "heads"), ("D", "head_dim"), ("block_size", "block_size"),
                  ("max_model_len", "max_model_len"), ("fp8", "fp8"))
         for mine, theirs in pairs:
-            wanted = getattr(spec, theirs)
-            wanted = getattr(wanted, "value", wanted)  # the fp8 flavour, as the meta names it
-            if getattr(self, mine) != wanted:
-                raise SpecError(mine, getattr(self, mine), f"spec.{theirs} = {wanted!r}, "
-                                "the spec the case was drawn from")
+            have, wanted = _plain(getattr(self, mine)), _plain(getattr(spec, theirs))
+            if have != wanted:
+                raise SpecError(mine, have, f"spec.{theirs} = {wanted!r}, the spec the case was drawn from")
         if self.B != spec.total_batch:
             raise SpecError("B", self.B, f"{spec.total_batch}: the spec's requests and padding")
         if spec.lengths is not None and tuple(self.seq_lens[:len(spec.lengths)]) != spec.lengths:
             raise SpecError("seq_lens", shown(self.seq_lens), "the spec's lengths, then its padding")
+
+
+HELD = ("seed", "spec", "families", "note")  # CaseMeta's fields a Case keeps in its `meta`, not in its own fields
+
+
+def _plain(value: Any) -> Any:
+    """An enum's value (an fp8 flavour as the JSON names it), anything else as it is."""
+    return getattr(value, "value", value)
 
 
 # member -> (the dtypes it may have, what its shape must be, in words)
@@ -131,8 +151,8 @@ class _Header:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
-def check_case_archive(path: str | Path, where: str | None = None) -> dict[str, Any]:
-    """Check a case archive without decompressing its arrays; its meta, validated (CaseMetaModel).
+def check_case_archive(path: str | Path, where: str | None = None) -> CaseMeta:
+    """Check a case archive without decompressing its arrays; its meta.
 
     The zip must hold exactly the members Case.save writes (q, kv_cache, weights, context_lens,
     block_table, meta; a golden file's `expected` too), as .npy files of format 1.0 or 2.0, stored or
@@ -213,7 +233,7 @@ def _fits_memory(headers: dict[str, _Header], where: str) -> None:
                         "cache once more while it is split)")
 
 
-def _meta(archive: zipfile.ZipFile, headers: dict[str, _Header], where: str) -> dict[str, Any]:
+def _meta(archive: zipfile.ZipFile, headers: dict[str, _Header], where: str) -> CaseMeta:
     q, meta = headers["q"], headers["meta"]
     if len(q.shape) != 4:
         raise SpecError(f"{where} q.shape", q.shape, _MEMBERS["q"][1])
@@ -230,14 +250,13 @@ def _meta(archive: zipfile.ZipFile, headers: dict[str, _Header], where: str) -> 
         data = parse_json(text)
     except ValueError as exc:
         raise SpecError(f"{where} meta", shown(text), f"JSON ({exc})") from None
-    validate(CaseMetaModel, data, f"{where} meta.")
-    return data
+    return CaseMeta.from_json(data, f"{where} meta.")
 
 
-def _check_arrays(headers: dict[str, _Header], meta: dict[str, Any], where: str) -> None:
-    b, n, h, d = meta["B"], meta["next_n"], meta["H"], meta["D"]
-    bs, top = meta["block_size"], meta["max_model_len"]
-    longest = max(meta["seq_lens"], default=0)
+def _check_arrays(headers: dict[str, _Header], meta: CaseMeta, where: str) -> None:
+    b, n, h, d = meta.B, meta.next_n, meta.H, meta.D
+    bs, top = meta.block_size, meta.max_model_len
+    longest = max(meta.seq_lens, default=0)
     table = headers["block_table"].shape
     kv = headers["kv_cache"].shape
     shapes: dict[str, tuple[bool, str]] = {

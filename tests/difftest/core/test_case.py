@@ -177,6 +177,20 @@ def test_load_golden(path, tmp_path):
     again = Case.load(case.save(tmp_path / "again.npz"))
     for name, tensor in _tensor_fields(case).items():
         assert torch.equal(bits(getattr(again, name)), bits(tensor)), f"{meta['name']}: {name} differs after re-save"
+    with np.load(tmp_path / "again.npz") as z:
+        written = json.loads(str(z["meta"]))
+    # The same meta, its layout the one save writes (it packs every cache block-split).
+    assert written == {**meta, "layout": "block-split"}, f"{written=} {meta=}"
+
+
+def test_save_refuses_a_meta_the_archive_cannot_hold(tmp_path):
+    """Case.meta holds what CaseMeta names (seed, spec, families, note): anything else would make an archive
+    Case.load refuses, so save refuses it first, naming the key."""
+    case = dataclasses.replace(build_case(TINY, 1), meta={"colour": "red"})
+    with pytest.raises(SpecError) as info:
+        case.save(tmp_path / "c.npz")
+    assert info.value.field == "meta" and info.value.value == ["colour"], f"{info.value}"
+    assert not (tmp_path / "c.npz").exists()
 
 
 def test_to_moves_every_tensor_and_keeps_values():
