@@ -26,10 +26,13 @@ import torch
 from difftest.core import hardware
 from difftest.core.errors import SpecError, require
 from difftest.core.kinds import IndexConvention, NanRanking, RowStride, TopkPadding, WindowForm
+from difftest.core.schema import MAX_NAME, MAX_NEXT_N, Int, Member, Record, Rule, Seed, Text, adapter, parse_json
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+MAX_WIDTH = 1 << 24  # columns of a row: 16x the 2^20-column rows of the widest family
+MAX_ROWS = 1 << 20  # rows of a case
 # Members of a top-k case archive, and the dtype of each; golden files add `expected_*` members.
 _MEMBERS = {"storage": np.float32, "starts": np.int64, "ends": np.int64}
 _ARCHIVE_SLACK = 4096  # bytes of .npy header a member may hold besides its data
@@ -122,13 +125,14 @@ class TopkCase:
         return self
 
     def save(self, path: str | Path) -> Path:
-        """Write the case as an .npz: storage, starts, ends and a JSON meta (name, width, k, next_n)."""
+        """Write the case as an .npz: storage, starts, ends and its meta (TopkMeta: what self.meta holds, then
+        name, rows, row_stride, width, k and next_n); SpecError naming a meta key TopkMeta has no field for."""
         path = Path(path)
+        meta = TopkMeta.from_json({**self.meta, "name": self.name, "rows": self.rows, "row_stride": self.row_stride,
+                                   "width": self.width, "k": self.k, "next_n": self.next_n}, "meta.")
         case = self.to("cpu")
-        meta = {**self.meta, "name": self.name, "rows": self.rows, "row_stride": self.row_stride,
-                "width": self.width, "k": self.k, "next_n": self.next_n}
         np.savez_compressed(path, storage=case.storage.numpy(), starts=case.starts.numpy(), ends=case.ends.numpy(),
-                            meta=np.array(json.dumps(meta)))
+                            meta=np.array(json.dumps(meta.to_json())))
         return path
 
     @classmethod
@@ -137,12 +141,41 @@ class TopkCase:
         against the meta's sizes before any is decompressed; a file that does not fit is a SpecError
         naming the path and what is wrong, never another exception."""
         meta, arrays = _read_archive(Path(path))
-        known = {"name", "rows", "row_stride", "width", "k", "next_n"}
-        case = cls(name=str(meta["name"]), storage=torch.from_numpy(arrays["storage"]), width=int(meta["width"]),
+        case = cls(name=meta.name, storage=torch.from_numpy(arrays["storage"]), width=meta.width,
                    starts=torch.from_numpy(arrays["starts"]), ends=torch.from_numpy(arrays["ends"]),
-                   k=int(meta["k"]), next_n=int(meta["next_n"]),
-                   meta={key: value for key, value in meta.items() if key not in known})
+                   k=meta.k, next_n=meta.next_n, meta=meta.held)
         return case.validate()
+
+
+SpecJson = Rule(lambda v: type(v) is dict,
+                "a JSON object: the spec the case was drawn from (TopkSpec.to_json)").type(dict)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TopkMeta(Record):
+    """The `meta` of a top-k case archive, its one definition: what TopkCase.meta held (a drawn case's seed and
+    spec, a golden file's NaN ranking), then the structure of its arrays. TopkCase.save writes it (to_json:
+    the fields TopkCase.meta does not hold are left out), TopkCase.load reads it."""
+
+    what = "a JSON object of top-k case meta fields"
+    seed: Seed | None = None
+    spec: SpecJson | None = None
+    nan: Member(NanRanking) | None = None  # how a golden file's truth ranks NaN
+    name: Text(MAX_NAME)
+    rows: Int(0, MAX_ROWS)
+    row_stride: Int(1, MAX_WIDTH)
+    width: Int(1, MAX_WIDTH)
+    k: Int(1, MAX_WIDTH)
+    next_n: Int(1, MAX_NEXT_N)
+
+    def to_json(self) -> dict[str, Any]:
+        """The meta as TopkCase.save writes it: TopkCase.meta's fields only where it held them."""
+        return adapter(TopkMeta).dump_python(self, mode="json", exclude_none=True)
+
+    @property
+    def held(self) -> dict[str, Any]:
+        """What TopkCase.meta holds of it (seed, spec, nan: those the archive gives)."""
+        return {key: value for key, value in self.to_json().items() if key in ("seed", "spec", "nan")}
 
 
 def _is_int(value: object) -> bool:
@@ -153,17 +186,15 @@ def _shown(values: list[Any]) -> str:
     return repr(values if len(values) <= 8 else [*values[:8], "..."])
 
 
-def _read_archive(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def _read_archive(path: Path) -> tuple[TopkMeta, dict[str, np.ndarray]]:
     """(meta, arrays) of a top-k case archive; SpecError naming the path when it is not one."""
     try:
         with zipfile.ZipFile(path) as archive:
             sizes = {info.filename.removesuffix(".npy"): info.file_size for info in archive.infolist()}
             require("meta" in sizes and sizes["meta"] <= 1 << 20, str(path), sorted(sizes), "a 'meta' member")
             with np.load(path, allow_pickle=False) as z:
-                meta = json.loads(str(z["meta"]))
-                require(isinstance(meta, dict) and {"name", "rows", "row_stride", "width", "k", "next_n"} <= set(meta),
-                        f"{path} meta", meta, "name, rows, row_stride, width, k and next_n")
-                rows, stride = int(meta["rows"]), int(meta["row_stride"])
+                meta = TopkMeta.from_json(parse_json(str(z["meta"])), f"{path} meta.")
+                rows, stride = meta.rows, meta.row_stride
                 expected = {"storage": rows * stride * 4, "starts": rows * 8, "ends": rows * 8}
                 for member, size in expected.items():
                     require(sizes.get(member, 1 << 62) <= size + _ARCHIVE_SLACK, f"{path} {member}",

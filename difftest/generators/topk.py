@@ -11,20 +11,17 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
-from pydantic import Field, model_validator
 
 from difftest.core.errors import require
 from difftest.core.kinds import WindowForm
-from difftest.core.schema import Int, IntList, Model, OneOf, Text, validate
-from difftest.core.topk import TopkCase, TopkContract, decode_ends
+from difftest.core.schema import Int, IntList, Member, Record, Text, validate
+from difftest.core.topk import MAX_ROWS, MAX_WIDTH, TopkCase, TopkContract, decode_ends
 from difftest.generators.envelope import Scale, Target
 
 MAX_ELEMENTS = 1 << 33  # rows * row_stride of one case: 32 GiB of float32, past any GPU's headroom
-MAX_WIDTH = 1 << 24  # 16x the 2^20-column rows of the widest family
-MAX_ROWS = 1 << 20
 # Columns past the width of a storage row: larger than every logit, so a kernel walking rows at the wrong
 # stride ranks them first. Values outside a window under Outside.HOSTILE: large, distinct, below it.
 STRIDE_PADDING = 3.0e38
@@ -60,26 +57,35 @@ class Outside(str, enum.Enum):
     RANDOM = "random"  # drawn like the window: an uncleaned tail (DeepGEMM's compressed logits)
 
 
-@dataclasses.dataclass(frozen=True)
-class TopkSpec:
-    """Structure and distributions of a top-k case. Per-row counts (`ties`, `finite`) cycle over the rows."""
+def _count_list(what: str, least: int = 0) -> Any:
+    return IntList(0, MAX_WIDTH, MAX_ROWS, what, least=least, as_tuple=True)
 
-    name: str = "random"
-    rows: int = 4
-    width: int = 256
-    k: int = 64
-    row_stride: int | None = None  # None: width (contiguous rows)
-    windows: WindowDist = WindowDist.RAGGED
-    starts: tuple[int, ...] | None = None  # explicit windows: one start and one end per row
-    ends: tuple[int, ...] | None = None
-    next_n: int = 1  # rows per request (the decode rule)
-    values: TopkValues = TopkValues.NORMAL
-    ties: tuple[int, ...] = (0,)  # TIED: values equal to the k-th, per row
-    above: int | None = None  # TIED: values above the ties; None: k // 2 moved into [k - ties, k - 1] (straddling)
-    finite: tuple[int, ...] | None = None  # candidates kept per row; the window's other positions are -inf
-    nans: int = 0  # NaN positions per row
-    pos_infs: int = 0  # +inf positions per row (SGLang forces +inf on the tokens it must keep)
-    outside: Outside = Outside.HOSTILE
+
+@dataclasses.dataclass(frozen=True)
+class TopkSpec(Record):
+    """Structure and distributions of a top-k case. Per-row counts (`ties`, `finite`) cycle over the rows.
+    The spec's one definition: its fields, their defaults and (Annotated) the bounds a spec read from JSON
+    keeps (TopkSpec.from_json)."""
+
+    name: Text(256, 1) = "random"
+    rows: Int(1, MAX_ROWS) = 4
+    width: Int(1, MAX_WIDTH) = 256
+    k: Int(1, MAX_WIDTH) = 64
+    row_stride: Int(1, MAX_WIDTH) | None = None  # None: width (contiguous rows)
+    windows: Member(WindowDist) = WindowDist.RAGGED
+    # explicit windows: one start and one end per row
+    starts: _count_list(f"a list of window starts in [0, {MAX_WIDTH}]") | None = None
+    ends: _count_list(f"a list of window ends in [0, {MAX_WIDTH}]") | None = None
+    next_n: Int(1, 16) = 1  # rows per request (the decode rule)
+    values: Member(TopkValues) = TopkValues.NORMAL
+    ties: _count_list("a list of 1 or more tie counts", least=1) = (0,)  # TIED: values equal to the k-th, per row
+    # TIED: values above the ties; None: k // 2 moved into [k - ties, k - 1] (straddling)
+    above: Int(0, MAX_WIDTH) | None = None
+    # candidates kept per row; the window's other positions are -inf
+    finite: _count_list("a list of 1 or more candidate counts", least=1) | None = None
+    nans: Int(0, MAX_WIDTH) = 0  # NaN positions per row
+    pos_infs: Int(0, MAX_WIDTH) = 0  # +inf positions per row (SGLang forces +inf on the tokens it must keep)
+    outside: Member(Outside) = Outside.HOSTILE
 
     @property
     def stride(self) -> int:
@@ -111,62 +117,16 @@ class TopkSpec:
         require(self.nans >= 0 and self.pos_infs >= 0, "nans", (self.nans, self.pos_infs), "counts >= 0")
         return self
 
-    def to_json(self) -> dict[str, object]:
-        """Plain JSON values; TopkSpec.from_json inverts it."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for key, value in out.items():
-            if isinstance(value, enum.Enum):
-                out[key] = value.value
-            elif isinstance(value, tuple):
-                out[key] = list(value)
-        return out
-
     @classmethod
-    def from_json(cls, data: dict[str, object]) -> TopkSpec:
+    def from_json(cls, data: object, where: str = "") -> TopkSpec:
         """The spec of to_json's JSON (fields left out keep their defaults); SpecError naming the first field
-        that does not fit TopkSpecModel ('ties[2]'), or that validate() refuses."""
-        validate(TopkSpecModel, data, root="spec")
-        enums = {"windows": WindowDist, "values": TopkValues, "outside": Outside}
-        kwargs: dict[str, Any] = {k: enums[k](v) if k in enums else v for k, v in data.items()}
-        for key in ("starts", "ends", "ties", "finite"):
-            if kwargs.get(key) is not None:
-                kwargs[key] = tuple(kwargs[key])
-        return cls(**kwargs).validate()
+        that does not fit ('ties[2]'), or that validate() refuses."""
+        return validate(cls, data, where, root="spec").validate()
 
-
-def _count_list(what: str) -> Any:
-    return IntList(0, MAX_WIDTH, MAX_ROWS, f"a list of {what} in [0, {MAX_WIDTH}]")
-
-
-class TopkSpecModel(Model):
-    """TopkSpec as JSON (TopkSpec.to_json); a field left out keeps its default."""
-
-    what: ClassVar[str] = "a JSON object of TopkSpec fields"
-    name: Text(256, 1) = "random"
-    rows: Int(1, MAX_ROWS) = 4
-    width: Int(1, MAX_WIDTH) = 256
-    k: Int(1, MAX_WIDTH) = 64
-    row_stride: Int(1, MAX_WIDTH) | None = None
-    windows: OneOf(WindowDist) = WindowDist.RAGGED.value
-    starts: _count_list("window starts") | None = None
-    ends: _count_list("window ends") | None = None
-    next_n: Int(1, 16) = 1
-    values: OneOf(TopkValues) = TopkValues.NORMAL.value
-    ties: IntList(0, MAX_WIDTH, MAX_ROWS, "a list of 1 or more tie counts", least=1) = Field(
-        default_factory=lambda: [0])
-    above: Int(0, MAX_WIDTH) | None = None
-    finite: IntList(0, MAX_WIDTH, MAX_ROWS, "a list of 1 or more candidate counts", least=1) | None = None
-    nans: Int(0, MAX_WIDTH) = 0
-    pos_infs: Int(0, MAX_WIDTH) = 0
-    outside: OneOf(Outside) = Outside.HOSTILE.value
-
-    @model_validator(mode="after")
-    def _fits(self) -> TopkSpecModel:
-        """The logits a case of this spec allocates, bounded."""
-        stride = self.row_stride or self.width
-        require(self.rows * stride <= MAX_ELEMENTS, "spec.rows", self.rows,
-                f"rows * row_stride <= {MAX_ELEMENTS} (row_stride {stride})")
-        return self
+    def checked(self) -> None:
+        """The logits a case of this spec allocates, bounded (a spec read from JSON)."""
+        require(self.rows * self.stride <= MAX_ELEMENTS, "spec.rows", self.rows,
+                f"rows * row_stride <= {MAX_ELEMENTS} (row_stride {self.stride})")
 
 
 # --------------------------------------------------------------------------- building

@@ -43,6 +43,7 @@ from difftest.core.errors import SpecError
 from difftest.core.kinds import ExitStatus, Isolation, SanitizerTool
 from difftest.core.schema import to_jsonable
 from difftest.core.spec import Stale, Values
+from difftest.core.topk import TopkMeta
 from difftest.core.verdict import Mismatch, Verdict
 from difftest.engine.comparison import Comparison
 from difftest.engine.config import RunConfig
@@ -53,6 +54,7 @@ from difftest.engine.sanitize import Finding, SanitizerReport
 from difftest.engine.stability import Stability, StabilityKind
 from difftest.engine.timing import Timing
 from difftest.generators import CaseSpec, build_case
+from difftest.generators.topk import TopkSpec
 from difftest.matrix.definition import load_matrix
 from difftest.matrix.merge import Entry, MergedFile
 from difftest.records.bundle import CASE_FILE, INFO_FILE, BundleInfo, load_bundle, write_bundle
@@ -235,7 +237,7 @@ def _folder() -> Path:
 
 RECORDS = [CaseResult, Comparison, Mismatch, Explanation, Relation, Example, Stability, SanitizerReport, Finding, Reach,
            Origin, Timing, Siblings, BackendSummary, SiblingRace, SiblingTime, CallMemory, CaseSpec, BundleInfo, Report,
-           Entry, MergedFile, Divergence, CaseMeta]
+           Entry, MergedFile, Divergence, CaseMeta, TopkSpec, TopkMeta]
 
 
 def _bounded(annotation: Any) -> bool:

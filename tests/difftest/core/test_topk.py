@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -51,6 +53,29 @@ def test_save_load_round_trip(tmp_path):
     back = TopkCase.load(case.save(tmp_path / "c.npz"))
     assert torch.equal(back.storage, case.storage) and back.width == 10 and back.k == 3 and back.next_n == 2
     assert torch.equal(back.starts, case.starts) and torch.equal(back.ends, case.ends) and back.meta == {"seed": 3}
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "golden" / "topk").glob("*.npz")),
+                         ids=lambda p: p.stem)
+def test_a_golden_case_saved_again_writes_its_own_meta(path, tmp_path):
+    with np.load(path) as z:
+        meta = json.loads(str(z["meta"]))
+    with np.load(TopkCase.load(path).save(tmp_path / "again.npz")) as z:
+        assert json.loads(str(z["meta"])) == meta, "TopkMeta writes the meta the golden file holds (its nan too)"
+
+
+def test_a_meta_without_its_field_is_refused_at_save_and_a_bad_one_at_load(tmp_path):
+    with pytest.raises(SpecError) as info:
+        dataclasses.replace(_case(), meta={"colour": "red"}).save(tmp_path / "c.npz")
+    assert info.value.field == "meta" and info.value.value == ["colour"], f"{info.value}"
+    path = _case().save(tmp_path / "c.npz")
+    with np.load(path) as z:
+        arrays = dict(z)
+    arrays["meta"] = np.array(json.dumps({**json.loads(str(arrays["meta"])), "k": "3"}))
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(SpecError) as info:
+        TopkCase.load(tmp_path / "bad.npz")
+    assert info.value.field.endswith("bad.npz meta.k") and info.value.value == "3", f"{info.value}"
 
 
 def test_load_refuses_a_member_larger_than_the_meta_says(tmp_path):
