@@ -446,10 +446,11 @@ def _is_model(kind: Any) -> bool:
 
 @functools.cache
 def record_fields(kind: type) -> dict[str, Any]:
-    """A Record's JSON keys (a field's alias where it has one) -> the field's annotation."""
+    """A Record's JSON keys (a field's alias where it has one) -> the field's annotation; a field set
+    otherwise than from JSON (init=False) is none of them."""
     hints = typing.get_type_hints(kind, include_extras=True)
     out = {}
-    for field in dataclasses.fields(kind):
+    for field in (f for f in dataclasses.fields(kind) if f.init):
         annotation = hints[field.name]
         info = next((m for m in getattr(annotation, "__metadata__", ()) if isinstance(m, FieldInfo)), None)
         out[info.alias if info is not None and info.alias else field.name] = annotation

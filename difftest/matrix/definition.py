@@ -36,11 +36,14 @@ from difftest.core.schema import (
     Filled,
     Int,
     ListOf,
+    Member,
     Model,
     Number,
     OneOf,
+    Record,
     Seed,
     Text,
+    TupleOf,
     read_toml,
     validate,
 )
@@ -52,6 +55,26 @@ if TYPE_CHECKING:
 
 FILES = ("difftest.toml", "pyproject.toml")  # where the matrix is looked for when no file is given
 FILE_FIELD = "matrix_file"  # the library parameter naming the file (the CLI's --file)
+
+MAX_MATRIX_ITEMS = 256  # entries of one axis or rule list: a matrix past this is not one CI can run
+MAX_SUITE_SECONDS = 7 * 86400  # a suite's budget; a week is far past any CI job's limit
+MATRIX_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+MATRIX_NAME_TEXT = "a name of 1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit"
+# A pinned wheel: 'distribution==version' (PEP 508 name, PEP 440 version characters), extras allowed.
+PINNED = re.compile(r"([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)(\[[A-Za-z0-9._,-]*\])?==([A-Za-z0-9.+!_-]+)")
+
+# difftest itself, as a CI job installs it ([matrix.difftest]): a release's version (PEP 440, public), a git
+# URL pip can clone and a ref in it, or a wheel file. Each goes into a shell command (quoted) and a pip
+# requirement, so none may hold what pip would read as another part of it ('@', '#', ';', a space).
+RELEASE = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?")
+GIT_URL = re.compile(r"(git\+)?(https?|ssh|file)://[^\s@#;]+(@[^\s@#;/]+/[^\s@#;]+)?|git@[^\s@#;]+:[^\s@#;]+")
+GIT_REF = re.compile(r"[A-Za-z0-9._/-]{1,255}")
+MatrixName = Check(lambda v: type(v) is str and MATRIX_NAME.fullmatch(v) is not None, MATRIX_NAME_TEXT).type(str)
+Pattern = Filled("an fnmatch pattern (a non-empty string)")
+Patterns = ListOf(Pattern, MAX_MATRIX_ITEMS, f"a list of 1 to {MAX_MATRIX_ITEMS} fnmatch patterns", low=1)
+Labels = Check(lambda v: (type(v) is str and v.strip() != "" and len(v) <= MAX_NAME) or (
+    type(v) is list and 1 <= len(v) <= 16 and all(type(x) is str and x.strip() != "" for x in v)),
+    "a runner label, or a list of 1 to 16 labels").type()
 
 
 class Source(str, enum.Enum):
@@ -110,20 +133,33 @@ class Version:
         return self.target if self.source == Source.WHEEL and self.target else Source.INSTALLED.value
 
 
-@dataclasses.dataclass(frozen=True)
-class Suite:
-    """Which cases a cell runs: a `difftest run` suite, or a fuzz campaign of `budget` seconds."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Suite(Record):
+    """Which cases a cell runs: a `difftest run` suite, or a fuzz campaign of `budget` seconds. One
+    [matrix.suites.NAME] table, its one definition: its fields, defaults and bounds, and its NAME."""
 
-    name: str
-    cases: CaseKind = CaseKind.ENVELOPE
-    count: int | None = None
-    seed: int = 0
-    budget: float | None = None
+    what = "a table of suite fields"
+    name: MatrixName = dataclasses.field(default="", init=False)  # the table's NAME, not one of its keys (named)
+    cases: Member(CaseKind) = CaseKind.ENVELOPE
+    count: Int(1, 1000) | None = None
+    seed: Seed = 0
+    budget: Number(1.0, MAX_SUITE_SECONDS) | None = None  # seconds
     # One CaseSpec as JSON, as `--spec` takes it; left out of ==/hash (a dict has none): names are unique.
-    spec: dict[str, Any] | None = dataclasses.field(default=None, compare=False)
-    case_filter: tuple[str, ...] = ()
-    fuzz: bool = False
-    isolate: bool | None = None
+    spec: Checked(CaseSpec) | None = dataclasses.field(default=None, compare=False)
+    case_filter: TupleOf(Pattern, MAX_MATRIX_ITEMS, "a list of fnmatch patterns") = ()
+    fuzz: Bool = False  # a `difftest fuzz` campaign of `budget` seconds instead of a run
+    isolate: Bool | None = None
+
+    def named(self, name: str) -> Suite:
+        """This suite, called `name` (its table's NAME)."""
+        suite = dataclasses.replace(self)
+        object.__setattr__(suite, "name", name)  # a field the table cannot give: not an __init__ argument
+        return suite
+
+    def checked(self) -> None:
+        """A fuzz suite has its budget."""
+        if self.fuzz and self.budget is None:
+            raise SpecError("budget", None, "a number of seconds: a fuzz suite runs for its budget")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,21 +172,30 @@ class Combo:
     suite: str
 
 
-@dataclasses.dataclass(frozen=True)
-class Rule:
-    """An include or exclude rule: fnmatch patterns over the axes; an exclude rule says why."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Include(Record):
+    """One [[matrix.include]] table: fnmatch patterns over the axes; the combinations they match run even
+    where an exclude rule matches them."""
 
-    device: str = "*"
-    backend: str = "*"
-    version: str = "*"
-    suite: str = "*"
-    reason: str | None = None
+    what = "a table of fnmatch patterns {device, backend, version, suite}"
+    device: Pattern = "*"
+    backend: Pattern = "*"
+    version: Pattern = "*"
+    suite: Pattern = "*"
 
     def matches(self, combo: Combo) -> bool:
         """Whether every pattern matches its axis of `combo`."""
         pairs = ((self.device, combo.device.value), (self.backend, combo.backend), (self.version, combo.version),
                  (self.suite, combo.suite))
         return all(fnmatch.fnmatchcase(value, pattern) for pattern, value in pairs)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Exclude(Include):
+    """One [[matrix.exclude]] table: combinations not run, and why."""
+
+    what = "a table {device, backend, version, suite, reason}"
+    reason: Filled("a non-empty string: why these combinations are not run", MAX_TEXT)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,8 +207,8 @@ class Matrix:
     backends: tuple[str, ...]
     versions: tuple[Version, ...]
     suites: tuple[Suite, ...]
-    include: tuple[Rule, ...] = ()
-    exclude: tuple[Rule, ...] = ()
+    include: tuple[Include, ...] = ()
+    exclude: tuple[Exclude, ...] = ()
     ledger: str | None = None
     baseline: str | None = None
     difftest: DifftestSource | None = None  # None: the version of difftest that emits the CI files
@@ -251,29 +296,6 @@ class MatrixPlan:
 
 # --------------------------------------------------------------------------- reading the file
 
-# The file's schema: Models (the file is read into Matrix, whose shape is the plan's, not the file's).
-
-MAX_MATRIX_ITEMS = 256  # entries of one axis or rule list: a matrix past this is not one CI can run
-MAX_SUITE_SECONDS = 7 * 86400  # a suite's budget; a week is far past any CI job's limit
-MATRIX_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-MATRIX_NAME_TEXT = "a name of 1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit"
-# A pinned wheel: 'distribution==version' (PEP 508 name, PEP 440 version characters), extras allowed.
-PINNED = re.compile(r"([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)(\[[A-Za-z0-9._,-]*\])?==([A-Za-z0-9.+!_-]+)")
-
-# difftest itself, as a CI job installs it ([matrix.difftest]): a release's version (PEP 440, public), a git
-# URL pip can clone and a ref in it, or a wheel file. Each goes into a shell command (quoted) and a pip
-# requirement, so none may hold what pip would read as another part of it ('@', '#', ';', a space).
-RELEASE = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?")
-GIT_URL = re.compile(r"(git\+)?(https?|ssh|file)://[^\s@#;]+(@[^\s@#;/]+/[^\s@#;]+)?|git@[^\s@#;]+:[^\s@#;]+")
-GIT_REF = re.compile(r"[A-Za-z0-9._/-]{1,255}")
-MatrixName = Check(lambda v: type(v) is str and MATRIX_NAME.fullmatch(v) is not None, MATRIX_NAME_TEXT).type(str)
-Pattern = Filled("an fnmatch pattern (a non-empty string)")
-Patterns = ListOf(Pattern, MAX_MATRIX_ITEMS, f"a list of 1 to {MAX_MATRIX_ITEMS} fnmatch patterns", low=1)
-Labels = Check(lambda v: (type(v) is str and v.strip() != "" and len(v) <= MAX_NAME) or (
-    type(v) is list and 1 <= len(v) <= 16 and all(type(x) is str and x.strip() != "" for x in v)),
-    "a runner label, or a list of 1 to 16 labels").type()
-
-
 class MatrixDeviceModel(Model):
     """One [matrix.devices.KIND] table: where the CI jobs of that device kind run."""
 
@@ -327,43 +349,6 @@ class MatrixDifftestModel(Model):
         return self
 
 
-class MatrixSuiteModel(Model):
-    """One [matrix.suites.NAME] table: which cases a cell runs (as `difftest run` or `fuzz` options)."""
-
-    what: ClassVar[str] = "a table of suite fields"
-    cases: OneOf(CaseKind) = CaseKind.ENVELOPE.value
-    count: Int(1, 1000) | None = None
-    seed: Seed = 0
-    budget: Number(1.0, MAX_SUITE_SECONDS) | None = None  # seconds
-    spec: Checked(CaseSpec) | None = None  # one CaseSpec as JSON, as `--spec` takes it
-    case_filter: ListOf(Pattern, MAX_MATRIX_ITEMS, "a list of fnmatch patterns") = Field(default_factory=list)
-    fuzz: Bool = False  # a `difftest fuzz` campaign of `budget` seconds instead of a run
-    isolate: Bool | None = None
-
-    @model_validator(mode="after")
-    def _fuzz_budget(self) -> MatrixSuiteModel:
-        if self.fuzz and self.budget is None:
-            raise SpecError("budget", None, "a number of seconds: a fuzz suite runs for its budget")
-        return self
-
-
-class MatrixIncludeModel(Model):
-    """One [[matrix.include]] table: combinations run even where an exclude rule matches them."""
-
-    what: ClassVar[str] = "a table of fnmatch patterns {device, backend, version, suite}"
-    device: Pattern = "*"
-    backend: Pattern = "*"
-    version: Pattern = "*"
-    suite: Pattern = "*"
-
-
-class MatrixExcludeModel(MatrixIncludeModel):
-    """One [[matrix.exclude]] table: combinations not run, and why."""
-
-    what: ClassVar[str] = "a table {device, backend, version, suite, reason}"
-    reason: Filled("a non-empty string: why these combinations are not run", MAX_TEXT)
-
-
 class MatrixModel(Model):
     """The CI matrix: [matrix] of a difftest.toml, or [tool.difftest.matrix] of a pyproject.toml."""
 
@@ -375,11 +360,11 @@ class MatrixModel(Model):
     versions: Annotated[dict[MatrixName, MatrixVersionModel], Field(min_length=1, max_length=MAX_MATRIX_ITEMS),
                         Expect("a table of version name -> {wheel or path, backends}")] = Field(
         default_factory=lambda: {"installed": MatrixVersionModel()})  # the job's own environment
-    suites: Annotated[dict[MatrixName, MatrixSuiteModel], Field(min_length=1, max_length=MAX_MATRIX_ITEMS),
+    suites: Annotated[dict[MatrixName, Suite], Field(min_length=1, max_length=MAX_MATRIX_ITEMS),
                       Expect("a table of suite name -> suite fields")]
-    include: ListOf(MatrixIncludeModel, MAX_MATRIX_ITEMS, "an array of tables ([[matrix.include]])") = Field(
+    include: ListOf(Include, MAX_MATRIX_ITEMS, "an array of tables ([[matrix.include]])") = Field(
         default_factory=list)
-    exclude: ListOf(MatrixExcludeModel, MAX_MATRIX_ITEMS, "an array of tables ([[matrix.exclude]])") = Field(
+    exclude: ListOf(Exclude, MAX_MATRIX_ITEMS, "an array of tables ([[matrix.exclude]])") = Field(
         default_factory=list)
     ledger: Filled("a ledger file (TOML)") | None = None
     baseline: Filled("a merged.json of an earlier merge") | None = None
@@ -428,9 +413,8 @@ def _built(model: MatrixModel, path: Path) -> Matrix:
     return Matrix(
         path=path, runners=runners, backends=tuple(dict.fromkeys(model.backends)),
         versions=tuple(_version(name, v) for name, v in model.versions.items()),
-        suites=tuple(_suite(name, s) for name, s in model.suites.items()),
-        include=tuple(Rule(r.device, r.backend, r.version, r.suite) for r in model.include),
-        exclude=tuple(Rule(r.device, r.backend, r.version, r.suite, r.reason) for r in model.exclude),
+        suites=tuple(suite.named(name) for name, suite in model.suites.items()),
+        include=tuple(model.include), exclude=tuple(model.exclude),
         ledger=model.ledger, baseline=model.baseline, difftest=_difftest(model.difftest), setup=tuple(model.setup),
         merge_runner=_labels(model.merge_runner))
 
@@ -450,11 +434,6 @@ def _labels(runner: str | list[str]) -> tuple[str, ...]:
 def _version(name: str, model: MatrixVersionModel) -> Version:
     source = Source.WHEEL if model.wheel else Source.PATH if model.path else Source.INSTALLED
     return Version(name, source, model.wheel or model.path, tuple(model.backends), tuple(model.pip_args))
-
-
-def _suite(name: str, model: MatrixSuiteModel) -> Suite:
-    return Suite(name, CaseKind(model.cases), model.count, model.seed, model.budget, model.spec,
-                 tuple(model.case_filter), model.fuzz, model.isolate)
 
 
 # --------------------------------------------------------------------------- planning
@@ -507,7 +486,7 @@ def _ruled(matrix: Matrix, kind: DeviceKind, backend: str, version: Version) -> 
             continue
         rule = next((rule for rule in matrix.exclude if rule.matches(combo)), None)
         if rule is not None:
-            taken.setdefault(rule.reason or "", []).append(suite.name)
+            taken.setdefault(rule.reason, []).append(suite.name)
     return [Exclusion(kind, backend, version.name, Why.RULE, reason, tuple(suites)) for reason, suites in taken.items()]
 
 

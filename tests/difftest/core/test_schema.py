@@ -55,7 +55,7 @@ from difftest.engine.stability import Stability, StabilityKind
 from difftest.engine.timing import Timing
 from difftest.generators import CaseSpec, build_case
 from difftest.generators.topk import TopkSpec
-from difftest.matrix.definition import load_matrix
+from difftest.matrix.definition import Exclude, Include, Suite, load_matrix
 from difftest.matrix.merge import Entry, MergedFile
 from difftest.records.bundle import CASE_FILE, INFO_FILE, BundleInfo, load_bundle, write_bundle
 from difftest.records.ledger import Divergence, LedgerSpecModel, load_ledger
@@ -237,7 +237,7 @@ def _folder() -> Path:
 
 RECORDS = [CaseResult, Comparison, Mismatch, Explanation, Relation, Example, Stability, SanitizerReport, Finding, Reach,
            Origin, Timing, Siblings, BackendSummary, SiblingRace, SiblingTime, CallMemory, CaseSpec, BundleInfo, Report,
-           Entry, MergedFile, Divergence, CaseMeta, TopkSpec, TopkMeta]
+           Entry, MergedFile, Divergence, CaseMeta, TopkSpec, TopkMeta, Suite, Include, Exclude]
 
 
 def _bounded(annotation: Any) -> bool:
