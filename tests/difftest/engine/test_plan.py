@@ -105,3 +105,16 @@ def test_a_different_split_size_gives_different_edge_lengths() -> None:
                 for n in (c.spec.lengths or ())}
     assert tile_lengths(32) != tile_lengths(48)
     assert {31, 32, 33} <= tile_lengths(32) and {47, 48, 49} <= tile_lengths(48)
+
+
+def test_a_backend_reaches_only_the_families_its_own_plan_claims_of_a_shared_case() -> None:
+    """torch's max-context cases are 1024 tokens on the CPU; a backend declaring max_context 300 runs its
+    own at 300, which torch runs too without it being torch's longest context."""
+    short = _reader("short", max_context=300)
+    planned = envelope_plan([TorchBackend(), short], Target.small_cpu(), seed=0)
+    full = {c.spec.max_model_len: c for c in planned.cases if c.spec.name.startswith("max-model-len")}
+    assert set(full) == {300, 1024} and full[1024].backends == {"torch"}, full
+    ours = dict(full[300].reach)
+    assert full[300].backends == {"torch", "short"} and ours == {"torch": (), "short": ("max-context",)}, ours
+    meta = full[300].build("cpu").meta
+    assert meta["reach"] == {"torch": [], "short": ["max-context"]} and meta["families"] == ["max-context"], meta
