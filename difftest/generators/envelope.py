@@ -795,8 +795,10 @@ def _short(plan: _Plan) -> Built:
 
 
 def _tables(plan: _Plan) -> Built:
-    """PADDING, STALE_TABLES, SHARED_BLOCKS, MAX_CONTEXT: what a paged table holds around the lengths; the
-    MAX_CONTEXT cases at the envelope's longest context (at SMALL scale too, up to SMALL_MAX_CONTEXT)."""
+    """PADDING, STALE_TABLES, SHARED_BLOCKS, MAX_CONTEXT: what a paged table holds around the lengths. The
+    full-length case fills the envelope's longest context (at SMALL scale too, up to SMALL_MAX_CONTEXT;
+    there, where most cases are shorter, with the overhang column past it, so one case of that length
+    is enough for the interpreted kernels); the overhang case is at the context of most cases."""
     c, longest = plan.context, plan.longest
     shared = tuple(round(c * k / 128) for k in (70, 70, 45, 100))  # difftest.generators.cases' lengths at context 128
     too_long = _scale_reason(plan, plan.max_context, 0, 0) or (
@@ -804,8 +806,8 @@ def _tables(plan: _Plan) -> Built:
         if plan.max_context > longest else None)
     return [
         *([Omission(EdgeFamily.MAX_CONTEXT, f"max-context-{plan.max_context}: {too_long}")] if too_long else []),
-        PlannedSpec(plan.spec("max-model-len", 3, length_dist=LengthDist.FULL, batch=2, max_model_len=longest),
-                    (EdgeFamily.MAX_CONTEXT,)),
+        PlannedSpec(plan.spec("max-model-len", 3, length_dist=LengthDist.FULL, batch=2, max_model_len=longest,
+                              **({"extra_columns": 1} if c < longest else {})), (EdgeFamily.MAX_CONTEXT,)),
         PlannedSpec(plan.spec("padding-requests", 2, batch=plan.batch(3), padding=plan.batch(3), stale=Stale.OTHER),
                     (EdgeFamily.PADDING, EdgeFamily.STALE_TABLES)),
         PlannedSpec(plan.spec("shared-prefix-blocks", 2, lengths=shared, shared_blocks=True),
@@ -814,8 +816,8 @@ def _tables(plan: _Plan) -> Built:
                     (EdgeFamily.STALE_TABLES,)),
         PlannedSpec(plan.spec("stale-zero-table", 2, batch=plan.batch(4), extra_columns=1, stale=Stale.ZERO),
                     (EdgeFamily.STALE_TABLES,)),
-        PlannedSpec(plan.spec("mtp-overhang-column", 4, lengths=(longest, longest - 1), extra_columns=1,
-                              max_model_len=longest), (EdgeFamily.MAX_CONTEXT, EdgeFamily.STALE_TABLES)),
+        PlannedSpec(plan.spec("mtp-overhang-column", 4, lengths=(c, c - 1), extra_columns=1),
+                    (EdgeFamily.STALE_TABLES, *((EdgeFamily.MAX_CONTEXT,) if c == plan.max_context else ()))),
     ]
 
 

@@ -287,18 +287,17 @@ def test_production_plan_is_production_shaped():
 # --------------------------------------------------------------------------- SMALL mirrors the toy list
 
 def test_small_plan_of_an_open_contract_holds_the_toy_edges_and_default_specs():
-    """Field for field, except the max-context cases: they go to the envelope's longest context, which
-    for a contract that names none is the longest SMALL scale draws."""
+    """Field for field, except max-model-len: it goes to the envelope's longest context (for a contract that
+    names none, the longest SMALL scale draws), with the overhang column past it."""
     planned, _ = _plan(OPEN, SMALL)
     named = _by_name(planned)
     toy = [*edge_cases(), *default_specs()]
     assert not {s.name for s in toy} - set(named)
-    longest = {"max-model-len", "mtp-overhang-column"}
-    assert {s for s in toy if s.name not in longest} <= {p.spec for p in planned}, "the toy specs, field for field"
-    for spec in (s for s in toy if s.name in longest):
-        lengths = spec.lengths and tuple(n - 128 + SMALL_MAX_CONTEXT for n in spec.lengths)
-        at_longest = spec.replace(max_model_len=SMALL_MAX_CONTEXT, lengths=lengths)
-        assert named[spec.name].spec == at_longest and EdgeFamily.MAX_CONTEXT in named[spec.name].families
+    assert {s for s in toy if s.name != "max-model-len"} <= {p.spec for p in planned}, "the toy specs, field for field"
+    (full,) = [s for s in toy if s.name == "max-model-len"]
+    assert named["max-model-len"].spec == full.replace(max_model_len=SMALL_MAX_CONTEXT, extra_columns=1)
+    assert named["max-model-len"].families == (EdgeFamily.MAX_CONTEXT,)
+    assert named["mtp-overhang-column"].families == (EdgeFamily.STALE_TABLES,), "128 is not the longest context"
 
 
 @pytest.mark.parametrize("name", ["aiter-like", "open"])
@@ -603,7 +602,7 @@ def test_small_max_context_cases_reach_the_declared_longest_context(declared, lo
             "CPU run", reasons
         assert all("4096" in r for r in reasons), reasons
         return
-    assert {p.spec.name for p in reaching} == {"max-model-len", "mtp-overhang-column"}
+    assert {p.spec.name for p in reaching} == {"max-model-len"}
     for p in reaching:
         assert p.spec.max_model_len == longest and max(_lengths(p.spec)) == longest, p.spec
         case = build_case(p.spec.replace(heads=4), 0)
@@ -622,6 +621,21 @@ def test_every_family_a_planned_spec_claims_holds_for_its_contract(name, target)
     for p in _plan(CONTRACTS[name], target)[0]:
         for family in p.families:
             assert claim_reason(family, p.spec, CONTRACTS[name], target) is None, (p.spec.name, family)
+
+
+@pytest.mark.parametrize("name", CONTRACTS)
+def test_what_a_claim_reads_of_a_spec_is_what_its_drawn_case_has(name):
+    """claim_reason judges a spec by its lengths (explicit, or all max_model_len when full) and, for a set
+    pool with high ids, by the used blocks taking its top ids: the drawn cases have exactly those."""
+    for index, p in enumerate(_plan(CONTRACTS[name], SMALL)[0]):
+        spec = p.spec.replace(heads=4)  # the claims read no head count; fewer heads draw faster
+        case = build_case(spec, index)
+        if spec.lengths is not None or spec.length_dist == LengthDist.FULL:
+            assert tuple(case.lengths) == (*_lengths(spec), *(0,) * spec.padding), spec.name
+        if spec.pool_blocks is not None and spec.high_block_ids:
+            columns = torch.arange(case.block_table.shape[1])[None, :] < case.used_blocks()[:, None]
+            used = sorted(set(case.block_table[columns].tolist()))
+            assert used == list(range(spec.pool_blocks - len(used), spec.pool_blocks)), spec.name
 
 
 def test_a_claim_a_case_does_not_reach_is_refused_with_the_reason():

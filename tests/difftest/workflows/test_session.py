@@ -41,7 +41,7 @@ def test_a_kernel_wrong_only_past_16_table_columns_is_caught_on_the_cpu_through_
     assert outcome.status == ExitStatus.FAILED, outcome.status
     failing = {r.case for r in outcome.results if r.verdict != Verdict.PASS}
     long = {r.case for r in outcome.results if r.reach.longest > 256}
-    assert failing == long and {"max-model-len-s4000", "mtp-overhang-column-s9000"} <= failing, (failing, long)
+    assert failing == long and "max-model-len-s4000" in failing, (failing, long)
     line = render_reach(outcome.results, outcome.plan).splitlines()[1].split()
     assert line[0] == "wrong-past-16-columns" and line[3] == "1024" and "max-context," in line, line
 
