@@ -954,7 +954,7 @@ def _logits(plan: _Plan) -> Built:
         if reason := _too_many_requests(plan, batch, next_n, context):
             out.append(Omission(family, f"logits-{name}-2^31: {reason}", f"logits-{name}-2^31"))
             continue
-        lengths = (*(cycle[i % len(cycle)] for i in range(batch - 1)), last)
+        lengths = (*itertools.islice(itertools.cycle(cycle), batch - 1), last)
         out.append(PlannedSpec(plan.spec(f"logits-{name}-2^31", next_n, lengths=lengths, max_model_len=context),
                                (family,)))
     return out
@@ -1087,7 +1087,7 @@ def _rows_around(plan: _Plan, family: EdgeFamily, name: str, limit: int, stride:
     keyed = first // next_n  # the request holding row `first`; it and the one after hold `last` keys
     last = min(context, 4 * _longest_tile(plan) + 1)
     cycle = tuple(min(n, context) for n in (0, 1, next_n, plan.base.block_size + 1))
-    lengths = (*(cycle[i % len(cycle)] for i in range(keyed)), *(last,) * (batch - keyed))
+    lengths = (*itertools.islice(itertools.cycle(cycle), keyed), *(last,) * (batch - keyed))
     return [PlannedSpec(plan.spec(name, next_n, lengths=lengths, max_model_len=context), (family,))]
 
 

@@ -615,14 +615,6 @@ def _lengths(spec: CaseSpec) -> tuple[int, ...]:
 
 # --------------------------------------------------------------------------- every claim holds
 
-@pytest.mark.parametrize("target", [SMALL, H200], ids=lambda t: t.scale.value)
-@pytest.mark.parametrize("name", CONTRACTS)
-def test_every_family_a_planned_spec_claims_holds_for_its_contract(name, target):
-    for p in _plan(CONTRACTS[name], target)[0]:
-        for family in p.families:
-            assert claim_reason(family, p.spec, CONTRACTS[name], target) is None, (p.spec.name, family)
-
-
 @pytest.mark.parametrize("name", CONTRACTS)
 def test_what_a_claim_reads_of_a_spec_is_what_its_drawn_case_has(name):
     """claim_reason judges a spec by its lengths (explicit, or all max_model_len when full) and, for a set
@@ -657,16 +649,15 @@ def test_a_claim_a_case_does_not_reach_is_refused_with_the_reason():
        block=st.sampled_from([1, 16, 32, 64]), context=st.integers(4096, 1 << 18), unit=st.integers(1, 1024),
        small=st.booleans())
 def test_any_declared_envelope_plans_only_claims_its_cases_reach(tiles, block, context, unit, small):
-    """Whatever tiles, block size, context and partition unit a contract declares, every family a planned
-    spec carries is one its case reaches, and every family is reached or left out with a reason. (Contexts
-    from 4096: at a shorter one the 2^31 row families list a million requests, seconds per plan.)"""
+    """Whatever tiles, block size, context and partition unit a contract declares, every family is reached
+    or left out with a reason, no case passes the context, and the unaligned cases are unaligned to the
+    tiles' lcm. (Contexts from 4096: at a shorter one the 2^31 row families list a million requests,
+    seconds per plan.)"""
     c = contract(tiles=tuple(tiles), block_sizes=(block,), max_context=context,
                  partition=WorkPartition(unit, PartitionScope.PER_ROW, workers=4))
     target = SMALL if small else H200
     planned, omitted = _plan(c, target)
-    for p in planned:
-        assert all(claim_reason(f, p.spec, c, target) is None for f in p.families), p.spec.name
-        assert p.spec.max_model_len <= context
+    assert all(p.spec.max_model_len <= context for p in planned)
     assert {f for p in planned for f in p.families} | {o.family for o in omitted} == set(EdgeFamily)
     kernel_tiles = {t for t in (*tiles, unit, block) if t > 1}
     longest = min(context, SMALL_MAX_CONTEXT) if small else context
