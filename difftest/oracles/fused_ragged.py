@@ -28,10 +28,9 @@ On a CUDA case the kernel is compiled for the GPU; on a CPU case it runs under t
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -79,47 +78,58 @@ def fused_ragged_reference(case: RaggedCase, width: int | None = None,
                            config: RaggedKernelConfig | None = None) -> FusedReference:
     """Window-relative logits [rows, width] (default: the case's max_seqlen_k, or its longest window) and the
     per-row bound of `case`, on the case's device (interpreted when it is the CPU)."""
-    width = case.seqlen_k if width is None else width
-    logits = torch.full((case.rows, width), -math.inf, dtype=torch.float32, device=case.device)
-    peaks = torch.zeros(case.rows, dtype=torch.int32, device=case.device)  # float32 bits, >= 0
-    with _launched(case, config) as (kernels, config, interpret):
-        _launch(kernels, case, config, interpret, logits, peaks)
-    # One rounding (fp32 multiply) covered by bound_factor's slack: the bound stays an upper bound.
-    return FusedReference(logits=logits, bound=peaks.view(torch.float32) * bound_factor(case.heads, case.head_dim))
+    return prepared(case, width, config)()
 
 
-@contextlib.contextmanager
-def _launched(case: RaggedCase, config: RaggedKernelConfig | None) -> Iterator[tuple[object, RaggedKernelConfig,
-                                                                                        bool]]:
-    """(the kernel module, the config, whether interpreted), inside the context its kernel runs in."""
-    interpret = case.device.type == "cpu"
-    kernels = load_kernel_module(KERNEL_FILE, "difftest_fused_ragged_oracle", interpret)
-    context = interpreter_compat() if interpret else torch.cuda.device(case.device)
-    with context:
-        yield kernels, config or default_config(case, interpret), interpret
-
-
-def _launch(kernels: object, case: RaggedCase, config: RaggedKernelConfig, interpret: bool, logits: torch.Tensor,
-            peaks: torch.Tensor) -> None:
+def prepared(case: RaggedCase, width: int | None = None,
+             config: RaggedKernelConfig | None = None) -> Callable[[], FusedReference]:
+    """fused_ragged_reference(case, width, config) as a call that reads nothing back to the host: what needs a
+    host read (the longest key span of a q block, which sizes the grid) is read now, once. On a GPU the call
+    can be captured in a CUDA graph (bench/ragged_oracle.py times its replay)."""
     if case.keys > _MAX_KEYS:
         raise ValueError(f"{case.keys} keys need int64 key positions (the kernel's are int32)")
-    width = logits.shape[1]
+    width = case.seqlen_k if width is None else width
+    interpret = case.device.type == "cpu"
+    kernels = load_kernel_module(KERNEL_FILE, "difftest_fused_ragged_oracle", interpret)
+    config = config or default_config(case, interpret)
+    launch = _launcher(kernels, case, config, interpret, width)
+    factor = bound_factor(case.heads, case.head_dim)
+
+    def call() -> FusedReference:
+        logits = torch.full((case.rows, width), -math.inf, dtype=torch.float32, device=case.device)
+        peaks = torch.zeros(case.rows, dtype=torch.int32, device=case.device)  # float32 bits, >= 0
+        with interpreter_compat() if interpret else torch.cuda.device(case.device):
+            launch(logits, peaks)
+        # One rounding (fp32 multiply) covered by bound_factor's slack: the bound stays an upper bound.
+        return FusedReference(logits=logits, bound=peaks.view(torch.float32) * factor)
+
+    return call
+
+
+def _launcher(kernels: object, case: RaggedCase, config: RaggedKernelConfig, interpret: bool,
+              width: int) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """What launches the kernel into (logits, peaks): nothing where every window is empty (the -inf fill is
+    the answer and every bound 0)."""
     span = _longest_block_span(case, config, width)
     if span == 0:
-        return  # every window empty: the -inf fill is the answer and every bound 0
+        return lambda logits, peaks: None
     tiles = triton.cdiv(span, config.block_n)
     chunk_tiles = tiles if config.chunk_tiles is None and interpret else config.chunk_tiles or DEFAULT_CHUNK_TILES
     chunk = min(chunk_tiles, tiles) * config.block_n
     grid = (triton.cdiv(case.rows, config.block_m), triton.cdiv(span, chunk))
     keys, scales = _key_sources(case, config)
-    h_pad = triton.next_power_of_2(case.heads)
-    kernels.logits_kernel[grid](
-        case.q.contiguous(), keys, scales, case.weights.contiguous(), case.k_start.to(torch.int32).contiguous(),
-        case.k_end.to(torch.int32).contiguous(), logits, peaks, case.rows, case.keys, width, chunk,
-        H=case.heads, D=case.head_dim, BLOCK_M=config.block_m, H_PAD=h_pad,
-        D_PAD=max(16, triton.next_power_of_2(case.head_dim)), NF=max(16, config.block_m), BLOCK_N=config.block_n,
-        TMA=config.uses_tma(case), FNUZ=case.fp8 == Fp8Flavour.E4M3FNUZ, FIX_NAN=interpret,
-        NUM_STAGES=config.num_stages, num_warps=config.num_warps)
+    q, weights = case.q.contiguous(), case.weights.contiguous()
+    starts, ends = case.k_start.to(torch.int32).contiguous(), case.k_end.to(torch.int32).contiguous()
+    constants = dict(H=case.heads, D=case.head_dim, BLOCK_M=config.block_m, H_PAD=triton.next_power_of_2(case.heads),
+                     D_PAD=max(16, triton.next_power_of_2(case.head_dim)), NF=max(16, config.block_m),
+                     BLOCK_N=config.block_n, TMA=config.uses_tma(case), FNUZ=case.fp8 == Fp8Flavour.E4M3FNUZ,
+                     FIX_NAN=interpret, NUM_STAGES=config.num_stages, num_warps=config.num_warps)
+
+    def launch(logits: torch.Tensor, peaks: torch.Tensor) -> None:
+        kernels.logits_kernel[grid](q, keys, scales, weights, starts, ends, logits, peaks, case.rows, case.keys,
+                                    width, chunk, **constants)
+
+    return launch
 
 
 def _longest_block_span(case: RaggedCase, config: RaggedKernelConfig, width: int) -> int:

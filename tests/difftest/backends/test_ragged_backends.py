@@ -6,6 +6,10 @@ prepare_field_deps.py) over the whole small plan, on the CPU."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -122,3 +126,18 @@ def test_without_the_file_a_reference_says_where_it_comes_from(monkeypatch):
     reason = TABLES["vllm-torch-ref-ragged"]().unavailable_reason("cpu")
     assert reason.startswith(f"no sys.path entry holds {vllm_ragged.FILE}: scripts/prepare_field_deps.sh"), reason
     assert "vllm 0.33.0" in reason
+
+
+def test_the_campaign_driver_runs_a_plan_in_a_child_and_writes_its_summary(field_tree, tmp_path):
+    """scripts/ragged_campaign.py (what scripts/h200_ragged.sh runs with DeepGEMM on the GPU), here with sglang's
+    reference on the CPU over two specs of its small plan."""
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": f"{field_tree / 'sglang-0.5.23'}{os.pathsep}{root}"}
+    done = subprocess.run([sys.executable, str(root / "scripts/ragged_campaign.py"), "--out", str(tmp_path),
+                           "--device", "cpu", "--backend", "sglang-torch-ref-ragged", "--only", "^rows-[13]$"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [(r["case"], r["verdict"]) for r in results] == [("rows-1-s0", "PASS"), ("rows-3-s0", "PASS")], results
+    summary = (tmp_path / "summary.md").read_text()
+    assert "2 of 2 planned cases" in summary and "keys-2^31-bytes: needs" in summary
