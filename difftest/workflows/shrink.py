@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, Protocol
@@ -33,7 +34,7 @@ import torch
 
 from difftest.backends import Backend, as_loaded
 from difftest.core.case import Case
-from difftest.core.errors import SpecError
+from difftest.core.errors import SpecError, require
 from difftest.core.kinds import Fp8Flavour
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
@@ -117,6 +118,8 @@ def shrink(target: Bundle | Case, backend: Backend, config: RunConfig | None = N
     every probe runs in one worker process (replaced after a crash), the start-up counted in the budget.
     SpecError when the case does not fail on `backend` now.
     """
+    require(0 <= budget_seconds < math.inf, "budget_seconds", budget_seconds,
+            "a finite number of seconds >= 0 (0: the original case, after the one probe that confirms it)")
     start = time.perf_counter()
     original = target.case if isinstance(target, Bundle) else target
     config = config or (target.config if isinstance(target, Bundle) else RunConfig())
