@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain
 
 import torch  # after the path: a plain checkout needs it
 
-from difftest.backends import deep_gemm_ragged, sglang_ragged, vllm_ragged
+from difftest.backends import aiter_ragged, deep_gemm_ragged, sglang_ragged, vllm_ragged
 from difftest.backends.ragged_base import RaggedBackend
 from difftest.core.kinds import Device, OracleKind
 from difftest.core.ragged import encode_ragged
@@ -43,7 +43,8 @@ from difftest.generators.ragged import RaggedPlanned, RaggedSpec, build_ragged_c
 from difftest.oracles.ragged_reference import make_ragged_reference
 
 SAVE_LIMIT = 64 << 20  # key bytes of a failing case worth saving beside the results
-BACKENDS = {**deep_gemm_ragged.RAGGED_BACKENDS, **vllm_ragged.RAGGED_BACKENDS, **sglang_ragged.RAGGED_BACKENDS}
+BACKENDS = {**deep_gemm_ragged.RAGGED_BACKENDS, **vllm_ragged.RAGGED_BACKENDS, **sglang_ragged.RAGGED_BACKENDS,
+            **aiter_ragged.RAGGED_BACKENDS}
 
 
 @dataclasses.dataclass(frozen=True)

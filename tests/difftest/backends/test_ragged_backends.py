@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from difftest.backends import deep_gemm_ragged, sglang_ragged, vllm_ragged
+from difftest.backends import aiter_ragged, deep_gemm_ragged, sglang_ragged, vllm_ragged
 from difftest.backends.deep_gemm_ragged import DeepGemmRagged
 from difftest.backends.ragged_base import RaggedBackend
 from difftest.core import hardware
@@ -30,7 +30,8 @@ from difftest.generators.ragged import RaggedPlanned, RaggedSpec, build_ragged_c
 from difftest.oracles.ragged_reference import make_ragged_reference
 from tests.difftest.backends.test_deep_gemm import bound_arguments, signature_of
 
-TABLES = {**deep_gemm_ragged.RAGGED_BACKENDS, **vllm_ragged.RAGGED_BACKENDS, **sglang_ragged.RAGGED_BACKENDS}
+TABLES = {**deep_gemm_ragged.RAGGED_BACKENDS, **vllm_ragged.RAGGED_BACKENDS, **sglang_ragged.RAGGED_BACKENDS,
+          **aiter_ragged.RAGGED_BACKENDS}
 ON_SM90 = torch.cuda.is_available() and DeepGemmRagged().unavailable_reason("cuda") is None
 NOT_SM90 = (hardware.CUDA_UNAVAILABLE if not torch.cuda.is_available()
             else DeepGemmRagged().unavailable_reason("cuda") or "")
