@@ -51,6 +51,7 @@ CHECK_ROWS = 64  # rows at each end of a shape checked against the float64 oracl
 
 
 def shape_case(name: str) -> RaggedCase:
+    """The shape's chunked-prefill case, H 64, D 128, built on the GPU."""
     contexts, query_lens = SHAPES[name]
     spec = RaggedSpec(name=name, rows=sum(query_lens), keys=sum(contexts) + sum(query_lens), heads=64, head_dim=128,
                       windows=RaggedWindows.STAIRCASE, contexts=contexts, query_lens=query_lens)
@@ -90,6 +91,7 @@ def deepgemm_call(case: RaggedCase) -> tuple[Callable[[], torch.Tensor] | None, 
 
 
 def timed(fn: Callable[[], object] | None, why: str, args: argparse.Namespace, graph: bool) -> dict[str, object]:
+    """{'ms': the median (None when `fn` is None or raised), 'note': why not}."""
     if fn is None:
         return {"ms": None, "note": why}
     try:
@@ -99,6 +101,7 @@ def timed(fn: Callable[[], object] | None, why: str, args: argparse.Namespace, g
 
 
 def bench_shape(name: str, args: argparse.Namespace) -> dict[str, object]:
+    """One row of the table: the checks first, then both contenders timed both ways."""
     case = shape_case(name)
     margin = check_fused(case)
     fused = prepared(case)
@@ -125,6 +128,7 @@ def judge_deepgemm(case: RaggedCase, gemm: Callable[[], torch.Tensor], fused: Ca
 
 
 def markdown(rows: list[dict[str, object]], device: str) -> str:
+    """The table, with the fused/DeepGEMM ratio of the GPU-only times."""
     lines = [f"Fused ragged oracle vs DeepGEMM fp8_fp4_mqa_logits on {device}; H 64, D 128; median ms (CUDA events, "
              "L2 flushed). 'GPU' columns: CUDA-graph replay (no host overhead).", "",
              "| shape | rows x max_seqlen_k | fused call | fused GPU | DeepGEMM call | DeepGEMM GPU "
@@ -144,6 +148,7 @@ def _cell(timing: dict[str, object]) -> str:
 
 
 def main() -> int:
+    """Every shape asked for, printed as it finishes; the table (and JSON) written where --out says."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, help="write <out>.json and <out>.md")
     parser.add_argument("--repeats", type=int, default=10)

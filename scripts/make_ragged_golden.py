@@ -60,6 +60,7 @@ def logits(q: np.ndarray, k: np.ndarray, scales: np.ndarray, weights: np.ndarray
 
 def write(name: str, rng: np.random.Generator, heads: int, dim: int, keys: int, windows: list[tuple[int, int]],
           flavour: str = "e4m3fn", max_seqlen_k: int | None = None, scale_powers: bool = False) -> None:
+    """One golden file: random bytes of every exponent, NaN canaries where no window reads, the logits."""
     rows = len(windows)
     q, k = fp8_bytes(rng, (rows, heads, dim), flavour), fp8_bytes(rng, (keys, dim), flavour)
     scales = (2.0 ** rng.integers(-10, 5, keys) if scale_powers else 0.5 + 1.5 * rng.random(keys)).astype(np.float32)
@@ -79,6 +80,7 @@ def write(name: str, rng: np.random.Generator, heads: int, dim: int, keys: int, 
 
 
 def main() -> None:
+    """The four golden cases, from one seeded generator (the same files every run)."""
     OUT.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(20261205)
     write("windows-mixed", rng, heads=4, dim=32, keys=40,

@@ -57,6 +57,7 @@ class Settings:
     only: str  # a regular expression the specs' names must match (search)
 
     def make(self) -> RaggedBackend:
+        """A fresh instance of the backend named."""
         return BACKENDS[self.backend]()
 
 
@@ -129,11 +130,12 @@ def child(out: Path, settings: Settings, first: int, stop_at: float) -> None:
 
 
 def parent(out: Path, settings: Settings, budget: float, case_timeout: float) -> int:
-    """Children in turn until every entry has a result or the budget is spent; then the summary."""
+    """Children in turn until every entry has a result or the budget (counted from now, planning included) is
+    spent; then the summary."""
+    stop_at = time.time() + budget
     planned, omitted = plan_entries(settings)
     (out / "plan.json").write_text(json.dumps({"planned": planned, "omitted": omitted}, indent=1))
     (out / "results.jsonl").write_text("")
-    stop_at = time.time() + budget
     first = 0
     while first < len(planned):
         first, stopped = _one_child(out, settings, first, planned, stop_at, case_timeout)
@@ -214,6 +216,7 @@ def _summary(out: Path, planned: list[dict], omitted: list[dict]) -> int:
 
 
 def main() -> int:
+    """The parent (plan, children, summary) or, with --child, one child's run of the plan from --first on."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--backend", default="deepgemm-ragged", choices=sorted(BACKENDS))

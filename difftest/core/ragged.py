@@ -99,9 +99,11 @@ class RaggedCase:
         return self.max_seqlen_k if self.max_seqlen_k is not None else max(1, self.longest)
 
     def q_values(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """q's values, decoded from its fp8 flavour, as `dtype`."""
         return decode(self.q, self.fp8, dtype)
 
     def k_values(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """The keys' values (NaN canaries included), decoded, as `dtype`."""
         return decode(self.k, self.fp8, dtype)
 
     def covered(self) -> torch.Tensor:

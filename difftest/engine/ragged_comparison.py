@@ -44,6 +44,7 @@ class RaggedComparison:
 
     @property
     def verdict(self) -> Verdict:
+        """The comparison's verdict: its worst kind of wrong row, PASS when there is none."""
         return self.comparison.verdict
 
     def key_of(self, row: int, position: int) -> int:

@@ -77,6 +77,7 @@ class RaggedSpec:
     canaries: bool = True  # keys no window holds are NaN (key bytes and scale): a kernel reading them shows
 
     def replace(self, **changes: Any) -> RaggedSpec:
+        """This spec with `changes` (not validated: validate() or build_ragged_case does that)."""
         return dataclasses.replace(self, **changes)
 
     def validate(self) -> RaggedSpec:
