@@ -207,7 +207,7 @@ class Case:
         case = cls(name=meta.name, q=arrays["q"], k_pool=k_pool, scale_pool=scale_pool,
                    weights=arrays["weights"], block_table=arrays["block_table"],
                    seq_lens=torch.tensor(meta.seq_lens, dtype=torch.int64),
-                   max_model_len=meta.max_model_len, fp8=meta.fp8, meta=meta.held)
+                   max_model_len=meta.max_model_len, fp8=meta.fp8, meta=meta.case_meta)
         stored = arrays["context_lens"].to(torch.int64)
         require(torch.equal(stored, case.row_lens()), "context_lens", shown(stored.tolist()),
                 f"the per-row limits of seq_lens {shown(meta.seq_lens)!r}")

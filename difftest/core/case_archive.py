@@ -40,11 +40,12 @@ from difftest.core.schema import (
     Int,
     IntList,
     Member,
+    Name,
     Names,
     Record,
     Seed,
+    TableOf,
     Text,
-    adapter,
     bound_text,
     one_line,
     parse_json,
@@ -60,17 +61,47 @@ META_FIXED_CHARS = 1 << 16  # the JSON meta of a case, less its per-request list
 META_CHARS_PER_REQUEST = 24  # seq_lens and spec.lengths: up to 7 digits and ', ' each, with room
 
 
+# The metadata of a field of an archive's meta that its case keeps in its `meta` dict (a drawn case's seed
+# and spec): such a field defaults to None, and is left out of the JSON where the case's meta has none.
+IN_CASE_META = {"in_case_meta": True}
+Reaches = TableOf(Name, Names, "a JSON object of backend names and the families each one reaches")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class CaseMeta(Record):
+class ArchiveMeta(Record):
+    """The base of a case archive's meta (a paged, top-k or ragged case's): the fields made with
+    IN_CASE_META are what the case keeps in its `meta` dict, the others the case's own structure."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The meta as the case's save writes it: the case's meta fields only where it has them."""
+        kept = self.case_meta_fields()
+        return {key: value for key, value in super().to_json().items() if value is not None or key not in kept}
+
+    @property
+    def case_meta(self) -> dict[str, Any]:
+        """What the case's `meta` dict holds of it: its IN_CASE_META fields the archive gives."""
+        kept = self.case_meta_fields()
+        return {key: value for key, value in self.to_json().items() if key in kept}
+
+    @classmethod
+    def case_meta_fields(cls) -> frozenset[str]:
+        """The names of its IN_CASE_META fields."""
+        return frozenset(f.name for f in dataclasses.fields(cls) if f.metadata.get("in_case_meta"))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CaseMeta(ArchiveMeta):
     """The `meta` of a case archive: what Case.meta held (a drawn case's seed and spec, its edge families, a
     golden file's note), then the structure its arrays must have. Case.save writes it (to_json: the fields
     Case.meta does not hold are left out) and check_case_archive reads it."""
 
     what = "a JSON object of case meta fields"
-    seed: Seed | None = None
-    spec: Checked(CaseSpec) | None = None  # as CaseSpec.to_json wrote it
-    families: Names | None = None
-    note: Text() | None = None
+    seed: Seed | None = dataclasses.field(default=None, metadata=IN_CASE_META)
+    spec: Checked(CaseSpec) | None = dataclasses.field(default=None, metadata=IN_CASE_META)  # CaseSpec.to_json's
+    families: Names | None = dataclasses.field(default=None, metadata=IN_CASE_META)
+    # the families each backend's own plan claims of it (difftest.engine.plan.PlannedCase.reach)
+    reach: Reaches | None = dataclasses.field(default=None, metadata=IN_CASE_META)
+    note: Text() | None = dataclasses.field(default=None, metadata=IN_CASE_META)
     name: Text(MAX_NAME)
     B: Int(0, 2 * MAX_BATCH)
     next_n: Int(1, MAX_NEXT_N)
@@ -81,15 +112,6 @@ class CaseMeta(Record):
     layout: Member(CacheLayout)
     fp8: Member(Fp8Flavour)
     seq_lens: IntList(0, MAX_MODEL_LEN, 2 * MAX_BATCH, "a list of B lengths in [0, max_model_len]")
-
-    def to_json(self) -> dict[str, Any]:
-        """The meta as Case.save writes it: Case.meta's fields only where it held them."""
-        return adapter(CaseMeta).dump_python(self, mode="json", exclude_none=True)
-
-    @property
-    def held(self) -> dict[str, Any]:
-        """What Case.meta holds of it (seed, spec, families, note: those the archive gives)."""
-        return {key: value for key, value in self.to_json().items() if key in HELD}
 
     def checked(self) -> None:
         """B lengths within max_model_len; what the arrays allocate, bounded; the structure of the spec the
@@ -117,9 +139,6 @@ class CaseMeta(Record):
             raise SpecError("B", self.B, f"{spec.total_batch}: the spec's requests and padding")
         if spec.lengths is not None and tuple(self.seq_lens[:len(spec.lengths)]) != spec.lengths:
             raise SpecError("seq_lens", shown(self.seq_lens), "the spec's lengths, then its padding")
-
-
-HELD = ("seed", "spec", "families", "note")  # CaseMeta's fields a Case keeps in its `meta`, not in its own fields
 
 
 def _plain(value: Any) -> Any:

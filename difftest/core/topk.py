@@ -24,9 +24,10 @@ import numpy as np
 import torch
 
 from difftest.core import hardware
+from difftest.core.case_archive import IN_CASE_META, ArchiveMeta
 from difftest.core.errors import SpecError, require
 from difftest.core.kinds import IndexConvention, NanRanking, RowStride, TopkPadding, WindowForm
-from difftest.core.schema import MAX_NAME, MAX_NEXT_N, Int, Member, Record, Rule, Seed, Text, adapter, parse_json
+from difftest.core.schema import MAX_NAME, MAX_NEXT_N, Int, Member, Rule, Seed, Text, parse_json
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -143,7 +144,7 @@ class TopkCase:
         meta, arrays = _read_archive(Path(path))
         case = cls(name=meta.name, storage=torch.from_numpy(arrays["storage"]), width=meta.width,
                    starts=torch.from_numpy(arrays["starts"]), ends=torch.from_numpy(arrays["ends"]),
-                   k=meta.k, next_n=meta.next_n, meta=meta.held)
+                   k=meta.k, next_n=meta.next_n, meta=meta.case_meta)
         return case.validate()
 
 
@@ -152,30 +153,22 @@ SpecJson = Rule(lambda v: type(v) is dict,
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TopkMeta(Record):
+class TopkMeta(ArchiveMeta):
     """The `meta` of a top-k case archive, its one definition: what TopkCase.meta held (a drawn case's seed and
     spec, a golden file's NaN ranking), then the structure of its arrays. TopkCase.save writes it (to_json:
     the fields TopkCase.meta does not hold are left out), TopkCase.load reads it."""
 
     what = "a JSON object of top-k case meta fields"
-    seed: Seed | None = None
-    spec: SpecJson | None = None
-    nan: Member(NanRanking) | None = None  # how a golden file's truth ranks NaN
+    seed: Seed | None = dataclasses.field(default=None, metadata=IN_CASE_META)
+    spec: SpecJson | None = dataclasses.field(default=None, metadata=IN_CASE_META)
+    # how a golden file's truth ranks NaN
+    nan: Member(NanRanking) | None = dataclasses.field(default=None, metadata=IN_CASE_META)
     name: Text(MAX_NAME)
     rows: Int(0, MAX_ROWS)
     row_stride: Int(1, MAX_WIDTH)
     width: Int(1, MAX_WIDTH)
     k: Int(1, MAX_WIDTH)
     next_n: Int(1, MAX_NEXT_N)
-
-    def to_json(self) -> dict[str, Any]:
-        """The meta as TopkCase.save writes it: TopkCase.meta's fields only where it held them."""
-        return adapter(TopkMeta).dump_python(self, mode="json", exclude_none=True)
-
-    @property
-    def held(self) -> dict[str, Any]:
-        """What TopkCase.meta holds of it (seed, spec, nan: those the archive gives)."""
-        return {key: value for key, value in self.to_json().items() if key in ("seed", "spec", "nan")}
 
 
 def _is_int(value: object) -> bool:

@@ -37,7 +37,7 @@ from pydantic import PlainValidator
 
 from difftest.backends import Origin, as_loaded
 from difftest.core import schema
-from difftest.core.case_archive import CaseMeta
+from difftest.core.case_archive import ArchiveMeta, CaseMeta
 from difftest.core.contract import Siblings
 from difftest.core.errors import SpecError
 from difftest.core.kinds import ExitStatus, Isolation, SanitizerTool
@@ -237,7 +237,7 @@ def _folder() -> Path:
 
 RECORDS = [CaseResult, Comparison, Mismatch, Explanation, Relation, Example, Stability, SanitizerReport, Finding, Reach,
            Origin, Timing, Siblings, BackendSummary, SiblingRace, SiblingTime, CallMemory, CaseSpec, BundleInfo, Report,
-           Entry, MergedFile, Divergence, CaseMeta, TopkSpec, TopkMeta, Suite, Include, Exclude]
+           Entry, MergedFile, Divergence, ArchiveMeta, CaseMeta, TopkSpec, TopkMeta, Suite, Include, Exclude]
 
 
 def _bounded(annotation: Any) -> bool:
