@@ -27,15 +27,18 @@ import numpy as np
 import torch
 
 from difftest.core import hardware
+from difftest.core.case_archive import IN_CASE_META, ArchiveMeta
 from difftest.core.errors import SpecError, require
 from difftest.core.fp8 import convert, decode, nan_bytes
 from difftest.core.kinds import Fp8Flavour, LogitsForm, MaskConvention
+from difftest.core.schema import MAX_HEADS, MAX_NAME, HeadDim, Int, Member, Rule, Seed, Text, parse_json
 
+MAX_ROWS = 1 << 20  # query rows of a case
+MAX_KEYS = 1 << 26  # keys of a case: 2^31 bytes of keys are 2^24 keys at D 128; four times that
 # Members of a ragged case archive and their dtypes; golden files add `expected` (float64 [rows, keys]).
 _MEMBERS = {"q": np.uint8, "k": np.uint8, "k_scale": np.float32, "weights": np.float32, "k_start": np.int64,
             "k_end": np.int64}
 _ARCHIVE_SLACK = 4096  # bytes of .npy header a member may hold besides its data
-_META_KEYS = ("name", "rows", "keys", "H", "D", "fp8", "max_seqlen_k")
 
 
 def covered_keys(k_start: torch.Tensor, k_end: torch.Tensor, keys: int) -> torch.Tensor:
@@ -138,14 +141,15 @@ class RaggedCase:
         return self
 
     def save(self, path: str | Path, **extra: np.ndarray) -> Path:
-        """Write the case as an .npz (its tensors and a JSON meta); `extra` members are written beside them
-        (a golden file's `expected`)."""
+        """Write the case as an .npz (its tensors and its meta, RaggedMeta); `extra` members are written beside
+        them (a golden file's `expected`). SpecError naming a meta key RaggedMeta has no field for."""
         path = Path(path)
+        meta = RaggedMeta.from_json({**self.meta, "name": self.name, "rows": self.rows, "keys": self.keys,
+                                     "H": self.heads, "D": self.head_dim, "fp8": self.fp8.value,
+                                     "max_seqlen_k": self.max_seqlen_k}, "meta.")
         case = self.to("cpu")
-        meta = {**self.meta, "name": self.name, "rows": self.rows, "keys": self.keys, "H": self.heads,
-                "D": self.head_dim, "fp8": self.fp8.value, "max_seqlen_k": self.max_seqlen_k}
         arrays = {member: getattr(case, member).numpy() for member in _MEMBERS}
-        np.savez_compressed(path, **arrays, **extra, meta=np.array(json.dumps(meta)))
+        np.savez_compressed(path, **arrays, **extra, meta=np.array(json.dumps(meta.to_json())))
         return path
 
     @classmethod
@@ -154,12 +158,33 @@ class RaggedCase:
         the meta's sizes before any is decompressed; a file that does not fit is a SpecError naming the path
         and what is wrong, never another exception."""
         meta, arrays = _read_archive(Path(path))
-        case = cls(name=str(meta["name"]), q=torch.from_numpy(arrays["q"]), k=torch.from_numpy(arrays["k"]),
+        case = cls(name=meta.name, q=torch.from_numpy(arrays["q"]), k=torch.from_numpy(arrays["k"]),
                    k_scale=torch.from_numpy(arrays["k_scale"]), weights=torch.from_numpy(arrays["weights"]),
                    k_start=torch.from_numpy(arrays["k_start"]), k_end=torch.from_numpy(arrays["k_end"]),
-                   max_seqlen_k=meta["max_seqlen_k"], fp8=Fp8Flavour(meta["fp8"]),
-                   meta={key: value for key, value in meta.items() if key not in _META_KEYS})
+                   max_seqlen_k=meta.max_seqlen_k, fp8=meta.fp8, meta=meta.case_meta)
         return case.validate()
+
+
+SpecJson = Rule(lambda v: type(v) is dict,
+                "a JSON object: the spec the case was drawn from (RaggedSpec.to_json)").type(dict)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RaggedMeta(ArchiveMeta):
+    """The `meta` of a ragged case archive, its one definition: what RaggedCase.meta held (a drawn case's seed
+    and spec), then the structure of its arrays. RaggedCase.save writes it (to_json: the fields RaggedCase.meta
+    does not hold are left out), RaggedCase.load reads it."""
+
+    what = "a JSON object of ragged case meta fields"
+    seed: Seed | None = dataclasses.field(default=None, metadata=IN_CASE_META)
+    spec: SpecJson | None = dataclasses.field(default=None, metadata=IN_CASE_META)
+    name: Text(MAX_NAME)
+    rows: Int(1, MAX_ROWS)
+    keys: Int(1, MAX_KEYS)
+    H: Int(1, MAX_HEADS)
+    D: HeadDim
+    fp8: Member(Fp8Flavour)
+    max_seqlen_k: Int(1, MAX_KEYS) | None  # written as null where the case has none
 
 
 def _is_int(value: object) -> bool:
@@ -222,17 +247,15 @@ def _validate_values(case: RaggedCase) -> None:
     require(checks[2], "k", torch.nonzero(bad_key).flatten()[:4].tolist(), "no NaN key byte in a key a window holds")
 
 
-def _read_archive(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def _read_archive(path: Path) -> tuple[RaggedMeta, dict[str, np.ndarray]]:
     """(meta, arrays) of a ragged case archive; SpecError naming the path when it is not one."""
     try:
         with zipfile.ZipFile(path) as archive:
             sizes = {info.filename.removesuffix(".npy"): info.file_size for info in archive.infolist()}
             require("meta" in sizes and sizes["meta"] <= 1 << 20, str(path), sorted(sizes), "a 'meta' member")
             with np.load(path, allow_pickle=False) as z:
-                meta = json.loads(str(z["meta"]))
-                require(isinstance(meta, dict) and set(_META_KEYS) <= set(meta), f"{path} meta", meta,
-                        f"a JSON object with {', '.join(_META_KEYS)}")
-                rows, keys, heads, dim = (int(meta[key]) for key in ("rows", "keys", "H", "D"))
+                meta = RaggedMeta.from_json(parse_json(str(z["meta"])), f"{path} meta.")
+                rows, keys, heads, dim = meta.rows, meta.keys, meta.H, meta.D
                 expected = {"q": rows * heads * dim, "k": keys * dim, "k_scale": keys * 4, "weights": rows * heads * 4,
                             "k_start": rows * 8, "k_end": rows * 8}
                 for member, size in expected.items():

@@ -11,22 +11,19 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
-from pydantic import model_validator
 
 from difftest.core.errors import require
 from difftest.core.fp8 import convert
 from difftest.core.kinds import Fp8Flavour, LogitsForm
-from difftest.core.ragged import RaggedCase, RaggedContract, covered_keys
-from difftest.core.schema import MAX_HEAD_DIM, MAX_HEADS, Bool, HeadDim, Int, IntList, Model, OneOf, Text, validate
+from difftest.core.ragged import MAX_KEYS, MAX_ROWS, RaggedCase, RaggedContract, covered_keys
+from difftest.core.schema import MAX_HEAD_DIM, MAX_HEADS, Bool, HeadDim, Int, IntList, Member, Record, Text, validate
 from difftest.core.spec import Values
 from difftest.generators.envelope import Scale, Target
 from difftest.generators.tensors import fp8_values, head_weights, key_scales
 
-MAX_ROWS = 1 << 20
-MAX_KEYS = 1 << 26  # 2^31 bytes of keys are 2^24 keys at D 128; four times that
 MAX_BYTES = 1 << 33  # q (rows * H * D) and keys (keys * D) bytes each
 TWO_31 = 2 ** 31
 # The DeepSeek-V3.2 indexer's shape on a GPU (prefill chunks of up to 16K query tokens over 128K keys);
@@ -55,26 +52,31 @@ class RaggedWindows(str, enum.Enum):
     STAIRCASE = "staircase"
 
 
-@dataclasses.dataclass(frozen=True)
-class RaggedSpec:
-    """Structure and distributions of a ragged case. A STAIRCASE's requests are `contexts` and `query_lens`
-    when given, else `requests` of them drawn to fill `rows` and `keys` exactly."""
+def _positions(what: str) -> Any:
+    return IntList(0, MAX_KEYS, MAX_ROWS, f"a list of {what} in [0, {MAX_KEYS}]", as_tuple=True)
 
-    name: str = "random"
-    rows: int = 8
-    keys: int = 256
-    heads: int = 32
-    head_dim: int = 64
-    windows: RaggedWindows = RaggedWindows.RANDOM
-    starts: tuple[int, ...] | None = None  # explicit windows: one start and one end per row
-    ends: tuple[int, ...] | None = None
-    contexts: tuple[int, ...] | None = None  # STAIRCASE: each request's keys before its first query token
-    query_lens: tuple[int, ...] | None = None  # STAIRCASE: each request's query rows
-    requests: int = 2  # STAIRCASE drawn: how many requests
-    values: Values = Values.NORMAL
-    fp8: Fp8Flavour = Fp8Flavour.E4M3FN
-    max_seqlen_k: int | None = None  # as a caller passes it; None: the longest window
-    canaries: bool = True  # keys no window holds are NaN (key bytes and scale): a kernel reading them shows
+
+@dataclasses.dataclass(frozen=True)
+class RaggedSpec(Record):
+    """Structure and distributions of a ragged case. A STAIRCASE's requests are `contexts` and `query_lens`
+    when given, else `requests` of them drawn to fill `rows` and `keys` exactly. The spec's one definition:
+    its fields, their defaults and (Annotated) the bounds a spec read from JSON keeps (RaggedSpec.from_json)."""
+
+    name: Text(256, 1) = "random"
+    rows: Int(1, MAX_ROWS) = 8
+    keys: Int(1, MAX_KEYS) = 256
+    heads: Int(1, MAX_HEADS) = 32
+    head_dim: HeadDim = 64
+    windows: Member(RaggedWindows) = RaggedWindows.RANDOM
+    starts: _positions("window starts") | None = None  # explicit windows: one start and one end per row
+    ends: _positions("window ends") | None = None
+    contexts: _positions("request contexts") | None = None  # STAIRCASE: each request's keys before its first query
+    query_lens: _positions("request query lengths") | None = None  # STAIRCASE: each request's query rows
+    requests: Int(1, MAX_ROWS) = 2  # STAIRCASE drawn: how many requests
+    values: Member(Values) = Values.NORMAL
+    fp8: Member(Fp8Flavour) = Fp8Flavour.E4M3FN
+    max_seqlen_k: Int(1, MAX_KEYS) | None = None  # as a caller passes it; None: the longest window
+    canaries: Bool = True  # keys no window holds are NaN (key bytes and scale): a kernel reading them shows
 
     def replace(self, **changes: Any) -> RaggedSpec:
         """This spec with `changes` (not validated: validate() or build_ragged_case does that)."""
@@ -134,64 +136,21 @@ class RaggedSpec:
             return self.keys
         return self.max_seqlen_k if self.max_seqlen_k is not None else max(1, self.longest())
 
-    def to_json(self) -> dict[str, object]:
-        """Plain JSON values; RaggedSpec.from_json inverts it."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for key, value in out.items():
-            if isinstance(value, enum.Enum):
-                out[key] = value.value
-            elif isinstance(value, tuple):
-                out[key] = list(value)
-        return out
-
     @classmethod
-    def from_json(cls, data: dict[str, object]) -> RaggedSpec:
+    def from_json(cls, data: object, where: str = "") -> RaggedSpec:
         """The spec of to_json's JSON (fields left out keep their defaults); SpecError naming the first field
-        that does not fit RaggedSpecModel ('starts[2]'), or that validate() refuses."""
-        validate(RaggedSpecModel, data, root="spec")
-        enums = {"windows": RaggedWindows, "values": Values, "fp8": Fp8Flavour}
-        kwargs: dict[str, Any] = {k: enums[k](v) if k in enums else v for k, v in data.items()}
-        for key in ("starts", "ends", "contexts", "query_lens"):
-            if kwargs.get(key) is not None:
-                kwargs[key] = tuple(kwargs[key])
-        return cls(**kwargs).validate()
+        that does not fit ('starts[2]'), or that validate() refuses."""
+        return validate(cls, data, where, root="spec").validate()
+
+    def checked(self) -> None:
+        """The q and key bytes a case of this spec allocates, bounded (a spec read from JSON)."""
+        require(self.rows * self.heads * self.head_dim <= MAX_BYTES, "spec.rows", self.rows,
+                f"rows * heads * head_dim <= {MAX_BYTES}")
+        require(self.keys * self.head_dim <= MAX_BYTES, "spec.keys", self.keys, f"keys * head_dim <= {MAX_BYTES}")
 
 
 def _shown(values: tuple[int, ...] | None) -> str:
     return repr(values if values is None or len(values) <= 8 else [*values[:8], "..."])
-
-
-def _positions(what: str) -> Any:
-    return IntList(0, MAX_KEYS, MAX_ROWS, f"a list of {what} in [0, {MAX_KEYS}]")
-
-
-class RaggedSpecModel(Model):
-    """RaggedSpec as JSON (RaggedSpec.to_json); a field left out keeps its default."""
-
-    what: ClassVar[str] = "a JSON object of RaggedSpec fields"
-    name: Text(256, 1) = "random"
-    rows: Int(1, MAX_ROWS) = 8
-    keys: Int(1, MAX_KEYS) = 256
-    heads: Int(1, MAX_HEADS) = 32
-    head_dim: HeadDim = 64
-    windows: OneOf(RaggedWindows) = RaggedWindows.RANDOM.value
-    starts: _positions("window starts") | None = None
-    ends: _positions("window ends") | None = None
-    contexts: _positions("request contexts") | None = None
-    query_lens: _positions("request query lengths") | None = None
-    requests: Int(1, MAX_ROWS) = 2
-    values: OneOf(Values) = Values.NORMAL.value
-    fp8: OneOf(Fp8Flavour) = Fp8Flavour.E4M3FN.value
-    max_seqlen_k: Int(1, MAX_KEYS) | None = None
-    canaries: Bool = True
-
-    @model_validator(mode="after")
-    def _fits(self) -> RaggedSpecModel:
-        """The q and key bytes a case of this spec allocates, bounded."""
-        require(self.rows * self.heads * self.head_dim <= MAX_BYTES, "spec.rows", self.rows,
-                f"rows * heads * head_dim <= {MAX_BYTES}")
-        require(self.keys * self.head_dim <= MAX_BYTES, "spec.keys", self.keys, f"keys * head_dim <= {MAX_BYTES}")
-        return self
 
 
 # --------------------------------------------------------------------------- building

@@ -4,7 +4,9 @@ window-relative form's bound on windows), RaggedTiles, and encode_ragged."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -75,6 +77,29 @@ def test_save_load_round_trip(tmp_path):
     for field in ("q", "k", "k_scale", "weights", "k_start", "k_end"):
         assert torch.equal(getattr(back, field), getattr(case, field)), field
     assert (back.max_seqlen_k, back.fp8, back.meta, back.name) == (9, Fp8Flavour.E4M3FNUZ, {"seed": 3}, "t")
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "golden" / "ragged").glob("*.npz")),
+                         ids=lambda p: p.stem)
+def test_a_golden_case_saved_again_writes_its_own_meta(path, tmp_path):
+    with np.load(path) as z:
+        meta = json.loads(str(z["meta"]))
+    with np.load(RaggedCase.load(path).save(tmp_path / "again.npz")) as z:
+        assert json.loads(str(z["meta"])) == meta, "RaggedMeta writes the golden file's meta (a null max_seqlen_k too)"
+
+
+def test_a_meta_without_its_field_is_refused_at_save_and_a_bad_one_at_load(tmp_path):
+    with pytest.raises(SpecError) as info:
+        dataclasses.replace(_case(), meta={"colour": "red"}).save(tmp_path / "c.npz")
+    assert info.value.field == "meta" and info.value.value == ["colour"], f"{info.value}"
+    path = _case().save(tmp_path / "c.npz")
+    with np.load(path) as z:
+        arrays = dict(z)
+    arrays["meta"] = np.array(json.dumps({**json.loads(str(arrays["meta"])), "max_seqlen_k": 0}))
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(SpecError) as info:
+        RaggedCase.load(tmp_path / "bad.npz")
+    assert info.value.field.endswith("bad.npz meta.max_seqlen_k") and info.value.value == 0, f"{info.value}"
 
 
 def test_load_refuses_a_member_larger_than_the_meta_says_and_what_is_no_archive(tmp_path):

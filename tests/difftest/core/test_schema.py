@@ -41,6 +41,7 @@ from difftest.core.case_archive import ArchiveMeta, CaseMeta
 from difftest.core.contract import Siblings
 from difftest.core.errors import SpecError
 from difftest.core.kinds import ExitStatus, Isolation, SanitizerTool
+from difftest.core.ragged import RaggedMeta
 from difftest.core.schema import to_jsonable
 from difftest.core.spec import Stale, Values
 from difftest.core.topk import TopkMeta
@@ -54,6 +55,7 @@ from difftest.engine.sanitize import Finding, SanitizerReport
 from difftest.engine.stability import Stability, StabilityKind
 from difftest.engine.timing import Timing
 from difftest.generators import CaseSpec, build_case
+from difftest.generators.ragged import RaggedSpec
 from difftest.generators.topk import TopkSpec
 from difftest.matrix.definition import Exclude, Include, Suite, load_matrix
 from difftest.matrix.merge import Entry, MergedFile
@@ -237,7 +239,8 @@ def _folder() -> Path:
 
 RECORDS = [CaseResult, Comparison, Mismatch, Explanation, Relation, Example, Stability, SanitizerReport, Finding, Reach,
            Origin, Timing, Siblings, BackendSummary, SiblingRace, SiblingTime, CallMemory, CaseSpec, BundleInfo, Report,
-           Entry, MergedFile, Divergence, ArchiveMeta, CaseMeta, TopkSpec, TopkMeta, Suite, Include, Exclude]
+           Entry, MergedFile, Divergence, ArchiveMeta, CaseMeta, TopkSpec, TopkMeta, RaggedSpec,
+           RaggedMeta, Suite, Include, Exclude]
 
 
 def _bounded(annotation: Any) -> bool:
