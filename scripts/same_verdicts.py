@@ -9,6 +9,7 @@ different difftest versions compare. Exit status 1 when they differ.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import json
 import sys
@@ -39,4 +40,9 @@ def main(baseline: str, other: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:]))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog="exit status 0 when they hold the same results and counts, 1 when not")
+    parser.add_argument("baseline", help="a JSON report (difftest run --report, pytest --difftest-report)")
+    parser.add_argument("other", help="the JSON report to compare with it")
+    args = parser.parse_args()
+    sys.exit(main(args.baseline, args.other))
