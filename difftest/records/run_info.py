@@ -7,6 +7,7 @@ definition, read where a report or stream is (difftest.records.report.Report, di
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import ClassVar
 
@@ -21,6 +22,7 @@ from difftest.core.schema import (
     MAX_TEXT,
     Bool,
     Count,
+    Float,
     Int,
     ListOf,
     Model,
@@ -28,6 +30,7 @@ from difftest.core.schema import (
     Names,
     Number,
     OneOf,
+    Record,
     Rule,
     Seed,
     TableOf,
@@ -121,13 +124,16 @@ class SignatureInfoModel(Model):
     replay: Text(MAX_COMMAND) | None = None
 
 
-class PhasesModel(Model):
-    """Where a fuzz campaign's time went (difftest.workflows.fuzz.Phases)."""
+@dataclasses.dataclass(frozen=True)
+class Phases(Record):
+    """Where a fuzz campaign's time went, in seconds of its own clock (difftest.workflows.fuzz): its one
+    definition, what the campaign records and its run info's `phases`."""
 
-    what: ClassVar[str] = "a JSON object {cases, shrinking, total}"
-    cases: Number()
-    shrinking: Number()
-    total: Number()
+    what = "a JSON object {cases, shrinking, total}"
+    # from its start until the last case's result: drawing and running, workers started and stopped
+    cases: Float(0.0, math.inf)
+    shrinking: Float(0.0, math.inf)  # then bundling and shrinking the signatures found
+    total: Float(0.0, math.inf)  # the whole campaign
 
 
 class CampaignInfoModel(Model):
@@ -136,7 +142,7 @@ class CampaignInfoModel(Model):
     what: ClassVar[str] = "a JSON object of campaign fields"
     shrink_seconds: Number()
     jobs: Int(1, 1 << 16) = 1
-    phases: PhasesModel
+    phases: Phases
     bundles: Text() | None = None
     signatures: ListOf(SignatureInfoModel, MAX_ITEMS, "a list of signatures") = Field(default_factory=list)
 

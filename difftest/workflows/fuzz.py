@@ -85,6 +85,7 @@ from difftest.generators.regime import Regime
 from difftest.records.commands import backend_target, case_command, replay_command, run_command
 from difftest.records.outputs import BundleOutput, JUnitOutput, Outputs, ReportOutput, StreamOutput
 from difftest.records.report import config_info, environment_info
+from difftest.records.run_info import Phases
 from difftest.workflows.running import run
 from difftest.workflows.shrink import ShrinkResult, shrink
 from difftest.workflows.signatures import Signature, Variants, signature
@@ -176,15 +177,6 @@ class Found:
     def target(self) -> str:
         """What names its backend on a command line: a registered name or 'package.module:object'."""
         return backend_target(self.origin, self.signature.backend)
-
-
-@dataclasses.dataclass(frozen=True)
-class Phases:
-    """Where a campaign's time went, in seconds of its own clock."""
-
-    cases: float  # from its start until the last case's result: drawing and running, workers started and stopped
-    shrinking: float  # then bundling and shrinking the signatures found
-    total: float  # the whole campaign
 
 
 @dataclasses.dataclass(frozen=True)
@@ -927,7 +919,7 @@ def campaign_info(campaign: Campaign, outcome: CampaignOutcome, started: float) 
             "cases": outcome.cases, "device": campaign.config.device, **environment_info(started),
             "seconds": round(phases.total, 3), **config_info(campaign.config), "budget": campaign.budget,
             "campaign": {"shrink_seconds": campaign.shrink_budget, "jobs": outcome.jobs,
-                         "phases": dataclasses.asdict(phases),
+                         "phases": phases.to_json(),
                          "bundles": str(outcome.bundles) if outcome.bundles else None,
                          "signatures": [_found_info(found, campaign.config) for found in outcome.found]}}
 

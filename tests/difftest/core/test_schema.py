@@ -62,6 +62,7 @@ from difftest.matrix.merge import Entry, MergedFile
 from difftest.records.bundle import CASE_FILE, INFO_FILE, BundleInfo, load_bundle, write_bundle
 from difftest.records.ledger import Divergence, LedgerSpecModel, load_ledger
 from difftest.records.report import BackendSummary, Report, write_json
+from difftest.records.run_info import Phases
 from difftest.records.serialize import ResultStream, load_results
 from tests import planted
 from tests.support import TINY, run_cli
@@ -240,7 +241,7 @@ def _folder() -> Path:
 RECORDS = [CaseResult, Comparison, Mismatch, Explanation, Relation, Example, Stability, SanitizerReport, Finding, Reach,
            Origin, Timing, Siblings, BackendSummary, SiblingRace, SiblingTime, CallMemory, CaseSpec, BundleInfo, Report,
            Entry, MergedFile, Divergence, ArchiveMeta, CaseMeta, TopkSpec, TopkMeta, RaggedSpec,
-           RaggedMeta, Suite, Include, Exclude]
+           RaggedMeta, Suite, Include, Exclude, Phases]
 
 
 def _bounded(annotation: Any) -> bool:

@@ -24,8 +24,9 @@ from difftest.generators import build_case
 from difftest.records.bundle import INFO_FILE, load_bundle, write_bundle
 from difftest.records.commands import run_command
 from difftest.records.report import render_failures
+from difftest.records.run_info import Phases
 from difftest.workflows import checking, session
-from difftest.workflows.fuzz import CampaignOutcome, Found, Phases, render_campaign
+from difftest.workflows.fuzz import CampaignOutcome, Found, render_campaign
 from difftest.workflows.replay import render_replay
 from difftest.workflows.shrink import ShrinkResult
 from difftest.workflows.signatures import signature

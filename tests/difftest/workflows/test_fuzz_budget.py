@@ -15,6 +15,7 @@ from difftest.core.kinds import ExitStatus
 from difftest.engine.config import RunConfig
 from difftest.generators import build_case
 from difftest.generators.regime import Regime
+from difftest.records.run_info import Phases
 from difftest.records.serialize import load_results, load_run_info
 from difftest.workflows.fuzz import SHRINK_SHARE, Campaign, fuzz, render_campaign
 from difftest.workflows.running import run_one
@@ -69,6 +70,7 @@ def test_the_report_holds_every_result_and_the_signatures_with_their_variants(sl
     assert len(load_results(report, "report")) == len(outcome.results)
     [info] = load_run_info(report, "report")
     campaign = info["campaign"]
+    assert Phases.from_json(campaign["phases"], "campaign.phases.") == outcome.phases, "its phases read back"
     sign = campaign["signatures"][0]
     assert len(campaign["signatures"]) == len(outcome.found)
     assert (sign["backend"], sign["verdict"], sign["results"]) == ("planted-slow-last-column", "FAIL(mask)",
