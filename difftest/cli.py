@@ -22,6 +22,7 @@ from difftest import __version__
 from difftest.core import lifetime
 from difftest.core.errors import Interrupted, OutputError, SpecError
 from difftest.core.kinds import (
+    OperationKind,
     CacheLayout,
     CaseKind,
     CiSystem,
@@ -121,6 +122,7 @@ def _enum(kind: type[enum.Enum]) -> Callable[[str], enum.Enum]:
 def _add_run(commands: argparse._SubParsersAction) -> None:
     # No abbreviated options: a --gpus run hands its command line to its children less a few options.
     run = commands.add_parser("run", help="run cases through backends and compare with the oracle", allow_abbrev=False)
+    _add_operation(run)
     _add_backend_choice(run)
     run.add_argument("--cases", type=_enum(CaseKind), default=CaseKind.ENVELOPE,
                      help="envelope: cases inside each backend's declared envelope at this device's scale "
@@ -183,6 +185,27 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
                      help="spread the cases over N child processes, one GPU each (shard I of N on entry I of "
                           "CUDA_VISIBLE_DEVICES, else on GPU I), merged in plan order into one table, --report and "
                           "--stream (written when the children end); --device cuda only; not with --resume or --shard")
+
+
+def _add_operation(command: argparse.ArgumentParser) -> None:
+    """--op, as `run` and `fuzz` take it."""
+    command.add_argument("--op", type=_enum(OperationKind), default=OperationKind.PAGED_LOGITS,
+                         help="the indexer stage to test: paged-logits (decode), ragged-logits (prefill), topk, "
+                              "indexer (a logits backend then a top-k backend) (default: paged-logits)")
+
+
+# Options of `run` and `fuzz` that only the paged-logits operation takes (its own engine's), by destination.
+PAGED_ONLY = ("spec", "next_n", "block_sizes", "batch", "max_model_len", "heads", "head_dim", "junit", "ledger",
+              "resume", "shard", "gpus", "time", "fail_slow", "sanitize", "encoding", "layout", "backend_module",
+              "case_filter", "max_batch", "max_context", "block_size", "shrink_seconds")
+
+
+def _paged_only(args: argparse.Namespace, also: tuple[str, ...] = ()) -> None:
+    """SpecError naming the first option given that an operation other than paged logits does not take."""
+    for dest in PAGED_ONLY + also:
+        if getattr(args, dest, None) not in (None, False, [], ()):
+            raise SpecError("--" + dest.replace("_", "-"), getattr(args, dest),
+                            f"an option of --op paged-logits only, not of --op {args.op.value}")
 
 
 def _add_backend_choice(command: argparse.ArgumentParser) -> None:
@@ -269,6 +292,7 @@ def _add_fuzz(commands: argparse._SubParsersAction) -> None:
     fuzz.add_argument("--budget", type=_duration, required=True,
                       help="how long the whole campaign takes, shrinking included: 90s, 10m, 1h")
     fuzz.add_argument("--until-failures", type=int, metavar="N", help="stop drawing at N distinct failure signatures")
+    _add_operation(fuzz)
     _add_backend_choice(fuzz)
     fuzz.add_argument("--device", type=_enum(Device), default=Device.CPU, help="cpu or cuda (default: cpu)")
     fuzz.add_argument("--seed", type=int, default=0)
@@ -535,9 +559,11 @@ def _reader_left(status: int) -> int:
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
-    """`difftest backends`: every registered backend and whether it runs here."""
+    """`difftest backends`: every backend, grouped by operation, and whether it runs here."""
     from difftest.backends import available_names, get_backends  # deferred: loads torch
+    from difftest.operations import OPERATIONS  # deferred: loads torch
 
+    print(f"{OperationKind.PAGED_LOGITS.value}: {OPERATIONS[OperationKind.PAGED_LOGITS].summary}")
     for name in available_names():
         try:
             backend = get_backends([name])[0]
@@ -548,7 +574,15 @@ def cmd_backends(args: argparse.Namespace) -> int:
         except SpecError as exc:
             reason, detail = str(exc), ""
         status = "available" if reason is None else f"unavailable: {reason}"
-        print(f"{name:<28} {status}" + (f"  [{detail}]" if detail else ""))
+        print(f"  {name:<40} {status}" + (f"  [{detail}]" if detail else ""))
+    for kind, op in OPERATIONS.items():
+        if kind != OperationKind.PAGED_LOGITS:
+            print(f"\n{kind.value}: {op.summary}")
+            for name, make in op.backends().items():
+                backend = make()
+                reason = backend.unavailable_reason(args.device.value)
+                status = "available" if reason is None else f"unavailable: {reason}"
+                print(f"  {name:<40} {status}" + (f"  [{backend.contract.library}]" if reason is None else ""))
     return ExitStatus.OK
 
 
@@ -556,8 +590,41 @@ def cmd_run(args: argparse.Namespace, shard_envs: list[dict[str, str]] | None = 
     """`difftest run`. With --gpus, or with `shard_envs` (what each child's environment adds; how the
     tests spread a CPU run), the cases are spread over child processes, one shard each."""
     args = _with_project_defaults(args)
+    if args.op != OperationKind.PAGED_LOGITS:
+        return _run_operation(args)
     with _claimed(args.junit, "junit"):
         return _run_and_print(args, shard_envs)
+
+
+def _run_operation(args: argparse.Namespace) -> int:
+    """`difftest run --op X` for an operation other than paged logits."""
+    from difftest.workflows.operation_session import OperationRequest, execute_operation  # deferred: loads torch
+
+    _paged_only(args)
+    request = OperationRequest(operation=args.op, cases=args.cases, seed=args.seed, count=args.count or 1,
+                               backends=args.backends, config=_run_config(args), report=args.report,
+                               stream=args.stream, repro_dir=args.repro_dir, budget=args.budget, argv=tuple(args.argv))
+    outcome = execute_operation(request)
+    _print_operation(outcome.results, args.verbose)
+    if outcome.not_started:
+        print(f"\nbudget spent: {len(outcome.not_started)} planned cases not started (listed in the report)")
+    if args.report:
+        print(f"\nreport: {args.report}")
+    if outcome.bundles:
+        print(f"\nreproducers: {outcome.bundles} bundle(s) under {args.repro_dir} (difftest replay BUNDLE)")
+    return ExitStatus.FAILED if outcome.failed else ExitStatus.OK
+
+
+def _print_operation(results: list[CaseResult], verbose: bool) -> None:
+    """The table, every result when `verbose`, the failures."""
+    from difftest.records import report  # deferred: loads torch
+
+    print(report.render_table(report.summarize(results)))
+    if verbose:
+        print("\n" + report.render_results(results))
+    failures = report.render_failures(results, limit=len(results) if verbose else 20)
+    if failures:
+        print("\n" + failures)
 
 
 @contextlib.contextmanager
@@ -742,7 +809,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from difftest.workflows.replay import render_replay, replay  # deferred: loads torch
 
     bundle = _bundle_here(args.bundle)
-    result = replay(bundle, _bundle_backend(args, bundle), isolate=args.isolate)  # type: ignore[arg-type]
+    if bundle.operation != OperationKind.PAGED_LOGITS:
+        from difftest.workflows.operation_session import replay_operation  # deferred: loads torch
+
+        result = replay_operation(bundle, args.backends[0] if args.backends else None)
+    else:
+        result = replay(bundle, _bundle_backend(args, bundle), isolate=args.isolate)  # type: ignore[arg-type]
     print(render_replay(bundle, result))
     if result.verdict == Verdict.SKIP:
         print(f"difftest: error: the replay tested nothing: {result.backend} skipped the case here: {result.reason}",
@@ -767,11 +839,28 @@ def cmd_shrink(args: argparse.Namespace) -> int:
     from difftest.workflows.shrink import shrink  # deferred: loads torch
 
     bundle = _bundle_here(args.bundle)
+    if bundle.operation != OperationKind.PAGED_LOGITS:
+        return _shrink_operation(args, bundle)
     backend = as_loaded(_bundle_backend(args, bundle))
     found = shrink(bundle, backend, bundle.config, args.seconds)
     folder = write_bundle(args.out or bundle.path.parent, found.case, found.result, bundle.config, backend.origin,
                           backend.contract.library, field="--out" if args.out else "bundle")
     print(f"{found.summary(backend.origin.target or backend.name, bundle.config)}\nbundle: {folder}")
+    return ExitStatus.OK
+
+
+def _shrink_operation(args: argparse.Namespace, bundle: Bundle) -> int:
+    """`difftest shrink` of a bundle of an operation other than paged logits."""
+    from difftest.backends import Origin  # deferred: loads torch
+    from difftest.records.bundle import write_bundle  # deferred: loads torch
+    from difftest.workflows.operation_session import shrink_operation  # deferred: loads torch
+
+    found = shrink_operation(bundle, args.seconds, args.backends[0] if args.backends else None)
+    folder = write_bundle(args.out or bundle.path.parent, found.case, found.result, bundle.config,
+                          Origin(found.result.backend, registered=True), found.result.library,
+                          field="--out" if args.out else "bundle")
+    print(f"shrunk {bundle.case.describe()}\n    to {found.case.describe()}: {found.result.verdict.value}: "
+          f"{found.result.headline}\nbundle: {folder}")
     return ExitStatus.OK
 
 
@@ -845,6 +934,8 @@ def _matrix_merge(args: argparse.Namespace) -> int:
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
     """`difftest fuzz`: exit 1 when the campaign found a failure."""
+    if args.op != OperationKind.PAGED_LOGITS:
+        return _fuzz_operation(args)
     from difftest.generators.regime import Regime  # deferred: with the campaign, below
     from difftest.records import report  # deferred: loads torch and the runner
     from difftest.workflows import fuzz  # deferred: loads torch and the runner
@@ -872,6 +963,23 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     for field, path in outcome.written.items():
         print(f"{field}: {path}")
     return ExitStatus.FAILED if outcome.found or outcome.lost_jobs else ExitStatus.OK
+
+
+def _fuzz_operation(args: argparse.Namespace) -> int:
+    """`difftest fuzz --op X` for an operation other than paged logits: exit 1 when it found a failure."""
+    from difftest.workflows.operation_session import OperationCampaign, fuzz_operation  # deferred: loads torch
+
+    _paged_only(args, also=("stream", "junit"))
+    campaign = OperationCampaign(operation=args.op, budget=args.budget, seed=args.seed, backends=args.backends,
+                                 config=_run_config(args), repro_dir=args.repro_dir, report=args.report,
+                                 until_failures=args.until_failures, argv=tuple(args.argv))
+    outcome = fuzz_operation(campaign)
+    _print_operation(outcome.results, args.verbose)
+    print(f"\n{args.op.value} fuzz: {len(outcome.results)} results, {sum(r.verdict.failed for r in outcome.results)} "
+          f"failing" + (f", {outcome.bundles} bundle(s) under {args.repro_dir}" if outcome.bundles else ""))
+    if args.report:
+        print(f"report: {args.report}")
+    return ExitStatus.FAILED if outcome.failed else ExitStatus.OK
 
 
 def _run_config(args: argparse.Namespace, **more: object) -> RunConfig:

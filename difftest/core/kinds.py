@@ -89,6 +89,22 @@ class Isolation(str, enum.Enum):
     IN_PROCESS = "in-process"  # the run's own process (the result's isolation note says why, when isolation was asked)
 
 
+class OperationKind(str, enum.Enum):
+    """Which stage of the indexer a run tests (difftest.core.operation.Operation; docs/writing-an-operation.md)."""
+
+    PAGED_LOGITS = "paged-logits"  # decode: paged MQA logits (the engine's first operation)
+    RAGGED_LOGITS = "ragged-logits"  # prefill: MQA logits over each query's key window
+    TOPK = "topk"  # the k largest logits of each row's window, as indices
+    INDEXER = "indexer"  # a logits kernel followed by a top-k kernel: the token set the sparse attention reads
+
+
+class Headline(str, enum.Enum):
+    """A number a report leads with for an operation."""
+
+    MASK = "mask"  # rows whose -inf mask is wrong
+    SELECTION = "selection"  # rows whose selected token set is wrong, and by how many tokens
+
+
 class CaseKind(str, enum.Enum):
     """Which cases a suite draws."""
 

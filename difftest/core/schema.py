@@ -39,6 +39,7 @@ from pydantic_core import PydanticCustomError
 from difftest.core.errors import SpecError
 from difftest.core.hardware import DeviceKind, available_memory
 from difftest.core.kinds import (
+    OperationKind,
     CacheLayout,
     CaseKind,
     Device,
@@ -527,6 +528,17 @@ class CallMemoryModel(Model):
     ran_out: Bool = False
 
 
+class SelectionModel(Model):
+    """difftest.engine.result.Selection: a top-k stage's selected set against the oracle's."""
+
+    what: ClassVar[str] = "a JSON object of Selection fields"
+    rows: Int(0, MAX_ROWS)
+    wrong_rows: Rows
+    wrong_tokens: Count
+    symptoms: TableOf(OneOf(Verdict), Rows, "a table of verdict -> rows")
+    first: Text() | None = None
+
+
 class ResultModel(Model):
     """difftest.engine.result.CaseResult as serialize.to_jsonable writes it."""
 
@@ -537,8 +549,8 @@ class ResultModel(Model):
     rows: Int(0, MAX_ROWS)
     verdict: Verdicts
     device: Devices
-    encoding: OneOf(LengthEncoding)
-    layout: OneOf(CacheLayout)
+    encoding: OneOf(LengthEncoding) | None  # None: an operation other than paged logits
+    layout: OneOf(CacheLayout) | None
     overridden: Bool
     seconds: Number(0.0, math.inf)
     comparison: ComparisonModel | None = None
@@ -556,6 +568,21 @@ class ResultModel(Model):
     library: Text() = ""  # reports written before it have none
     traceback: Text(MAX_TRACEBACK) | None = None
     memory: CallMemoryModel | None = None  # reports written before it have none
+    operation: OneOf(OperationKind) = OperationKind.PAGED_LOGITS.value  # reports written before it: paged logits
+    selection: SelectionModel | None = None
+    headline: Text() | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _spec_of_its_operation(cls, data: Any) -> Any:
+        """A paged-logits result's spec is a CaseSpec (SpecModel); another operation's is its own spec's JSON,
+        checked here as a JSON object only (its operation's from_json reads it)."""
+        if isinstance(data, dict) and data.get("operation", OperationKind.PAGED_LOGITS.value) != \
+                OperationKind.PAGED_LOGITS.value and data.get("spec") is not None:
+            if not (type(data["spec"]) is dict and len(data["spec"]) <= 64):
+                raise SpecError("spec", shown(data["spec"]), "a JSON object of at most 64 spec fields")
+            data = {key: value for key, value in data.items() if key != "spec"}
+        return data
 
 
 class OmittedModel(Model):
@@ -687,6 +714,7 @@ class RunInfoModel(Model):
     oracle: OneOf(OracleKind) | None = None
     cases_kind: OneOf(CaseKind) | None = None
     budget: Number(0.0, math.inf) | None = None
+    operation: OneOf(OperationKind) | None = None  # runs of paged logits (and those before operations) have none
     case_filter: ListOf(Text(MAX_NAME), MAX_ITEMS, "a list of fnmatch patterns") | None = None
     shard: Text(64) | None = None
     resumed_from: Text(MAX_TEXT) | None = None
@@ -723,6 +751,11 @@ class SummaryModel(Model):
     kernel_seconds: Number(0.0, math.inf) | None = None
     timed_region: OneOf(TimedRegion) | None = None
     library: Text() = ""  # reports written before it have none
+    # Reports written before operations have none of these (paged logits).
+    operation: OneOf(OperationKind) = OperationKind.PAGED_LOGITS.value
+    selected_rows: Count = 0
+    set_rows: Count = 0
+    wrong_tokens: Count = 0
 
 
 class SiblingTimeModel(Model):
@@ -816,6 +849,9 @@ class BundleInfoModel(Model):
     python: Text(MAX_NAME) = ""
     gpu: Text(MAX_NAME) | None = None
     replay: Text(MAX_COMMAND) = ""
+    operation: OneOf(OperationKind) = OperationKind.PAGED_LOGITS.value  # bundles written before it: paged logits
+    headline: Text() | None = None
+    selection: SelectionModel | None = None
 
 
 class CaseMetaModel(Model):

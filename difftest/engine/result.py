@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from difftest.core.kinds import CacheLayout, Isolation, LengthEncoding
+from difftest.core.kinds import CacheLayout, Isolation, LengthEncoding, OperationKind
 from difftest.core.verdict import Verdict
 from difftest.engine.comparison import Comparison
 from difftest.engine.sanitize import SanitizerReport
@@ -36,6 +36,27 @@ class CallMemory:
 
 
 @dataclasses.dataclass(frozen=True)
+class Selection:
+    """What a top-k stage selected against the oracle's tie-aware top-k: the selected-set headline."""
+
+    rows: int
+    wrong_rows: tuple[int, ...]  # rows whose selected set is wrong
+    wrong_tokens: int  # over those rows: tokens the right set holds and the selection lacks
+    symptoms: dict[str, tuple[int, ...]]  # verdict value -> the rows showing it (a row may show several)
+    first: str | None = None  # the first wrong row, described
+
+
+@dataclasses.dataclass(frozen=True)
+class Judgement:
+    """An operation's judgement of one output (difftest.core.operation.Operation.judge)."""
+
+    verdict: Verdict
+    headline: str
+    comparison: Comparison | None = None  # the logits stage's row-by-row comparison (logits operations)
+    selection: Selection | None = None  # the top-k stage's (top-k operations)
+
+
+@dataclasses.dataclass(frozen=True)
 class CaseResult:
     """One backend on one case."""
 
@@ -45,8 +66,8 @@ class CaseResult:
     rows: int
     verdict: Verdict
     device: str
-    encoding: LengthEncoding  # the length encoding the backend was handed
-    layout: CacheLayout
+    encoding: LengthEncoding | None  # the length encoding the backend was handed (None: not a paged operation)
+    layout: CacheLayout | None
     overridden: bool  # True when a what-if encoding/layout replaced the backend's declared one
     seconds: float
     comparison: Comparison | None = None
@@ -66,3 +87,6 @@ class CaseResult:
     # process under isolation): the backend's frames, innermost last (difftest.engine.guards.formatted_traceback).
     traceback: str | None = None
     memory: CallMemory | None = None  # set where memory shaped the call: measured, run alone, retried or skipped
+    operation: OperationKind = OperationKind.PAGED_LOGITS  # what was tested; reports written before it: paged
+    selection: Selection | None = None  # a top-k stage's selected set against the oracle's
+    headline: str | None = None  # an operation's one-line judgement (paged logits: None, the comparison says it)

@@ -24,11 +24,12 @@ from difftest.backends import Origin
 from difftest.core.case import Case
 from difftest.core.errors import OutputError, SpecError, require
 from difftest.core.files import atomic_write, sync_folder
-from difftest.core.kinds import CacheLayout, LengthEncoding, OracleKind
+from difftest.core.kinds import CacheLayout, LengthEncoding, OperationKind, OracleKind
 from difftest.core.schema import BundleInfoModel, one_line, parse_json, read_text, shown, validate
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
 from difftest.engine.result import CaseResult
+from difftest.operations import operation
 from difftest.records.commands import replay_command
 from difftest.records.serialize import to_jsonable
 
@@ -41,12 +42,13 @@ class Bundle:
     """A loaded bundle: the case, how it was run, and what it gave then."""
 
     path: Path
-    case: Case
+    case: Case | Any  # the operation's own case (a Case for paged logits)
     backend: str
     origin: Origin  # where the backend was loaded from when the bundle was written
     config: RunConfig
     verdict: Verdict
     info: dict[str, Any]
+    operation: OperationKind = OperationKind.PAGED_LOGITS
 
 
 def bundle_name(result: CaseResult) -> str:
@@ -73,6 +75,9 @@ def write_bundle(directory: str | Path, case: Case, result: CaseResult, config: 
         raise OutputError(field, folder, f"cannot write: {exc.strerror or exc}") from None
     info = {
         "backend": result.backend, "origin": to_jsonable(origin), "library": library,
+        **({} if result.operation == OperationKind.PAGED_LOGITS else
+           {"operation": result.operation.value, "headline": result.headline,
+            "selection": to_jsonable(result.selection)}),
         "device": config.device, "encoding_override": config.encoding.value if config.encoding else None,
         "layout_override": config.layout.value if config.layout else None,
         "isolate": config.isolate, "timeout": config.timeout, "startup_timeout": config.startup_timeout,
@@ -130,7 +135,8 @@ def load_bundle(path: str | Path) -> Bundle:
     except ValueError as exc:
         raise SpecError(one_line(str(info_path)), shown(text, 80), f"a JSON object of bundle fields ({exc})") from None
     validate(BundleInfoModel, info, f"{info_path} ")
-    case = Case.load(folder / CASE_FILE)
+    kind = OperationKind(info.get("operation", OperationKind.PAGED_LOGITS.value))
+    case = operation(kind).load_case(folder / CASE_FILE)
     require(case.name == info["case"], one_line(f"{info_path} case"), info["case"],
             f"the name of the case in {CASE_FILE}, {case.name!r}")
     encoding, layout = info.get("encoding_override"), info.get("layout_override")
@@ -141,4 +147,5 @@ def load_bundle(path: str | Path) -> Bundle:
                        repeat=info.get("repeat", 1),
                        startup_timeout=info.get("startup_timeout", RunConfig().startup_timeout))
     return Bundle(path=folder, case=case, backend=info["backend"],
-                  origin=Origin(**info["origin"]), config=config, verdict=Verdict(info["verdict"]), info=info)
+                  origin=Origin(**info["origin"]), config=config, verdict=Verdict(info["verdict"]), info=info,
+                  operation=kind)

@@ -20,7 +20,7 @@ import torch
 
 from difftest import __version__
 from difftest.core.files import atomic_write
-from difftest.core.kinds import TimedRegion
+from difftest.core.kinds import Headline, OperationKind, TimedRegion
 from difftest.core.verdict import Verdict, worst
 from difftest.engine.comparison import STRIP_LEGEND, Comparison
 from difftest.engine.config import RunConfig
@@ -28,6 +28,7 @@ from difftest.engine.explain import Example, Explanation, Pattern, Relation, Rou
 from difftest.engine.performance import format_seconds, races
 from difftest.engine.plan import EnvelopePlan
 from difftest.engine.result import CaseResult
+from difftest.operations import operation
 from difftest.engine.stability import Stability, StabilityKind
 from difftest.records.serialize import to_jsonable
 
@@ -54,6 +55,10 @@ class BackendSummary:
     # What it loaded (Contract.library), as its results name it; '; '-joined where they name several (a
     # resumed run whose earlier part loaded another version).
     library: str = ""
+    operation: OperationKind = OperationKind.PAGED_LOGITS
+    selected_rows: int = 0  # rows a top-k stage selected for (the selected-set headline's denominator)
+    set_rows: int = 0  # rows whose selected set is wrong: the top-k headline's numerator
+    wrong_tokens: int = 0  # tokens the right sets hold and the selections lack, over those rows
 
 
 def summarize(results: list[CaseResult]) -> list[BackendSummary]:
@@ -76,7 +81,15 @@ def _summary(name: str, results: list[CaseResult]) -> BackendSummary:
         verdict=overall, counts=counts,
         skip_reasons=sorted({r.reason or "" for r in results if r.verdict == Verdict.SKIP}),
         stability=_least_stable([r.stability for r in results if r.stability is not None]),
-        library="; ".join(dict.fromkeys(r.library for r in results if r.library)), **_times(ran))
+        library="; ".join(dict.fromkeys(r.library for r in results if r.library)), **_times(ran),
+        operation=results[0].operation, **_selected(results))
+
+
+def _selected(results: list[CaseResult]) -> dict[str, int]:
+    """The selected-set columns of a backend's summary, over the results a top-k stage judged."""
+    selections = [r.selection for r in results if r.selection is not None]
+    return dict(selected_rows=sum(s.rows for s in selections), set_rows=sum(len(s.wrong_rows) for s in selections),
+                wrong_tokens=sum(s.wrong_tokens for s in selections))
 
 
 def _times(ran: list[CaseResult]) -> dict[str, Any]:
@@ -103,7 +116,11 @@ def headline(summary: BackendSummary) -> str:
 
 def render_table(summaries: list[BackendSummary]) -> str:
     """The fixed-width table `difftest run` ends with: the time columns are each backend's calls,
-    total and per case, and under --time the median kernel launch; then what each backend loaded."""
+    total and per case, and under --time the median kernel launch; then what each backend loaded. The
+    headline columns are those of the operations tested (Operation.headlines): the -inf-mask mismatch of a
+    logits stage, the wrong selected sets (and tokens off) of a top-k stage."""
+    if any(s.operation != OperationKind.PAGED_LOGITS for s in summaries):
+        return _operation_table(summaries)
     timed = any(s.kernel_seconds is not None for s in summaries)
     header = (f"{'backend':<28} {'cases':>5} {'rows':>6}  {'-inf-mask mismatch':<18}  "
               f"{'max rel err':>11}  {'top-k overlap':>13}  {'time':>8} {'per case':>8}  "
@@ -124,6 +141,30 @@ def render_table(summaries: list[BackendSummary]) -> str:
         lines.append(WHOLE_CALL_NOTE)
     if any(s.rows and s.topk_overlap is None for s in summaries):
         lines.append(TOPK_NA_NOTE)
+    return "\n".join(lines + _library_lines(summaries))
+
+
+def headlines(kind: OperationKind) -> tuple[Headline, ...]:
+    """The headline columns an operation declares (difftest.operations)."""
+    return operation(kind).headlines
+
+
+def _operation_table(summaries: list[BackendSummary]) -> str:
+    """The table of a run of operations other than paged logits: the operation, its headline columns ('-' where
+    an operation has no such stage), the largest relative error of a logits stage, the verdict."""
+    lines = [f"{'backend':<30} {'operation':<13} {'cases':>5} {'rows':>6}  {'-inf-mask mismatch':<18}  "
+             f"{'wrong set (tokens)':<20}  {'max rel err':>11}  verdict"]
+    for s in summaries:
+        heads = headlines(s.operation)
+        mask = f"{s.mask_rows}/{s.rows}" if s.cases and Headline.MASK in heads else "-"
+        chosen = f"{s.set_rows}/{s.selected_rows} ({s.wrong_tokens})" if s.cases and Headline.SELECTION in heads \
+            else "-"
+        err = "-" if not s.rows else f"{s.max_rel_err:.2e}" if s.max_rel_err else "0"
+        verdict = s.verdict.value if s.verdict != Verdict.PASS or not s.skipped else f"PASS ({s.skipped} skipped)"
+        if s.verdict == Verdict.SKIP:
+            verdict = f"SKIP: {s.skip_reasons[0] if s.skip_reasons else ''}"
+        lines.append(f"{s.backend:<30} {s.operation.value:<13} {s.cases:>5} {max(s.rows, s.selected_rows):>6}  "
+                     f"{mask:<18}  {chosen:<20}  {err:>11}  {verdict}")
     return "\n".join(lines + _library_lines(summaries))
 
 
@@ -173,8 +214,9 @@ def render_failures(results: list[CaseResult], limit: int = 20,
     it again, where `repro` (by backend and case) has one (difftest.records.commands)."""
     lines = []
     for r in [r for r in results if r.verdict.failed][:limit]:
-        lines.append(f"{r.backend} on {r.case} [{r.description}]: {r.verdict.value} "
-                     f"(encoding {r.encoding.value}{', overridden' if r.overridden else ''})")
+        fed = f"encoding {r.encoding.value}{', overridden' if r.overridden else ''}" if r.encoding else \
+            r.operation.value
+        lines.append(f"{r.backend} on {r.case} [{r.description}]: {r.verdict.value} ({fed})")
         again = (repro or {}).get((r.backend, r.case))
         repro_lines = [f"repro: {again}"] if again else []
         lines += [f"    {line}" for line in _comparison_lines(r) + _traceback_lines(r, whole_tracebacks)
@@ -193,6 +235,8 @@ def render_results(results: list[CaseResult]) -> str:
 
 
 def _comparison_lines(r: CaseResult) -> list[str]:
+    if r.headline is not None:  # an operation's own judgement, in one line
+        return [r.headline] + ([f"selection: {r.selection.first}"] if r.selection and r.selection.first else [])
     if r.comparison is None:
         return [r.reason or ""]
     c = r.comparison

@@ -20,7 +20,15 @@ from typing import Any
 from difftest.core.contract import Siblings
 from difftest.core.errors import OutputError, SpecError
 from difftest.core.files import cannot_write, open_regular, regular_target
-from difftest.core.kinds import CacheLayout, Isolation, LengthEncoding, SanitizerTool, TimedRegion, TimingMethod
+from difftest.core.kinds import (
+    CacheLayout,
+    Isolation,
+    LengthEncoding,
+    OperationKind,
+    SanitizerTool,
+    TimedRegion,
+    TimingMethod,
+)
 from difftest.core.schema import (
     STREAM_TEXT,
     ReportModel,
@@ -34,7 +42,7 @@ from difftest.core.schema import (
 from difftest.core.verdict import Mismatch, Verdict
 from difftest.engine.comparison import Comparison
 from difftest.engine.explain import LEGACY_PATTERNS, Example, Explanation, Pattern, Relation, Rounding
-from difftest.engine.result import CallMemory, CaseResult, Reach
+from difftest.engine.result import CallMemory, CaseResult, Reach, Selection
 from difftest.engine.sanitize import Finding, SanitizerReport
 from difftest.engine.stability import Stability, StabilityKind
 from difftest.engine.timing import Timing
@@ -68,7 +76,9 @@ def _built(data: dict[str, Any]) -> CaseResult:
     """The CaseResult of `data`, which fits ResultModel."""
     nested = {
         "verdict": Verdict(data["verdict"]), "seconds": float(data["seconds"]),
-        "encoding": LengthEncoding(data["encoding"]), "layout": CacheLayout(data["layout"]),
+        "encoding": _maybe(LengthEncoding, data["encoding"]), "layout": _maybe(CacheLayout, data["layout"]),
+        "operation": OperationKind(data.get("operation", OperationKind.PAGED_LOGITS.value)),
+        "selection": _maybe(selection_from_json, data.get("selection")),
         "isolation": _maybe(Isolation, data.get("isolation")),
         "comparison": _maybe(_comparison, data.get("comparison")),
         "mutated_inputs": tuple(data.get("mutated_inputs", ())),
@@ -93,6 +103,12 @@ def _comparison(data: dict[str, Any]) -> Comparison:
     return Comparison(**{**data, **floats, "first_mismatch": first, "verdict": Verdict(data["verdict"]),
                          "topk_overlap": _maybe(float, data["topk_overlap"]), "mask_limits": limits,
                          "explanation": _maybe(_explanation, data.get("explanation"))})
+
+
+def selection_from_json(data: dict[str, Any]) -> Selection:
+    """The Selection to_jsonable wrote."""
+    return Selection(**{**data, "wrong_rows": tuple(data["wrong_rows"]),
+                        "symptoms": {k: tuple(v) for k, v in data["symptoms"].items()}})
 
 
 def _explanation(data: dict[str, Any]) -> Explanation:
