@@ -22,13 +22,13 @@ from difftest import __version__
 from difftest.core import lifetime
 from difftest.core.errors import Interrupted, OutputError, SpecError
 from difftest.core.kinds import (
-    OperationKind,
     CacheLayout,
     CaseKind,
     CiSystem,
     Device,
     ExitStatus,
     LengthEncoding,
+    OperationKind,
     OracleKind,
     SanitizerTool,
 )

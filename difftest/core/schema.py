@@ -39,13 +39,13 @@ from pydantic_core import PydanticCustomError
 from difftest.core.errors import SpecError
 from difftest.core.hardware import DeviceKind, available_memory
 from difftest.core.kinds import (
-    OperationKind,
     CacheLayout,
     CaseKind,
     Device,
     Fp8Flavour,
     Isolation,
     LengthEncoding,
+    OperationKind,
     OracleKind,
     SanitizerTool,
     TimedRegion,

@@ -18,8 +18,9 @@ OPERATIONS: dict[OperationKind, Operation] = {op.kind: op for op in (PAGED_LOGIT
 def operation(kind: OperationKind | str) -> Operation:
     """The operation of `kind` (or its name); SpecError naming the operations there are."""
     names = [k.value for k in OPERATIONS]
-    require(isinstance(kind, OperationKind) or kind in names, "operation", kind, f"one of {names}")
-    return OPERATIONS[OperationKind(kind)]
+    value = kind.value if isinstance(kind, OperationKind) else kind
+    require(value in names, "operation", value, f"one of the operations registered: {names}")
+    return OPERATIONS[OperationKind(value)]
 
 
 __all__ = ["OPERATIONS", "operation"]

@@ -28,8 +28,8 @@ from difftest.engine.explain import Example, Explanation, Pattern, Relation, Rou
 from difftest.engine.performance import format_seconds, races
 from difftest.engine.plan import EnvelopePlan
 from difftest.engine.result import CaseResult
-from difftest.operations import operation
 from difftest.engine.stability import Stability, StabilityKind
+from difftest.operations import operation
 from difftest.records.serialize import to_jsonable
 
 

@@ -19,7 +19,7 @@ from difftest.core.errors import SpecError, first_line, require
 from difftest.core.kinds import CaseKind, OperationKind
 from difftest.core.operation import Operation
 from difftest.engine.config import RunConfig
-from difftest.engine.operation_run import Drawn, Named, run_operation, run_one
+from difftest.engine.operation_run import Drawn, Named, run_one, run_operation
 from difftest.engine.result import CaseResult
 from difftest.operations import operation
 from difftest.records.bundle import Bundle, write_bundle
