@@ -24,7 +24,7 @@ def test_every_registered_operation_is_found_by_its_name_and_declares_its_headli
 
 
 def test_an_operation_not_registered_is_one_line_naming_those_that_are():
-    with pytest.raises(SpecError, match="operation.*nonsense.*paged-logits"):
+    with pytest.raises(SpecError, match=r"operation.*nonsense.*paged-logits"):
         operation("nonsense")
 
 
