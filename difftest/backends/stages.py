@@ -1,8 +1,9 @@
 """The backends of each operation other than paged logits, by operation: the RAGGED_BACKENDS tables of the
 ragged (prefill) logits modules, the TOPK_BACKENDS tables of the top-k modules, and the compositions the
-indexer operation runs (a logits backend followed by a top-k backend, named by their names: data, not
-classes). The paged-logits backends are the registry's (difftest.backends.registry). Building a table imports
-no kernel library: each backend loads its library when it is first asked whether it runs.
+indexer operation runs (a paged logits backend followed by a top-k backend, named by their names: data, not
+classes; difftest.operations.indexer builds them). The paged-logits backends are the registry's
+(difftest.backends.registry). Building a table imports no kernel library: each backend loads its library when
+it is first asked whether it runs.
 """
 
 from __future__ import annotations
@@ -31,22 +32,30 @@ TOPK_TABLES = (torch_topk.TOPK_BACKENDS, flaggems_topk.TOPK_BACKENDS, vllm_topk.
 
 @dataclasses.dataclass(frozen=True)
 class Composition:
-    """An indexer as a serving engine composes it: the ragged logits backend `logits`, then the top-k
-    backend `topk` on its output (both names of the tables above)."""
+    """An indexer decode step as a serving engine composes it: the paged logits backend `logits` (a name of
+    the registry's), then the top-k backend `topk` (a name of TOPK_TABLES) on the logits it wrote."""
 
-    name: str
     logits: str
     topk: str
 
+    @property
+    def name(self) -> str:
+        """'deepgemm+vllm-persistent-topk': the composition's backend name."""
+        return f"{self.logits}+{self.topk}"
 
-# vLLM's prefill path (DeepGEMM fp8_mqa_logits, then top_k_per_row_prefill), SGLang's (its torch reference
-# logits, then its torch top-k), and the torch references end to end.
+
+# vLLM 0.33.0's decode paths on the H200 (DeepGEMM's paged logits, then cooperative_topk up to 64 rows,
+# persistent_topk beyond, top_k_per_row_decode as the last resort, or its torch debug reference), DeepGEMM
+# with SGLang's torch top-k, and the torch references end to end (the compositions the CPU runs).
 COMPOSITIONS = (
-    Composition("deepgemm-ragged+vllm-top-k-per-row-prefill", "deepgemm-ragged", "vllm-top-k-per-row-prefill"),
-    Composition("deepgemm-ragged+torch-topk", "deepgemm-ragged", "torch-topk"),
-    Composition("vllm-torch-ref-ragged+torch-topk", "vllm-torch-ref-ragged", "torch-topk"),
-    Composition("sglang-torch-ref-ragged+torch-topk", "sglang-torch-ref-ragged", "torch-topk"),
-    Composition("aiter-triton-ragged+torch-topk", "aiter-triton-ragged", "torch-topk"),
+    Composition("deepgemm", "vllm-cooperative-topk"),
+    Composition("deepgemm", "vllm-persistent-topk"),
+    Composition("deepgemm", "vllm-top-k-per-row-decode"),
+    Composition("deepgemm", "torch-topk-vllm"),
+    Composition("deepgemm", "torch-topk"),
+    Composition("deepgemm-flattened", "vllm-persistent-topk"),
+    Composition("torch", "torch-topk"),
+    Composition("torch", "torch-topk-vllm"),
 )
 
 

@@ -874,6 +874,7 @@ class CaseMetaModel(Model):
     families: Names | None = None
     reach: TableOf(Name, Names, "a JSON object of backend names and the families each one reaches") | None = None
     note: Text() | None = None
+    topk_k: Int(1, MAX_MODEL_LEN) | None = None  # an indexer case's top-k k (difftest.core.indexer)
 
     @model_validator(mode="after")
     def _consistent(self) -> "CaseMetaModel":

@@ -8,11 +8,12 @@ from __future__ import annotations
 from difftest.core.errors import require
 from difftest.core.kinds import OperationKind
 from difftest.core.operation import Operation
+from difftest.operations.indexer import INDEXER
 from difftest.operations.paged import PAGED_LOGITS
 from difftest.operations.ragged import RAGGED_LOGITS
 from difftest.operations.topk import TOPK
 
-OPERATIONS: dict[OperationKind, Operation] = {op.kind: op for op in (PAGED_LOGITS, RAGGED_LOGITS, TOPK)}
+OPERATIONS: dict[OperationKind, Operation] = {op.kind: op for op in (PAGED_LOGITS, RAGGED_LOGITS, TOPK, INDEXER)}
 
 
 def operation(kind: OperationKind | str) -> Operation:

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import torch
 
 from difftest.backends import Backend, as_loaded
-from difftest.core.case import Case
+from difftest.core.case import Case, select_sequences
 from difftest.core.errors import SpecError, require
 from difftest.core.kinds import Fp8Flavour
 from difftest.core.verdict import Verdict
@@ -140,18 +140,6 @@ def shrink(target: Bundle | Case, backend: Backend, config: RunConfig | None = N
     return ShrinkResult(original=original, case=case, result=dataclasses.replace(search.result, case=case.name),
                         spec=spec, seed=seed, probes=search.probes, seconds=time.perf_counter() - start,
                         finished=finished)
-
-
-def select_sequences(case: Case, keep: Sequence[int]) -> Case:
-    """The case made of sequences `keep` (in that order): q, weights, table and lengths sliced together.
-
-    The key pool is kept whole, so block ids (and stale entries) mean what they meant; compact_pool
-    drops the blocks nobody references.
-    """
-    index = torch.tensor(list(keep), dtype=torch.int64, device=case.device)
-    rows = (index[:, None] * case.next_n + torch.arange(case.next_n, device=case.device)).flatten()
-    return dataclasses.replace(case, q=case.q[index], weights=case.weights[rows],
-                               block_table=case.block_table[index], seq_lens=case.seq_lens[index])
 
 
 def compact_pool(case: Case) -> Case:
