@@ -100,6 +100,18 @@ class IndexerContract:
     topk: TopkContract
 
     @property
+    def devices(self) -> tuple[str, ...]:
+        """The devices both stages run on."""
+        return tuple(device for device in self.logits.devices if device in self.topk.devices)
+
+    @property
+    def archs(self) -> tuple[str, ...] | None:
+        """The GPU archs both stages take (None: any)."""
+        if self.logits.archs is None or self.topk.archs is None:
+            return self.logits.archs if self.topk.archs is None else self.topk.archs
+        return tuple(arch for arch in self.logits.archs if arch in self.topk.archs)
+
+    @property
     def library(self) -> str:
         """Both stages' libraries: 'deep_gemm 2.8.1 + torch 2.11'."""
         return f"{self.logits.library} + {self.topk.library}"

@@ -1071,6 +1071,7 @@ class MatrixSuiteModel(Model):
     case_filter: ListOf(Pattern, MAX_MATRIX_ITEMS, "a list of fnmatch patterns") = []
     fuzz: Bool = False  # a `difftest fuzz` campaign of `budget` seconds instead of a run
     isolate: Bool | None = None
+    op: OneOf(OperationKind) = OperationKind.PAGED_LOGITS.value  # the operation whose backends it runs
 
     @model_validator(mode="after")
     def _fuzz_budget(self) -> "MatrixSuiteModel":

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from difftest.core.errors import SpecError, require
 from difftest.core.hardware import DeviceKind
-from difftest.core.kinds import CaseKind
+from difftest.core.kinds import CaseKind, OperationKind
 from difftest.core.schema import (
     MatrixDifftestModel,
     MatrixModel,
@@ -111,6 +111,7 @@ class Suite:
     case_filter: tuple[str, ...] = ()
     fuzz: bool = False
     isolate: bool | None = None
+    op: OperationKind = OperationKind.PAGED_LOGITS  # the operation whose backends the suite runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,7 +304,7 @@ def _version(name: str, model: MatrixVersionModel) -> Version:
 def _suite(name: str, model: MatrixSuiteModel) -> Suite:
     spec = model.spec.model_dump(exclude_unset=True) if model.spec is not None else None
     return Suite(name, CaseKind(model.cases), model.count, model.seed, model.budget, spec,
-                 tuple(model.case_filter), model.fuzz, model.isolate)
+                 tuple(model.case_filter), model.fuzz, model.isolate, OperationKind(model.op))
 
 
 # --------------------------------------------------------------------------- planning
@@ -317,9 +318,12 @@ def arch_reason(kind: DeviceKind, contract: Contract) -> str | None:
     return None
 
 
-def plan(matrix: Matrix, contracts: Mapping[str, Contract]) -> MatrixPlan:
-    """The cells of `matrix`, given each backend's contract (by its name in the matrix), and what is
-    left out. A (device, version, suite) with no backend left is no cell."""
+def plan(matrix: Matrix, contracts: Mapping[str, Contract],
+         operations: Mapping[str, OperationKind] | None = None) -> MatrixPlan:
+    """The cells of `matrix`, given each backend's contract (by its name in the matrix) and operation (paged
+    logits where `operations` does not say), and what is left out. A suite runs the backends of its own
+    operation only; a (device, version, suite) with no backend left is no cell."""
+    operations = operations or {}
     excluded: list[Exclusion] = []
     chosen: dict[tuple[Runner, Version, Suite], list[str]] = {}
     for runner, version, backend in itertools.product(matrix.runners, matrix.versions, matrix.backends):
@@ -328,7 +332,7 @@ def plan(matrix: Matrix, contracts: Mapping[str, Contract]) -> MatrixPlan:
         excluded += left
         gone = {suite for e in left for suite in e.suites or [s.name for s in matrix.suites]}
         for suite in matrix.suites:
-            if suite.name not in gone:
+            if suite.name not in gone and suite.op == operations.get(backend, OperationKind.PAGED_LOGITS):
                 chosen.setdefault((runner, version, suite), []).append(backend)
     cells = tuple(Cell(*where, tuple(backends)) for where, backends in chosen.items())
     _unique_slugs(cells)
