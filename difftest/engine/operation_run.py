@@ -3,8 +3,10 @@ operation's oracle once per contract, then through every backend, one verdict ea
 
 A backend that raises gets ERROR (its exception, its traceback) and the run goes on; one that cannot take a
 case here (unavailable, or its contract refuses the case) gets SKIP with the reason; an output the
-operation's comparison cannot read (the wrong shape) is ERROR with the comparison's words. Results reach
-`on_result` as each is made.
+operation's comparison cannot read (the wrong shape) is ERROR with the comparison's words; an oracle or a
+comparison that raises is ERROR too ('checking the output: ...'), or SKIP where it ran out of memory. Results
+reach `on_result` as each is made. A backend that kills the process (a segfault, an abort) ends the run: the
+results streamed before it are kept, and only paged logits runs its calls in worker processes.
 
 The paged-logits operation keeps its own runner (difftest.engine.runner: batches, the memory model, worker
 isolation, stability and timing); this one runs in the run's process: a run that asks for isolation gets each
@@ -83,15 +85,26 @@ def run_one(op: Operation, named: Named, case: Any, config: RunConfig, spec: dic
         return CaseResult(verdict=Verdict.ERROR, seconds=time.perf_counter() - started, reason=first_line(exc),
                           error_type=type(exc).__name__, traceback=formatted_traceback(exc), **base)
     seconds = time.perf_counter() - started
-    if id(contract) not in references:
-        references[id(contract)] = op.reference(case, contract, config.oracle_kind)
     try:
+        if id(contract) not in references:
+            references[id(contract)] = op.reference(case, contract, config.oracle_kind)
         judged: Judgement = op.judge(references[id(contract)], got, case, contract)
     except ValueError as exc:  # an output the comparison cannot read: the wrong shape
         return CaseResult(verdict=Verdict.ERROR, seconds=seconds, reason=first_line(exc),
                           error_type=type(exc).__name__, **base)
+    except Exception as exc:  # the oracle or the comparison could not finish: said, and the run goes on
+        if _out_of_memory(exc):
+            return CaseResult(verdict=Verdict.SKIP, seconds=seconds, reason=f"checking the output ran out of "
+                              f"memory: {first_line(exc)}", **base)
+        return CaseResult(verdict=Verdict.ERROR, seconds=seconds, reason=f"checking the output: {first_line(exc)}",
+                          error_type=type(exc).__name__, traceback=formatted_traceback(exc), **base)
     return CaseResult(verdict=judged.verdict, seconds=seconds, comparison=judged.comparison,
                       selection=judged.selection, headline=judged.headline, **base)
+
+
+def _out_of_memory(exc: Exception) -> bool:
+    """Whether `exc` is torch's out-of-memory error (CUDA), or the CPU allocator's."""
+    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
 
 
 def _synchronize(device: str) -> None:
