@@ -1,4 +1,5 @@
-"""`difftest run`, `backends`, `replay` and `shrink`: parse the options, call the library, print.
+"""`difftest run`, `fuzz`, `selftest`, `backends`, `replay`, `shrink` and `matrix`: parse the options, call the
+library, print.
 
 Nothing heavy is imported until a command runs, so `difftest --help` costs no torch import. The
 library's errors name its parameters; FLAGS maps them to the options that set them.
@@ -54,7 +55,7 @@ FLAGS = {"backends": "--backends", "cases": "--cases", "count": "--count", "seed
          "max_batch": "--max-batch", "max_context": "--max-context", "block_size": "--block-size",
          "batching": "--batching", "junit": "--junit",
          "matrix_file": "--file", "cell": "CELL", "out": "--out", "reports": "REPORTS", "baseline": "--baseline",
-         "ledger": "--ledger", "output": "--output"}
+         "ledger": "--ledger", "output": "--output", "backend_template": "--backend-template", "mutants": "--mutants"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -267,12 +268,7 @@ def _add_fuzz(commands: argparse._SubParsersAction) -> None:
     fuzz.add_argument("--shrink-seconds", type=float, metavar="S",
                       help="the budget's share for bundling and shrinking: drawing stops this long before the "
                       "budget's end once a failure is found (default: a quarter of --budget; 0: no shrinking)")
-    regime = fuzz.add_argument_group("regime", "bounds on the drawn cases (default: the whole envelope)")
-    regime.add_argument("--max-batch", type=int, metavar="B", help="at most B requests per case")
-    regime.add_argument("--max-context", type=int, metavar="N", help="max_model_len at most N")
-    regime.add_argument("--heads", type=int, help="only cases with this many heads")
-    regime.add_argument("--head-dim", type=int, help="only cases of this head dim")
-    regime.add_argument("--block-size", type=int, help="only cases of this block size")
+    _add_regime(fuzz, "bounds on the drawn cases (default: the whole envelope)")
     fuzz.add_argument("--jobs", type=int, default=1, metavar="N",
                       help="N campaigns side by side, each in its own process with its own workers and its own "
                       "share of the plan, their results joined (default: 1)")
@@ -281,6 +277,41 @@ def _add_fuzz(commands: argparse._SubParsersAction) -> None:
                       "is tried again, with the batch's other failures, then alone (default: on)")
     fuzz.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     _add_loudness(fuzz)
+
+
+def _add_regime(command: argparse.ArgumentParser, description: str) -> None:
+    """The regime's bounds (difftest.generators.regime.Regime), as `fuzz` and `selftest` take them."""
+    regime = command.add_argument_group("regime", description)
+    regime.add_argument("--max-batch", type=int, metavar="B", help="at most B requests per case")
+    regime.add_argument("--max-context", type=int, metavar="N", help="max_model_len at most N")
+    regime.add_argument("--heads", type=int, help="only cases with this many heads")
+    regime.add_argument("--head-dim", type=int, help="only cases of this head dim")
+    regime.add_argument("--block-size", type=int, help="only cases of this block size")
+
+
+def _add_selftest(commands: argparse._SubParsersAction) -> None:
+    selftest = commands.add_parser("selftest", help="how strong is this configuration: mutants of a correct kernel, "
+                                   "one per bug class, run as `difftest run` would run them; the mutation score",
+                                   allow_abbrev=False)
+    selftest.add_argument("--device", type=_enum(Device), default=Device.CPU, help="cpu or cuda (default: cpu)")
+    selftest.add_argument("--budget", type=_duration, help="after the plan, a fuzz round this long (90s, 10m) for the "
+                          "mutants not caught yet and those that must pass (default: none)")
+    selftest.add_argument("--backend-template", metavar="PKG.MOD:OBJ", help="a backend (registered name or "
+                          "package.module:object) whose envelope the mutants take (heads, head dims, block sizes, "
+                          "next_n, longest context, tiles, partition, mask, tolerance): the score is for it")
+    selftest.add_argument("--mutants", type=_names, help="comma-separated mutants to run (names or keys; default: "
+                          "all of difftest.backends.mutants.CATALOGUE)")
+    selftest.add_argument("--seed", type=int, default=0)
+    selftest.add_argument("--oracle", type=_enum(OracleKind),
+                          help="exact or fast (default: fast on cuda, exact on cpu)")
+    selftest.add_argument("--case-filter", action="append", default=[], metavar="GLOB",
+                          help="run only the planned cases whose name matches (fnmatch); repeatable")
+    selftest.add_argument("--report", type=Path, metavar="PATH", help="write every result and the score (its "
+                          "`selftest` section) as JSON here")
+    _add_feeding(selftest)
+    selftest.set_defaults(repeat=2)  # the nondeterministic mutant's launches are compared
+    _add_regime(selftest, "bounds on the fuzz round's cases (default: the whole envelope)")
+    _add_loudness(selftest)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -305,6 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     shrink.add_argument("--trust-bundle", action="store_true",
                         help="import the module the bundle names as its backend (that runs its code)")
     _add_fuzz(commands)
+    _add_selftest(commands)
     backends = commands.add_parser("backends", help="list backends and whether each can run here")
     backends.add_argument("--device", type=_enum(Device), default=Device.CPU)
     _add_matrix(commands)
@@ -406,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version, or a usage error argparse already printed
         return int(exc.code or 0)
     commands = {"run": cmd_run, "backends": cmd_backends, "replay": cmd_replay, "shrink": cmd_shrink,
-                "fuzz": cmd_fuzz, "matrix": cmd_matrix}
+                "fuzz": cmd_fuzz, "selftest": cmd_selftest, "matrix": cmd_matrix}
     try:
         status = commands[args.command](args)
         sys.stdout.flush()  # a reader that left (`| head`) shows here, not as a traceback at exit
@@ -726,6 +758,25 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     for field, path in outcome.written.items():
         print(f"{field}: {path}")
     return ExitStatus.FAILED if outcome.found or outcome.lost_jobs else ExitStatus.OK
+
+
+def cmd_selftest(args: argparse.Namespace) -> int:
+    """`difftest selftest`: exit 1 unless every expected catch happened and the mutants that must pass passed."""
+    from difftest.generators.regime import Regime  # deferred: with the selftest, below
+    from difftest.workflows import selftest  # deferred: loads torch, triton and the runner
+
+    regime = Regime(max_batch=args.max_batch, max_context=args.max_context, heads=args.heads,
+                    head_dim=args.head_dim, block_size=args.block_size)
+    request = selftest.SelftestRequest(config=_run_config(args), template=args.backend_template, budget=args.budget,
+                                       seed=args.seed, mutants=args.mutants, regime=regime,
+                                       case_filter=tuple(args.case_filter), report=args.report, argv=tuple(args.argv))
+    outcome = selftest.selftest(request)
+    print(outcome.summary() if args.quiet else selftest.render_scores(outcome))
+    if args.verbose:
+        print("\n" + selftest.render_left_out(outcome))
+    if outcome.written:
+        print(f"report: {outcome.written}")
+    return outcome.status
 
 
 def _run_config(args: argparse.Namespace, **more: object) -> RunConfig:

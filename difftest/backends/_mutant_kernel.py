@@ -6,14 +6,14 @@ on a GPU). MUTATION picks the bug at compile time; NONE is the correct kernel. T
 difftest.backends.mutants.Mutation (a test checks that they do).
 
 The correct kernel, DeepGEMM's interface: q fp8 e4m3fn [B, next_n, H, D], the block-split cache (per block,
-block_size * D key bytes then block_size fp32 scales), weights fp32 [rows, H], the per-row limits int32 [B, next_n] and the
-block table int32 [B, W]; it writes every position of logits fp32 [rows, max_model_len] (-inf past each row's
-window). Each row's width is cut into TILE-position tiles and the tiles into SPLITS contiguous ranges, one
-program each. Programs are numbered split-major (every row's first range before any row's second), so a store
-that spills past a row lands after that row's neighbour wrote its own first tiles, on the GPU as in the
-interpreter, which runs the programs in order. A tile: per position its block id through the table, the key
-bytes and scale (gathered, so any block size works), then per group of HG heads one (HG, D) x (D, TILE)
-product in fp32 (each fp8 product exact), ReLU, the weights, the head sum, the scale, -inf outside the window.
+block_size * D key bytes then block_size fp32 scales), weights fp32 [rows, H], the per-row limits int32 [B, next_n]
+and the block table int32 [B, W]; it writes every position of logits fp32 [rows, max_model_len] (-inf past each
+row's window). Each row's width is cut into TILE-position tiles and the tiles into SPLITS contiguous ranges, one
+program each. Programs are numbered split-major (every row's first range before any row's second), so a store that
+spills past a row lands after that row's neighbour wrote its own first tiles, on the GPU as in the interpreter,
+which runs the programs in order. A tile: per position its block id through the table, the key bytes and scale
+(gathered, so any block size works), then per group of HG heads one (HG, D) x (D, TILE) product in fp32 (each fp8
+product exact), ReLU, the weights, the head sum, the scale, -inf outside the window.
 """
 
 from __future__ import annotations

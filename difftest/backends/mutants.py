@@ -25,6 +25,7 @@ import enum
 import itertools
 import math
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -166,8 +167,9 @@ CATALOGUE: tuple[MutantSpec, ...] = (
                "the block-split cache read as token-interleaved"),
     MutantSpec("stale_column", Mutation.STALE_COLUMN, BugClass.STALE_TABLE, _F.STALE_TABLES,
                summary="each sequence's last block read from the table column after it (a stale entry)"),
-    MutantSpec("store_past_row", Mutation.STORE_PAST_ROW, BugClass.STORES, _F.RANDOM, (_TAIL,),
-               "a split's tiles not clamped to the row: stored in full into the next row (and past the buffer)"),
+    MutantSpec("store_past_row", Mutation.STORE_PAST_ROW, BugClass.STORES, _F.RANDOM,
+               summary="a split's tiles not clamped to the row: stored in full over the next row's first "
+                       "positions (and past the buffer)"),
     MutantSpec("topk_ties_and_padding", None, BugClass.TOPK, FUZZ,
                summary="ties at the k-th value and -1 padding of a top-k kernel",
                elsewhere="a bug of the top-k operation: its mutants live beside the top-k components "
@@ -248,7 +250,9 @@ class TritonMutant:
         kernels = load_kernel_module(KERNEL_FILE, "difftest_mutant_kernel", interpret)
         rotation = next(self._launches) % HEAD_GROUP if self.spec.mutation == Mutation.ROTATED_HEAD_SUM else 0
         table = inputs.block_table
-        with interpreter_compat() if interpret else torch.cuda.device(inputs.q.device):
+        # Under the interpreter numpy warns where a mutant's garbage overflows: that is its bug, not news.
+        with interpreter_compat() if interpret else torch.cuda.device(inputs.q.device), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
             kernels.paged_logits[(SPLITS * rows,)](
                 inputs.q.view(torch.uint8), inputs.kv_cache, inputs.kv_cache.view(torch.float32), inputs.weights,
                 inputs.context_lens, table, storage, next_n, inputs.block_size, table.stride(0), table.shape[1],

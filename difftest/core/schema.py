@@ -94,6 +94,7 @@ STALES = ("canary", "other", "zero")
 STABILITY_KINDS = ("bitwise-stable", "stable-within-tolerance", "unstable")
 MASK_PATTERNS = ("no-window", "mtp-mirrored", "per-sequence-length", "constant-offset", "shifted-by-one-request",
                  "tail-not-cleaned", "unknown")  # difftest.engine.explain.Pattern
+SELFTEST_STATUSES = ("caught", "missed", "passed", "false positive", "elsewhere")  # difftest.workflows.selftest.Status
 MASK_LIMITS = 256  # difftest.engine.comparison.MASK_LIMITS: wrong-mask rows whose limits a comparison records
 # CaseSpec's defaults (difftest.generators.spec.CaseSpec), likewise restated and checked.
 SPEC_DEFAULTS: dict[str, Any] = {
@@ -671,6 +672,38 @@ class SiblingRaceModel(Model):
     times: ListOf(SiblingTimeModel, MAX_ITEMS, "a list of sibling times, fastest first", low=2)
 
 
+class MutantScoreModel(Model):
+    """One mutant's row of a selftest's score (difftest.workflows.selftest.MutantScore)."""
+
+    what: ClassVar[str] = "a JSON object of MutantScore fields"
+    mutant: Name
+    bug_class: Name
+    expected: Name
+    production_only: Bool
+    status: OneOf(SELFTEST_STATUSES)
+    expected_here: Bool
+    ok: Bool
+    caught_by: ListOf(Name, MAX_ITEMS, "a list of edge families") = []
+    first_case: Name | None = None
+    first_verdict: Verdicts | None = None
+    seconds: Number(0.0, math.inf) | None = None
+    cases: Count = 0
+    why: Text() = ""
+
+
+class SelftestModel(Model):
+    """The `selftest` section of a selftest's report (difftest.workflows.selftest.score_section)."""
+
+    what: ClassVar[str] = "a JSON object {summary, status, template, envelope, seconds, fuzz_seconds, mutants}"
+    summary: Text()
+    status: OneOf(("OK", "FAILED"))
+    template: Name | None = None
+    envelope: Text() = ""
+    seconds: Number(0.0, math.inf)
+    fuzz_seconds: Number(0.0, math.inf) | None = None
+    mutants: ListOf(MutantScoreModel, MAX_ITEMS, "a list of mutant scores")
+
+
 class ReportModel(Model):
     """A JSON report (difftest.records.report.write_json)."""
 
@@ -679,6 +712,7 @@ class ReportModel(Model):
     summaries: ListOf(SummaryModel, MAX_ITEMS, "a list of backend summaries") = []
     results: ListOf(ResultModel, 1 << 30, "a list of results")
     performance: ListOf(SiblingRaceModel, 1 << 30, "a list of sibling races (--time)") = []
+    selftest: SelftestModel | None = None  # `difftest selftest`'s score
 
 
 class StreamLineModel(Model):

@@ -246,12 +246,14 @@ def environment_info(started: float) -> dict[str, Any]:
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))}
 
 
-def write_json(path: str | Path, results: list[CaseResult], run_info: dict[str, Any]) -> Path:
+def write_json(path: str | Path, results: list[CaseResult], run_info: dict[str, Any],
+               sections: Mapping[str, Any] | None = None) -> Path:
     """The whole run: how it was made, the summaries, every result and the sibling races of a --time run
-    (difftest.engine.performance). Written atomically (a crash leaves the old report or the new one, never a
-    part); OutputError (field 'report') when it cannot be."""
+    (difftest.engine.performance), then a workflow's own `sections` (a selftest's score), already plain JSON.
+    Written atomically (a crash leaves the old report or the new one, never a part); OutputError (field
+    'report') when it cannot be."""
     doc = {"run": run_info, "summaries": to_jsonable(summarize(results)), "results": to_jsonable(results),
-           "performance": to_jsonable(races(results))}
+           "performance": to_jsonable(races(results)), **(sections or {})}
     return atomic_write(Path(path), json.dumps(doc, indent=1) + "\n", "report")
 
 

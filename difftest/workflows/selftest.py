@@ -1,0 +1,345 @@
+"""`difftest selftest`: how strong is a configuration? The mutants of difftest.backends.mutants run under it, and
+the score says which were caught, by which edge family or fuzz round, how soon, and why any was missed.
+
+The cases are the envelope plan `difftest run` makes (difftest.engine.plan.envelope_plan) for the mutants'
+contract: the kernel's own envelope, or with a template (a user's backend) that backend's, so the score is
+for that envelope. Every mutant runs the plan's cases in order under the run's config; a mutant that must be
+caught stops once a case of the family it names has failed (or, where that family is not in the plan, at its
+first failure): what is left would only confirm it. Then, within `budget` seconds, a fuzz round
+(difftest.workflows.fuzz) of fresh seeds runs the mutants still uncaught and the two that must pass.
+
+A miss is explained from the plan: the family that would have reached it was left out (the plan's own
+reason), or what the mutant needs is not in the envelope (draft rows, a second head group, a judged tail,
+production scale). Only a miss the plan could have caught fails the selftest: the status is OK when every
+expected catch happened, by the family named, and the correct and the nondeterministic mutants passed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from difftest.backends import Loaded, Origin
+from difftest.backends import mutants as catalogue
+from difftest.core.contract import Contract
+from difftest.core.errors import require
+from difftest.core.files import check_writable
+from difftest.core.kinds import Device, ExitStatus
+from difftest.core.triton_interpret import environ
+from difftest.core.verdict import Verdict
+from difftest.engine.config import RunConfig
+from difftest.engine.plan import EnvelopePlan, PlannedCase, envelope_plan, filtered
+from difftest.engine.result import CaseResult
+from difftest.generators.envelope import EdgeFamily, Scale, Target
+from difftest.generators.regime import Regime
+from difftest.records.report import config_info, environment_info, render_reach, write_json
+from difftest.records.serialize import to_jsonable
+from difftest.workflows import fuzz
+from difftest.workflows.running import run
+
+FUZZ_SEED_OFFSET = 7_000_000  # the fuzz round's seeds start past the plan's (fuzz.ROUND_SEEDS apart per round)
+
+
+class Status(str, enum.Enum):
+    """What became of one mutant."""
+
+    CAUGHT = "caught"
+    MISSED = "missed"  # no case failed
+    PASSED = "passed"  # a mutant that must pass did
+    FALSE_POSITIVE = "false positive"  # a mutant that must pass failed
+    ELSEWHERE = "elsewhere"  # a class whose mutants live with another operation's components
+
+
+@dataclasses.dataclass(frozen=True)
+class MutantScore:
+    """One mutant's row of the score."""
+
+    mutant: str  # the backend's name
+    bug_class: str
+    expected: str  # the family that should catch it, 'fuzz', or 'pass'
+    production_only: bool
+    status: Status
+    expected_here: bool  # whether this plan could have caught it (its family in the plan, its needs met)
+    ok: bool  # whether it did what was expected: caught by its family, passed, or missed with a reason
+    caught_by: tuple[str, ...] = ()  # families of the cases that failed it; 'fuzz' for the fuzz round
+    first_case: str | None = None  # the first case that failed it
+    first_verdict: str | None = None
+    seconds: float | None = None  # from the selftest's start to its first failure
+    cases: int = 0  # cases it ran
+    why: str = ""  # a miss or a false positive explained; a catch by other families than expected
+
+
+@dataclasses.dataclass(frozen=True)
+class SelftestRequest:
+    """What a selftest is asked to do. Errors name these fields."""
+
+    config: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(repeat=2))
+    template: str | None = None  # a backend whose envelope the mutants take: registered name or 'pkg.mod:obj'
+    budget: float | None = None  # seconds of the fuzz round after the plan; None: no fuzz round
+    seed: int = 0
+    mutants: tuple[str, ...] | None = None  # catalogue keys (or names); None: every kernel mutant
+    regime: Regime = dataclasses.field(default_factory=Regime)  # bounds on the fuzz round's cases
+    case_filter: tuple[str, ...] = ()  # fnmatch patterns on the plan's case names
+    report: Path | None = None
+    argv: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        require(self.budget is None or self.budget > 0, "budget", self.budget, "a number of seconds > 0")
+        require(self.config.repeat >= 2, "repeat", self.config.repeat,
+                "at least 2 launches per case: the nondeterministic mutant's launches must be compared")
+
+
+@dataclasses.dataclass(frozen=True)
+class SelftestOutcome:
+    """The score, every result it rests on, and the plan they came from."""
+
+    scores: list[MutantScore]
+    results: list[CaseResult]
+    plan: EnvelopePlan
+    contract: Contract  # the mutants' contract: the template's envelope
+    template: str | None
+    seconds: float
+    fuzz_seconds: float | None = None  # the fuzz round's, when there was one
+    written: Path | None = None
+
+    @property
+    def status(self) -> ExitStatus:
+        """OK when every mutant did what was expected of it here, else FAILED."""
+        return ExitStatus.OK if all(score.ok for score in self.scores) else ExitStatus.FAILED
+
+    def summary(self) -> str:
+        """'14 of 16 mutants caught (2 not reachable here), 2 of 2 that must pass passed: OK'."""
+        bugs = [s for s in self.scores if s.expected != "pass" and s.status != Status.ELSEWHERE]
+        caught = sum(s.status == Status.CAUGHT for s in bugs)
+        unreachable = sum(s.status == Status.MISSED and not s.expected_here for s in bugs)
+        passing = [s for s in self.scores if s.expected == "pass"]
+        passed = sum(s.status == Status.PASSED for s in passing)
+        verdict = "OK" if self.status == ExitStatus.OK else "FAILED"
+        return (f"mutation score: {caught} of {len(bugs)} mutants caught ({unreachable} not reachable here), "
+                f"{passed} of {len(passing)} that must pass passed, in {self.seconds:.1f} s: {verdict}")
+
+
+def selftest(request: SelftestRequest) -> SelftestOutcome:
+    """Run the mutants under `request`: the envelope plan, then the fuzz round within its budget; the score."""
+    start = time.monotonic()
+    if request.report is not None:
+        check_writable(request.report, "report")
+    specs = _chosen(request.mutants)
+    with environ(catalogue.TEMPLATE_ENV, request.template or ""):  # how a worker rebuilds the mutants
+        contract = catalogue.envelope_of(catalogue.template_contract(request.template))
+        backends = {spec.key: _loaded(spec, contract) for spec in specs if spec.mutation is not None}
+        target = Target.probe(Device(request.config.device))
+        plan = envelope_plan(list(backends.values()), target, request.seed)
+        cases = filtered(plan.cases, request.case_filter) if request.case_filter else plan.cases
+        tally = _Tally(specs, plan, start)
+        results = run(list(backends.values()), _drawn(cases, request.config.device, tally), request.config,
+                      on_result=tally.heard, takes=tally.takes)
+        fuzz_seconds = _fuzz_round(request, tally, backends) if request.budget else None
+    scores = [_score(spec, tally, plan, contract, target, request.budget is not None) for spec in specs]
+    outcome = SelftestOutcome(scores, results + tally.fuzz_results, plan, contract, request.template,
+                              time.monotonic() - start, fuzz_seconds)
+    if request.report is None:
+        return outcome
+    written = write_json(request.report, outcome.results, selftest_info(request, outcome),
+                         {"selftest": to_jsonable(score_section(outcome))})
+    return dataclasses.replace(outcome, written=written)
+
+
+def _chosen(keys: tuple[str, ...] | None) -> list[catalogue.MutantSpec]:
+    """The catalogue entries named (by key or backend name), in catalogue order; every one when None."""
+    if keys is None:
+        return list(catalogue.CATALOGUE)
+    names = {spec.name: spec.key for spec in catalogue.CATALOGUE}
+    wanted = {names.get(key, key) for key in keys}
+    unknown = sorted(wanted - set(catalogue.BY_KEY))
+    require(not unknown, "mutants", ",".join(unknown), f"catalogue keys among {sorted(catalogue.BY_KEY)}")
+    return [spec for spec in catalogue.CATALOGUE if spec.key in wanted]
+
+
+def _loaded(spec: catalogue.MutantSpec, contract: Contract) -> Loaded:
+    """The mutant as a backend a worker rebuilds from its module attribute (and TEMPLATE_ENV)."""
+    return Loaded(catalogue.TritonMutant(spec, contract), Origin(f"{catalogue.__name__}:{spec.key}", registered=False))
+
+
+def _drawn(cases: list[PlannedCase], device: str, tally: _Tally) -> Iterator[Any]:
+    """The planned cases drawn in order, each remembered (its families) while it runs; those no mutant still
+    runs are not drawn at all."""
+    for planned in cases:
+        if any(tally.wants(name, planned.name) for name in tally.names):
+            tally.current = planned
+            yield planned.build(device)
+
+
+class _Tally:
+    """What the selftest knows as results come: each mutant's cases run, failures, first failure and its time."""
+
+    def __init__(self, specs: list[catalogue.MutantSpec], plan: EnvelopePlan, start: float) -> None:
+        self.specs = {spec.name: spec for spec in specs if spec.mutation is not None}
+        self.names = list(self.specs)
+        self.start = start
+        self.planned = {case.name: case for case in plan.cases}
+        self.current: PlannedCase | None = None
+        self.ran: dict[str, int] = dict.fromkeys(self.names, 0)
+        self.failures: dict[str, list[tuple[CaseResult, tuple[str, ...]]]] = {name: [] for name in self.names}
+        self.first: dict[str, float] = {}
+        self.fuzz_results: list[CaseResult] = []
+        # The families each mutant's expectation can be met by in this plan: where its family has cases.
+        planned_families = {f for case in plan.cases for f in case.families}
+        self.expecting = {name: spec.caught_by.value for name, spec in self.specs.items()
+                          if isinstance(spec.caught_by, EdgeFamily) and spec.caught_by.value in planned_families}
+
+    def wants(self, name: str, case: str) -> bool:
+        """Whether mutant `name` still runs: one that must pass runs every case; another until a case of its
+        expected family failed (its first failure, where that family has no case here)."""
+        spec = self.specs[name]
+        if spec.must_pass or not self.failures[name]:
+            return self._planned_for(name, case)
+        expected = self.expecting.get(name)
+        done = expected is None or any(expected in families for _result, families in self.failures[name])
+        return not done and self._planned_for(name, case)
+
+    def _planned_for(self, name: str, case: str) -> bool:
+        planned = self.planned.get(case)
+        return planned is None or planned.backends is None or name in planned.backends
+
+    def takes(self, name: str, case: Any) -> bool:
+        """The runner's question, per backend and case as each case comes."""
+        return self.wants(name, case.name)
+
+    def heard(self, result: CaseResult) -> None:
+        """A result of the plan's pass."""
+        if result.verdict == Verdict.SKIP:
+            return
+        self.ran[result.backend] += 1
+        if result.verdict.failed:
+            families = tuple(self.current.families) if self.current is not None else ()
+            self._failed(result, families)
+
+    def _failed(self, result: CaseResult, families: tuple[str, ...]) -> None:
+        self.failures[result.backend].append((result, families))
+        self.first.setdefault(result.backend, time.monotonic() - self.start)
+
+    def fuzzed(self, results: list[CaseResult]) -> None:
+        """The fuzz round's results: a failure counts as caught by 'fuzz' and its case's families."""
+        self.fuzz_results = results
+        for result in results:
+            if result.verdict == Verdict.SKIP or result.backend not in self.specs:
+                continue
+            self.ran[result.backend] += 1
+            if result.verdict.failed:
+                families = (*(result.reach.families if result.reach else ()), catalogue.FUZZ)
+                self._failed(result, families)
+
+
+def _fuzz_round(request: SelftestRequest, tally: _Tally, backends: dict[str, Loaded]) -> float:
+    """The mutants still uncaught and those that must pass, in a fuzz campaign of `budget` seconds."""
+    names = [name for name in tally.names if tally.specs[name].must_pass or not tally.failures[name]]
+    if not names:
+        return 0.0
+    keys = [tally.specs[name].key for name in names]
+    campaign = fuzz.Campaign(budget=float(request.budget or 0), backends=tuple(
+        f"{catalogue.__name__}:{key}" for key in keys), config=request.config, seed=request.seed + FUZZ_SEED_OFFSET,
+        shrink_seconds=0, regime=request.regime)
+    outcome = fuzz.fuzz(campaign)
+    tally.fuzzed(outcome.results)
+    return outcome.phases.total if outcome.phases else outcome.seconds
+
+
+# --------------------------------------------------------------------------- the score
+
+def _score(spec: catalogue.MutantSpec, tally: _Tally, plan: EnvelopePlan, contract: Contract, target: Target,
+           fuzzed: bool) -> MutantScore:
+    """`spec`'s row: what happened to it and whether that is what was expected here."""
+    expected = "pass" if spec.must_pass else (spec.caught_by.value if isinstance(spec.caught_by, EdgeFamily)
+                                              else spec.caught_by)
+    base = dict(mutant=spec.name, bug_class=spec.bug_class.value, expected=expected,
+                production_only=spec.production_only)
+    if spec.mutation is None:
+        return MutantScore(**base, status=Status.ELSEWHERE, expected_here=False, ok=True, why=spec.elsewhere)
+    failures = tally.failures[spec.name]
+    seen = dict(base, cases=tally.ran[spec.name], seconds=tally.first.get(spec.name),
+                caught_by=tuple(sorted({f for _result, families in failures for f in families})),
+                first_case=failures[0][0].case if failures else None,
+                first_verdict=failures[0][0].verdict.value if failures else None)
+    if spec.must_pass:
+        if failures:
+            result = failures[0][0]
+            return MutantScore(**seen, status=Status.FALSE_POSITIVE, expected_here=True, ok=False,
+                               why=f"{result.verdict.value} on {result.case}: {result.reason or 'see its result'}")
+        return MutantScore(**seen, status=Status.PASSED, expected_here=True, ok=True)
+    unreachable = _unreachable(spec, plan, contract, target, fuzzed)
+    if failures:
+        off = unreachable is None and expected not in seen["caught_by"]
+        why = (f"expected {expected}, whose cases did not fail it" if off
+               else f"{expected} not reached here ({unreachable})" if unreachable else "")
+        return MutantScore(**seen, status=Status.CAUGHT, expected_here=unreachable is None, ok=not off, why=why)
+    if unreachable is not None:
+        return MutantScore(**seen, status=Status.MISSED, expected_here=False, ok=True, why=unreachable)
+    return MutantScore(**seen, status=Status.MISSED, expected_here=True, ok=False,
+                       why=f"{expected} reached, and none of its cases failed it")
+
+
+def _unreachable(spec: catalogue.MutantSpec, plan: EnvelopePlan, contract: Contract, target: Target,
+                 fuzzed: bool) -> str | None:
+    """Why no case here can reach `spec`'s bug as its family would; None when one can."""
+    unmet = catalogue.unmet(spec, contract)
+    if unmet:
+        return "not in the envelope: " + "; ".join(unmet)
+    if spec.caught_by == catalogue.FUZZ:
+        return None if fuzzed else "left to the fuzz round, and none was run (no budget)"
+    family = spec.caught_by.value  # type: ignore[union-attr]
+    if any(family in case.families for case in plan.cases):
+        return None
+    left = [reason for f, reason in plan.omitted.get(spec.name, []) if f == family]
+    if left:
+        return f"{family} left out: {left[0]}"
+    if spec.production_only and target.scale == Scale.SMALL:
+        return f"{family} needs production scale; this is a {target.scale.value}-scale run"
+    return f"{family}: no case of the plan"
+
+
+def score_section(outcome: SelftestOutcome) -> dict[str, Any]:
+    """The report's `selftest` section: the summary line, the template, and every mutant's row."""
+    return {"summary": outcome.summary(), "status": "OK" if outcome.status == ExitStatus.OK else "FAILED",
+            "template": outcome.template, "envelope": outcome.contract.library, "seconds": round(outcome.seconds, 3),
+            "fuzz_seconds": None if outcome.fuzz_seconds is None else round(outcome.fuzz_seconds, 3),
+            "mutants": outcome.scores}
+
+
+def selftest_info(request: SelftestRequest, outcome: SelftestOutcome) -> dict[str, Any]:
+    """The report's run info: the command, versions, the config the mutants ran under, the plan's omissions."""
+    started = time.time() - outcome.seconds
+    omitted = {name: [{"family": f, "reason": r} for f, r in left] for name, left in outcome.plan.omitted.items()}
+    return {"command": "difftest " + " ".join(request.argv) if request.argv else None, "seed": request.seed,
+            "cases": len(outcome.plan.cases), "device": request.config.device, **environment_info(started),
+            "seconds": round(outcome.seconds, 3), **config_info(request.config), "budget": request.budget,
+            "plan": {"omitted": omitted, "idle": outcome.plan.idle, "cases": len(outcome.plan.cases)}}
+
+
+def render_scores(outcome: SelftestOutcome) -> str:
+    """The score as a fixed-width table, then the summary line."""
+    header = f"{'mutant':<30} {'class':<38} {'expected':<20} {'result':<15} {'caught by':<28} {'time':>7}"
+    lines = [header]
+    for s in outcome.scores:
+        result = s.status.value + ("" if s.ok else " (!)")
+        caught = ", ".join(s.caught_by[:3]) + (" ..." if len(s.caught_by) > 3 else "") if s.caught_by else "-"
+        seconds = f"{s.seconds:.1f} s" if s.seconds is not None else "-"
+        lines.append(f"{s.mutant:<30} {s.bug_class:<38} {s.expected:<20} {result:<15} {caught:<28} {seconds:>7}")
+        details = [f"first: {s.first_verdict} on {s.first_case}"] if s.first_case and s.status == Status.CAUGHT else []
+        details += [s.why] if s.why else []
+        lines += [f"    {text}" for text in details]
+    return "\n".join([*lines, "", outcome.summary()])
+
+
+def render_left_out(outcome: SelftestOutcome) -> str:
+    """How far each mutant went into the envelope (the reach table), then what the plan left out and why, once:
+    every mutant shares one envelope."""
+    table = render_reach(outcome.results).splitlines()
+    left = {family: reason for left_out in outcome.plan.omitted.values() for family, reason in left_out}
+    reached = {f for case in outcome.plan.cases for f in case.families}
+    lines = [f"  {family} left out: {reason}" for family, reason in sorted(left.items()) if family not in reached]
+    return "\n".join(table + (["", "the plan (every mutant's):", *lines] if lines else []))
