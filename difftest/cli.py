@@ -29,6 +29,7 @@ from difftest.core.kinds import (
     ExitStatus,
     LengthEncoding,
     OracleKind,
+    Relation,
     SanitizerTool,
 )
 
@@ -55,7 +56,8 @@ FLAGS = {"backends": "--backends", "cases": "--cases", "count": "--count", "seed
          "max_batch": "--max-batch", "max_context": "--max-context", "block_size": "--block-size",
          "batching": "--batching", "junit": "--junit",
          "matrix_file": "--file", "cell": "CELL", "out": "--out", "reports": "REPORTS", "baseline": "--baseline",
-         "ledger": "--ledger", "output": "--output", "backend_template": "--backend-template", "mutants": "--mutants"}
+         "ledger": "--ledger", "output": "--output", "backend_template": "--backend-template", "mutants": "--mutants",
+         "metamorphic": "--metamorphic"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -89,6 +91,18 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in text.split(",") if name.strip())
 
 
+def _relations(text: str) -> tuple[Relation, ...]:
+    """The relations of 'all' or of comma-separated relation names, in Relation's order."""
+    names = set(_names(text))
+    if names == {"all"}:
+        return tuple(Relation)
+    unknown = sorted(names - {r.value for r in Relation})
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 'all' or comma-separated relations among "
+                                         f"{[r.value for r in Relation]}")
+    return tuple(r for r in Relation if r.value in names)
+
+
 def _enum(kind: type[enum.Enum]) -> Callable[[str], enum.Enum]:
     """An argparse type for `kind`: its member of a value, or one line naming the values allowed."""
 
@@ -115,7 +129,8 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
                      help="start no case after this many seconds; the report lists those not started")
     run.add_argument("--oracle", type=_enum(OracleKind),
                      help="exact (float64 torch) or fast (the fused Triton oracle) (default: fast on cuda, "
-                          "exact on cpu)")
+                          "exact on cpu); none: no oracle: masks judged against the true windows, values against "
+                          "the other backends (consensus), a disagreement settled by the metamorphic relations")
     run.add_argument("--count", type=int, help="seeds per random spec (default: 1 for envelope suites, 6 for "
                      "random and all; 1 with --spec)")
     run.add_argument("--seed", type=int, default=0)
@@ -148,6 +163,7 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
                           "case (CUDA events, L2 flushed, after warm-up; perf_counter on the CPU) and report the "
                           "median; siblings (DeepGEMM native/flattened/varlen, AITER stage1/fused) are compared "
                           "in a performance section")
+    _add_metamorphic(run)
     run.add_argument("--fail-slow", action="store_true",
                      help="with --time: exit 1 when a backend is slower than its fastest sibling on a case by "
                           "more than the factor its contract allows")
@@ -197,6 +213,15 @@ def _add_feeding(command: argparse.ArgumentParser) -> None:
     command.add_argument("--repeat", type=int, default=1, metavar="K",
                          help="launch each backend K times per case: bitwise-stable, stable within tolerance, "
                               "or unstable = FAIL(nondeterministic) (default: 1)")
+
+
+def _add_metamorphic(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--metamorphic", type=_relations, nargs="?", const=tuple(Relation), default=(),
+                         metavar="RELATIONS",
+                         help="after each result that ran, check these metamorphic relations on its case (all when "
+                              "none are named; comma-separated among "
+                              f"{', '.join(r.value for r in Relation)}): one more launch of the case and one of each "
+                              "related case; a relation that does not hold is FAIL(metamorphic)")
 
 
 def _add_loudness(command: argparse.ArgumentParser) -> None:
@@ -309,6 +334,7 @@ def _add_selftest(commands: argparse._SubParsersAction) -> None:
     selftest.add_argument("--report", type=Path, metavar="PATH", help="write every result and the score (its "
                           "`selftest` section) as JSON here")
     _add_feeding(selftest)
+    _add_metamorphic(selftest)
     selftest.set_defaults(repeat=2)  # the nondeterministic mutant's launches are compared
     _add_regime(selftest, "bounds on the fuzz round's cases (default: the whole envelope)")
     _add_loudness(selftest)
@@ -542,7 +568,8 @@ def _run_request(args: argparse.Namespace) -> RunRequest:
                          heads=args.heads, head_dim=args.head_dim, spec=_spec(args.spec) if args.spec else None,
                          case_filter=tuple(args.case_filter), shard=Shard.parse(args.shard) if args.shard else None)
     names = (args.backends or ()) + tuple(args.backend_module)
-    config = _run_config(args, sanitize=args.sanitize, sanitize_all=args.sanitize_all, time=args.time)
+    config = _run_config(args, sanitize=args.sanitize, sanitize_all=args.sanitize_all, time=args.time,
+                         metamorphic=args.metamorphic)
     return RunRequest(suite=suite, backends=names or None, config=config, report=args.report, stream=args.stream,
                       junit=args.junit, resume=args.resume, repro_dir=args.repro_dir, gpus=args.gpus,
                       budget=args.budget, argv=tuple(args.argv), overwrite=args.overwrite, fail_slow=args.fail_slow,
@@ -767,9 +794,10 @@ def cmd_selftest(args: argparse.Namespace) -> int:
 
     regime = Regime(max_batch=args.max_batch, max_context=args.max_context, heads=args.heads,
                     head_dim=args.head_dim, block_size=args.block_size)
-    request = selftest.SelftestRequest(config=_run_config(args), template=args.backend_template, budget=args.budget,
-                                       seed=args.seed, mutants=args.mutants, regime=regime,
-                                       case_filter=tuple(args.case_filter), report=args.report, argv=tuple(args.argv))
+    request = selftest.SelftestRequest(config=_run_config(args, metamorphic=args.metamorphic),
+                                       template=args.backend_template, budget=args.budget, seed=args.seed,
+                                       mutants=args.mutants, regime=regime, case_filter=tuple(args.case_filter),
+                                       report=args.report, argv=tuple(args.argv))
     outcome = selftest.selftest(request)
     print(outcome.summary() if args.quiet else selftest.render_scores(outcome))
     if args.verbose:

@@ -43,6 +43,7 @@ from difftest.core.kinds import (
     Isolation,
     LengthEncoding,
     OracleKind,
+    Relation,
     SanitizerTool,
     TimedRegion,
     TimingMethod,
@@ -455,6 +456,22 @@ class TimingModel(Model):
     error: Text() | None = None
 
 
+class ViolationModel(Model):
+    """difftest.engine.result.Violation: a metamorphic relation that does not hold."""
+
+    what: ClassVar[str] = "a JSON object of Violation fields"
+    relation: OneOf(Relation)
+    related: ListOf(Name, 16, "a list of related case names")
+    rows: ListOf(Int(0, MAX_ROWS), MAX_ROWS, "a list of row indices")
+    row: Int(0, MAX_ROWS)
+    position: Int(0, MAX_MODEL_LEN)
+    original: JsonFloat
+    related_value: JsonFloat
+    expected: JsonFloat
+    exact: Bool
+    note: Text() = ""
+
+
 class ResultModel(Model):
     """difftest.engine.result.CaseResult as serialize.to_jsonable writes it."""
 
@@ -482,6 +499,7 @@ class ResultModel(Model):
     reach: ReachModel | None = None
     timing: TimingModel | None = None
     library: Text() = ""  # reports written before it have none
+    metamorphic: ListOf(ViolationModel, 64, "a list of violated relations") = []
 
 
 class OmittedModel(Model):
@@ -756,6 +774,7 @@ class BundleInfoModel(Model):
     startup_timeout: Number(0.0, 86400.0) | None = None
     oracle: OneOf(OracleKind) | None = None
     repeat: Int(1, MAX_REPEAT) = 1
+    metamorphic: ListOf(OneOf(Relation), 64, "a list of metamorphic relations") = []
     verdict: Verdicts
     reason: Text() | None = None
     comparison: ComparisonModel | None = None

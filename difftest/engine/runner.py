@@ -41,9 +41,10 @@ from difftest.oracles.reference import Reference, make_reference
 
 Done = Mapping[tuple[str, str], CaseResult]  # (backend name, case name) -> a result kept from an earlier run
 Takes = Callable[[str, Case], bool]  # whether the backend of this name runs this case
-# A step every fresh result goes through before it is reported: the compute-sanitizer replay of a failing
-# result (difftest.workflows.running), which needs a bundle, a record the engine does not write.
-Amend = Callable[[CaseResult, Loaded, Case], CaseResult]
+# A step every fresh result goes through before it is reported, with the executor its backend ran in: the
+# metamorphic relations (more launches of the backend, where it runs) and the compute-sanitizer replay of a
+# failing result, which needs a bundle, a record the engine does not write (difftest.workflows.running).
+Amend = Callable[[CaseResult, Loaded, Case, Executor], CaseResult]
 # Workers' copies of one case's inputs, their outputs and the working memory their calls declare
 # (call_bytes) may take this share of the GPU's free memory side by side: the rest is for the oracle,
 # the comparison and what the kernels allocate undeclared.
@@ -61,8 +62,28 @@ def run_one(backend: Backend, case: Case, config: RunConfig, executor: Executor 
     `executor` (one of `executors_for`'s), else in this process; the result goes through `amend`."""
     case = case.to(config.device)
     loaded = as_loaded(backend)
-    result = start_backend(loaded, case, make_reference(case, config.oracle_kind), config, executor or InProcess())()
-    return amend(result, loaded, case) if amend else result
+    where = executor or InProcess()
+    result = start_backend(loaded, case, make_reference(case, config.oracle_kind), config, where)()
+    return amend(result, loaded, case, where) if amend else result
+
+
+def judged(backend: Loaded, case: Case, config: RunConfig, execution: Execution, ref: Reference,
+           executor: Executor, contract: Contract | None = None) -> CaseResult:
+    """The result of `launch`'s execution of `backend` on `case`, judged against `ref` (an oracle's answer, or
+    another backend's: difftest.engine.consensus) under `contract` (default: the backend's)."""
+    return _finished(execution, ref, contract or backend.contract, config, executor, _identity(backend, case, config))
+
+
+def launch(backend: Loaded, case: Case, config: RunConfig, executor: Executor) -> Execution | CaseResult:
+    """One call of `backend` on `case` in `executor`, encoded and guarded as every call is (config.repeat
+    launches), and not judged: its outputs, or the result that says why there are none (SKIP, ERROR, CRASH,
+    TIMEOUT). What a check that needs no oracle compares (difftest.engine.metamorphic, .consensus)."""
+    base = _identity(backend, case, config)
+    outcome = _submit(backend, case, config, executor, base)()
+    if isinstance(outcome, Fault):
+        return CaseResult(verdict=outcome.verdict, seconds=outcome.seconds, reason=outcome.reason,
+                          error_type=outcome.error_type, **base)
+    return outcome
 
 
 def start_backend(backend: Loaded, case: Case, ref: Reference, config: RunConfig,
@@ -338,7 +359,7 @@ def _each_alone(backend: Loaded, executor: Executor, members: list[tuple[Case, R
     shares = [share for _member, share in members]
     compared = _compared_together(backend, cases, shares, outcomes)
     return [_amended(_finished(outcome, share, backend.contract, config, executor, base, comparison), backend,
-                     case, amend)
+                     case, executor, amend)
             for case, share, outcome, base, comparison in zip(cases, shares, outcomes, bases, compared, strict=True)]
 
 
@@ -404,7 +425,7 @@ def _run_case(backends: list[Loaded], executors: list[Executor], case: Case, con
     if todo:
         case = case.validate().to(config.device)
         for index, result in _oracle_and_results(backends, executors, case, config, todo):
-            fresh[index] = _amended(result, backends[index], case, amend)
+            fresh[index] = _amended(result, backends[index], case, executors[index], amend)
             if on_result:
                 on_result(fresh[index])
     return [fresh[i] if i in fresh else done[(b.name, case.name)] for i, b in enumerate(backends)]
@@ -466,5 +487,5 @@ def executors_for(backends: list[Loaded], config: RunConfig) -> Iterator[list[Ex
         yield pool.executors
 
 
-def _amended(result: CaseResult, backend: Loaded, case: Case, amend: Amend | None) -> CaseResult:
-    return amend(result, backend, case) if amend else result
+def _amended(result: CaseResult, backend: Loaded, case: Case, executor: Executor, amend: Amend | None) -> CaseResult:
+    return amend(result, backend, case, executor) if amend else result

@@ -221,6 +221,7 @@ def _guard_lines(r: CaseResult) -> list[str]:
                      f"{_few(s.unstable_rows)} past the tolerance (max |diff| {s.max_abs_diff:.3g})")
     if r.sanitizer is not None:
         lines.append(r.sanitizer.summary())
+    lines += [f"metamorphic: {violation.describe()}" for violation in r.metamorphic]
     return lines
 
 

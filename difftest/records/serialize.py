@@ -20,7 +20,15 @@ from typing import Any
 from difftest.core.contract import Siblings
 from difftest.core.errors import OutputError, SpecError
 from difftest.core.files import cannot_write
-from difftest.core.kinds import CacheLayout, Isolation, LengthEncoding, SanitizerTool, TimedRegion, TimingMethod
+from difftest.core.kinds import (
+    CacheLayout,
+    Isolation,
+    LengthEncoding,
+    Relation,
+    SanitizerTool,
+    TimedRegion,
+    TimingMethod,
+)
 from difftest.core.schema import (
     STREAM_TEXT,
     ReportModel,
@@ -34,7 +42,7 @@ from difftest.core.schema import (
 from difftest.core.verdict import Mismatch, Verdict
 from difftest.engine.comparison import Comparison
 from difftest.engine.explain import Explanation, Pattern
-from difftest.engine.result import CaseResult, Reach
+from difftest.engine.result import CaseResult, Reach, Violation
 from difftest.engine.sanitize import Finding, SanitizerReport
 from difftest.engine.stability import Stability, StabilityKind
 from difftest.engine.timing import Timing
@@ -76,6 +84,7 @@ def _built(data: dict[str, Any]) -> CaseResult:
         "sanitizer": _maybe(_sanitizer, data.get("sanitizer")),
         "reach": _maybe(lambda r: Reach(**{**r, "families": tuple(r["families"])}), data.get("reach")),
         "timing": _maybe(_timing, data.get("timing")),
+        "metamorphic": tuple(_violation(v) for v in data.get("metamorphic", ())),
     }
     return CaseResult(**{**data, **nested})
 
@@ -92,6 +101,12 @@ def _comparison(data: dict[str, Any]) -> Comparison:
     limits = tuple(tuple(limit) for limit in data.get("mask_limits", ()))
     return Comparison(**{**data, **floats, "first_mismatch": first, "verdict": Verdict(data["verdict"]),
                          "mask_limits": limits, "explanation": explanation})
+
+
+def _violation(data: dict[str, Any]) -> Violation:
+    floats = {k: float(data[k]) for k in ("original", "related_value", "expected")}
+    return Violation(**{**data, **floats, "relation": Relation(data["relation"]), "related": tuple(data["related"]),
+                        "rows": tuple(data["rows"])})
 
 
 def _stability(data: dict[str, Any]) -> Stability:

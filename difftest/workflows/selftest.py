@@ -243,7 +243,7 @@ def _fuzz_round(request: SelftestRequest, tally: _Tally, backends: dict[str, Loa
     keys = [tally.specs[name].key for name in names]
     campaign = fuzz.Campaign(budget=float(request.budget or 0), backends=tuple(
         f"{catalogue.__name__}:{key}" for key in keys), config=request.config, seed=request.seed + FUZZ_SEED_OFFSET,
-        shrink_seconds=0, regime=request.regime)
+        shrink_seconds=0, regime=request.regime, batching=not request.config.metamorphic)
     outcome = fuzz.fuzz(campaign)
     tally.fuzzed(outcome.results)
     return outcome.phases.total if outcome.phases else outcome.seconds
