@@ -5,7 +5,7 @@ validating the case, drawing it, the oracle, encoding the backend's inputs (and 
 copies of them), the backend's call and the comparison, each the median of --repeats on one small
 case. The call is timed three ways: in this process (the baseline), in the backend's worker process
 one call at a time (send, wait, judge), and with --queued calls sent to the worker before any answer
-is read, as the runner sends a batch's re-runs over CUDA IPC (difftest.engine.runner._each_alone).
+is read, as the runner sends a batch's re-runs over CUDA IPC (difftest.engine.batch_policy._each_alone).
 
     python bench/one_call.py --device cuda --backends torch,deepgemm --out reports/h200/one-call
     python bench/one_call.py --smoke --out /tmp/one-call     # CPU, torch, toy shape, few repeats (CI)
@@ -28,10 +28,10 @@ import torch  # after the path: a plain checkout needs it
 from difftest.backends import Loaded, get_backends
 from difftest.core.kernel_inputs import encode
 from difftest.core.kinds import OracleKind
+from difftest.engine.call import _private
 from difftest.engine.comparison import compare
 from difftest.engine.guards import Launch, execute
 from difftest.engine.isolate import WorkerPool
-from difftest.engine.runner import _private
 from difftest.generators import CaseSpec, build_case
 from difftest.oracles.reference import make_reference
 

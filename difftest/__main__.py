@@ -1,7 +1,7 @@
-"""`python -m difftest`: the difftest command."""
+"""`python -m difftest`: the difftest command, as installed (difftest.cli.entry)."""
 
 import sys
 
-from difftest.cli import main
+from difftest.cli import entry
 
-sys.exit(main())
+sys.exit(entry())

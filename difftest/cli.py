@@ -8,18 +8,19 @@ library's errors name its parameters; FLAGS maps them to the options that set th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import enum
 import importlib.util
 import io
-import json
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, TextIO
 
 from difftest import __version__
+from difftest.core import lifetime
 from difftest.core.errors import Interrupted, OutputError, SpecError
 from difftest.core.kinds import (
     CacheLayout,
@@ -28,16 +29,18 @@ from difftest.core.kinds import (
     Device,
     ExitStatus,
     LengthEncoding,
+    MetamorphicRelation,
     OracleKind,
-    Relation,
     SanitizerTool,
 )
+from difftest.core.text import printable
 
 if TYPE_CHECKING:
     from tqdm import tqdm
 
     from difftest.engine.config import RunConfig
     from difftest.engine.result import CaseResult
+    from difftest.records.bundle import Bundle
     from difftest.records.ledger import Ledger
     from difftest.workflows.fuzz import Progress
     from difftest.workflows.session import RunOutcome, RunRequest
@@ -56,8 +59,8 @@ FLAGS = {"backends": "--backends", "cases": "--cases", "count": "--count", "seed
          "max_batch": "--max-batch", "max_context": "--max-context", "block_size": "--block-size",
          "batching": "--batching", "junit": "--junit",
          "matrix_file": "--file", "cell": "CELL", "out": "--out", "reports": "REPORTS", "baseline": "--baseline",
-         "ledger": "--ledger", "output": "--output", "backend_template": "--backend-template", "mutants": "--mutants",
-         "metamorphic": "--metamorphic"}
+         "ledger": "--ledger", "output": "--output", "budget_seconds": "--seconds",
+         "backend_template": "--backend-template", "mutants": "--mutants", "metamorphic": "--metamorphic"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -88,19 +91,32 @@ def _integer(text: str) -> int:
 
 
 def _names(text: str) -> tuple[str, ...]:
-    return tuple(name.strip() for name in text.split(",") if name.strip())
+    """An argparse type: the comma-separated names of `text`, at least one (an empty --backends is a
+    mistake, not every backend)."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated backend names (leave the option out "
+                                         "for every registered backend)")
+    return names
 
 
-def _relations(text: str) -> tuple[Relation, ...]:
-    """The relations of 'all' or of comma-separated relation names, in Relation's order."""
+def _path(text: str) -> Path:
+    """An argparse type: the path of `text`, which must not be empty (Path('') is the working folder)."""
+    if not text:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a path")
+    return Path(text)
+
+
+def _relations(text: str) -> tuple[MetamorphicRelation, ...]:
+    """The relations of 'all' or of comma-separated relation names, in MetamorphicRelation's order."""
     names = set(_names(text))
     if names == {"all"}:
-        return tuple(Relation)
-    unknown = sorted(names - {r.value for r in Relation})
+        return tuple(MetamorphicRelation)
+    unknown = sorted(names - {r.value for r in MetamorphicRelation})
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"{text!r}: expected 'all' or comma-separated relations among "
-                                         f"{[r.value for r in Relation]}")
-    return tuple(r for r in Relation if r.value in names)
+                                         f"{[r.value for r in MetamorphicRelation]}")
+    return tuple(r for r in MetamorphicRelation if r.value in names)
 
 
 def _enum(kind: type[enum.Enum]) -> Callable[[str], enum.Enum]:
@@ -143,10 +159,10 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--spec", metavar="JSON", help="one CaseSpec as JSON (fields not given keep their defaults) "
                      "instead of the suite: --count cases from --seed on")
     run.add_argument("--device", type=_enum(Device), default=Device.CPU, help="cpu or cuda (default: cpu)")
-    run.add_argument("--report", type=Path, metavar="PATH", help="write the JSON report here")
-    run.add_argument("--junit", type=Path, metavar="PATH", help="write a JUnit XML file here: one testcase per "
+    run.add_argument("--report", type=_path, metavar="PATH", help="write the JSON report here")
+    run.add_argument("--junit", type=_path, metavar="PATH", help="write a JUnit XML file here: one testcase per "
                      "backend and case, a failure's text its table row and failure block")
-    run.add_argument("--ledger", type=Path, metavar="PATH",
+    run.add_argument("--ledger", type=_path, metavar="PATH",
                      help="known divergences (TOML, docs/ledger.md): a failure an entry expects is XFAIL and does "
                           "not fail the run; a pass that a strict entry covers does")
     run.add_argument("--overwrite", action="store_true",
@@ -154,7 +170,7 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
                           "unless --resume)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     _add_loudness(run)
-    run.add_argument("--repro-dir", type=Path, metavar="DIR", help="write a reproducer bundle here for every failure")
+    run.add_argument("--repro-dir", type=_path, metavar="DIR", help="write a reproducer bundle here for every failure")
     run.add_argument("--case-filter", action="append", default=[], metavar="GLOB",
                      help="run only the cases whose name matches (fnmatch, e.g. 'length-one-*'); repeatable")
     _add_feeding(run)
@@ -167,10 +183,10 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--fail-slow", action="store_true",
                      help="with --time: exit 1 when a backend is slower than its fastest sibling on a case by "
                           "more than the factor its contract allows")
-    run.add_argument("--stream", type=Path, metavar="PATH.jsonl",
+    run.add_argument("--stream", type=_path, metavar="PATH.jsonl",
                      help="append each result to this JSONL file the moment it is made, so a killed run "
                           "keeps its results (default: the --report path with suffix .jsonl)")
-    run.add_argument("--resume", type=Path, metavar="REPORT",
+    run.add_argument("--resume", type=_path, metavar="REPORT",
                      help="a JSON report or JSONL stream of an earlier run of the same cases: its (backend, "
                           "case) results are kept and only the missing pairs run")
     run.add_argument("--sanitize", type=_enum(SanitizerTool),
@@ -216,12 +232,12 @@ def _add_feeding(command: argparse.ArgumentParser) -> None:
 
 
 def _add_metamorphic(command: argparse.ArgumentParser) -> None:
-    command.add_argument("--metamorphic", type=_relations, nargs="?", const=tuple(Relation), default=(),
+    command.add_argument("--metamorphic", type=_relations, nargs="?", const=tuple(MetamorphicRelation), default=(),
                          metavar="RELATIONS",
                          help="after each result that ran, check these metamorphic relations on its case (all when "
                               "none are named; comma-separated among "
-                              f"{', '.join(r.value for r in Relation)}): one more launch of the case and one of each "
-                              "related case; a relation that does not hold is FAIL(metamorphic)")
+                              f"{', '.join(r.value for r in MetamorphicRelation)}): one more launch of the case and "
+                              "one of each related case; a relation that does not hold is FAIL(metamorphic)")
 
 
 def _add_loudness(command: argparse.ArgumentParser) -> None:
@@ -348,16 +364,16 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     _add_run(commands)
     replay = commands.add_parser("replay", help="re-run a reproducer bundle; exit 1 if it still fails")
-    replay.add_argument("bundle", type=Path, metavar="BUNDLE")
+    replay.add_argument("bundle", type=_path, metavar="BUNDLE")
     replay.add_argument("--backends", type=_names, help="replay through this backend instead of the recorded one")
     replay.add_argument("--trust-bundle", action="store_true",
                         help="import the module the bundle names as its backend (that runs its code)")
     replay.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
                         help="run the backend in a worker process (default: as the recorded run did)")
     shrink = commands.add_parser("shrink", help="reduce a bundle's failing case and write it as a new bundle")
-    shrink.add_argument("bundle", type=Path, metavar="BUNDLE")
+    shrink.add_argument("bundle", type=_path, metavar="BUNDLE")
     shrink.add_argument("--seconds", type=float, default=30.0, help="time budget (default: 30)")
-    shrink.add_argument("--out", type=Path, metavar="DIR", help="where the new bundle goes (default: beside BUNDLE)")
+    shrink.add_argument("--out", type=_path, metavar="DIR", help="where the new bundle goes (default: beside BUNDLE)")
     shrink.add_argument("--backends", type=_names, help="shrink through this backend instead of the recorded one")
     shrink.add_argument("--trust-bundle", action="store_true",
                         help="import the module the bundle names as its backend (that runs its code)")
@@ -458,7 +474,13 @@ def _words(action: argparse.Action, value: object) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The `difftest` command: its exit status (difftest.core.kinds.ExitStatus)."""
+    """The `difftest` command: its exit status (difftest.core.kinds.ExitStatus). Everything it prints goes
+    through difftest.core.text.printable (_PrintableStream)."""
+    with _printable_output():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         args = parse_args(argv)
     except SystemExit as exc:  # --help, --version, or a usage error argparse already printed
@@ -466,7 +488,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = {"run": cmd_run, "backends": cmd_backends, "replay": cmd_replay, "shrink": cmd_shrink,
                 "fuzz": cmd_fuzz, "selftest": cmd_selftest, "matrix": cmd_matrix}
     try:
-        status = commands[args.command](args)
+        with _working_folder_unimportable(_untrusted_bundle(args)):
+            status = commands[args.command](args)
         sys.stdout.flush()  # a reader that left (`| head`) shows here, not as a traceback at exit
         return status
     except BrokenPipeError:
@@ -487,6 +510,75 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ndifftest: interrupted", file=sys.stderr)
         return ExitStatus.INTERRUPTED
+
+
+class _PrintableStream:
+    """A text stream writing to `stream` what printable() makes of each write: a case name, a reason or
+    a path that came from a bundle, a backend or a file reaches the terminal as text, never as an escape
+    sequence, whichever print writes it. Anything else is `stream`'s own."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(printable(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def _printable_output() -> Iterator[None]:
+    """sys.stdout and sys.stderr as _PrintableStreams while the block runs."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _PrintableStream(sys.stdout), _PrintableStream(sys.stderr)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def _raw(stream: TextIO) -> TextIO:
+    """The stream a _PrintableStream writes to (the progress bar draws with carriage returns)."""
+    return stream.stream if isinstance(stream, _PrintableStream) else stream  # type: ignore[return-value]
+
+
+def _untrusted_bundle(args: argparse.Namespace) -> bool:
+    """Whether the command reads a bundle it was not told to trust."""
+    return args.command in ("replay", "shrink") and not args.trust_bundle
+
+
+@contextlib.contextmanager
+def _working_folder_unimportable(untrusted: bool) -> Iterator[None]:
+    """While the block runs, when `untrusted`: the working folder off sys.path (`python -m` puts it first),
+    so that a package shipped in a bundle's folder (`cd bundle && python -m difftest replay .`) is not
+    imported in place of torch or numpy. A module named with --backends is still found there
+    (difftest.backends.load_backend looks in the working folder, after the installed packages)."""
+    here = os.path.realpath(os.getcwd())
+    saved = list(sys.path)
+    if untrusted:
+        sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != here]
+    try:
+        yield
+    finally:
+        if untrusted:
+            sys.path[:] = saved
+
+
+def entry() -> int:
+    """The installed `difftest` command and `python -m difftest`: main() in a child process this one
+    watches (difftest.core.lifetime.supervise). A command whose process something ended before the
+    command did (a backend run in-process calling os._exit(0), which would otherwise read as a run that
+    passed) exits 1 with a line saying so; one killed by a signal dies of that signal here too."""
+    ended = lifetime.supervise(main)
+    if not ended.finished and not ended.sent:  # a kill or a Ctrl-C the user sent needs no explaining
+        print(f"difftest: error: the command's process ended ({ended.how}) before the command did: code run in "
+              "it (a backend run in-process: --isolate runs each in a worker of its own) called os._exit(), "
+              "exit(), exec() or died; every result already in the stream is kept", file=sys.stderr)
+    if ended.signum is not None:
+        lifetime.die_by(ended.signum)
+    return ended.status if ended.finished and ended.status is not None else ExitStatus.FAILED
 
 
 def _reader_left(status: int) -> int:
@@ -521,9 +613,33 @@ def cmd_backends(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace, shard_envs: list[dict[str, str]] | None = None) -> int:
     """`difftest run`. With --gpus, or with `shard_envs` (what each child's environment adds; how the
     tests spread a CPU run), the cases are spread over child processes, one shard each."""
+    args = _with_project_defaults(args)
+    with _claimed(args.junit, "junit"):
+        return _run_and_print(args, shard_envs)
+
+
+@contextlib.contextmanager
+def _claimed(path: Path | None, field: str) -> Iterator[None]:
+    """A file the CLI writes after the run (--junit): checked writable and locked (as the session locks
+    the report and the stream) from before the first case until the block ends."""
+    if path is None:
+        yield
+        return
+    from difftest.core.files import OutputLock, check_writable  # deferred: with the session
+
+    check_writable(path, field)
+    lock = OutputLock(path.resolve(), field).acquire()  # beside the file a link points to, as the report's
+    if lock.note:
+        print(f"difftest: note: {lock.note}", file=sys.stderr)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _run_and_print(args: argparse.Namespace, shard_envs: list[dict[str, str]] | None) -> int:
     from difftest.workflows import session  # deferred: loads torch and the runner
 
-    args = _with_project_defaults(args)
     request = _run_request(args)
     progress = _Progress(enabled=not (args.no_progress or args.quiet) and sys.stderr.isatty())
     try:
@@ -563,9 +679,10 @@ def _run_request(args: argparse.Namespace) -> RunRequest:
     from difftest.engine.plan import Shard, SuiteRequest  # deferred: with session, below
     from difftest.workflows.session import RunRequest  # deferred: loads torch and the runner
 
+    spec = _spec(args.spec) if args.spec is not None else None  # an empty --spec is refused, not ignored
     suite = SuiteRequest(cases=args.cases, count=args.count, seed=args.seed, next_n=args.next_n,
                          block_sizes=args.block_sizes, batch=args.batch, max_model_len=args.max_model_len,
-                         heads=args.heads, head_dim=args.head_dim, spec=_spec(args.spec) if args.spec else None,
+                         heads=args.heads, head_dim=args.head_dim, spec=spec,
                          case_filter=tuple(args.case_filter), shard=Shard.parse(args.shard) if args.shard else None)
     names = (args.backends or ()) + tuple(args.backend_module)
     config = _run_config(args, sanitize=args.sanitize, sanitize_all=args.sanitize_all, time=args.time,
@@ -591,11 +708,12 @@ def _ledger(path: Path | None) -> Ledger | None:
 
 def _spec(text: str) -> object:
     """The CaseSpec of --spec; its errors name the spec's field under --spec."""
+    from difftest.core.schema import parse_json  # deferred: loads pydantic
     from difftest.generators.spec import CaseSpec  # deferred: with session, above
 
     try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as exc:  # malformed, or nested past the parser's depth
+        data = parse_json(text)
+    except ValueError as exc:  # malformed, nested past the parser's depth, or a key given twice
         raise SpecError("--spec", text[:200], f"a JSON object ({type(exc).__name__}: {exc})") from None
     if not isinstance(data, dict):
         raise SpecError("--spec", text, "a JSON object of CaseSpec fields")
@@ -616,7 +734,7 @@ def _verdict_line(outcome: RunOutcome) -> str:
 
 def _print_outcome(request: RunRequest, outcome: RunOutcome, verbose: bool = False) -> None:
     """The shards (of a spread run), the table, the results per GPU, every result when `verbose`, the
-    failures, and where files went."""
+    failures (every one, with whole tracebacks, when `verbose`), and where files went."""
     from difftest.engine import performance  # deferred: with session, above
     from difftest.records import report  # deferred: with session, above
 
@@ -634,10 +752,13 @@ def _print_outcome(request: RunRequest, outcome: RunOutcome, verbose: bool = Fal
         print("\n" + siblings)
     if outcome.info.get("not_started"):
         print(f"\nbudget spent: {len(outcome.info['not_started'])} planned cases not started (listed in the report)")
+    memory = _memory_line(outcome.results)
+    if memory:
+        print("\n" + memory)
     if verbose:
         print("\n" + report.render_results(outcome.results))
     failures = report.render_failures(outcome.results, limit=len(outcome.results) if verbose else 20,
-                                      repro=outcome.repro)
+                                      repro=outcome.repro, whole_tracebacks=verbose)
     if failures:
         print("\n" + failures)
     if request.report:
@@ -647,6 +768,21 @@ def _print_outcome(request: RunRequest, outcome: RunOutcome, verbose: bool = Fal
     if outcome.bundles:
         print(f"\nreproducers: {outcome.bundles} bundle(s) under {request.repro_dir} (difftest replay BUNDLE; "
               "--trust-bundle for a backend given as package.module:object)")
+
+
+def _memory_line(results: list) -> str:
+    """One line on the calls memory shaped: tried again alone after running out beside others, run one at a
+    time, SKIPs for want of memory ('' when none)."""
+    noted = [r for r in results if r.memory is not None]
+    retried = [r for r in noted if r.memory.retried]
+    alone = sum(r.memory.alone for r in noted)
+    skipped = sum(r.memory.ran_out for r in noted)
+    if not retried and not alone:
+        return ""
+    passed = sum(not r.verdict.failed and r.verdict.value != "SKIP" for r in retried)
+    return (f"memory: {len(retried)} calls ran out of memory beside others and were tried again alone ({passed} "
+            f"passed there); {alone} calls ran one at a time; {skipped} SKIP for want of memory (reasons in the "
+            "report)")
 
 
 def _bundle_backend(args: argparse.Namespace, bundle: object) -> object:
@@ -661,25 +797,35 @@ def _bundle_backend(args: argparse.Namespace, bundle: object) -> object:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """`difftest replay`: exit 1 when the bundle still fails."""
-    from difftest.core.hardware import CUDA_UNAVAILABLE, cuda_unavailable_reason  # deferred: loads torch
-    from difftest.records.bundle import load_bundle  # deferred: loads torch
+    from difftest.core.verdict import Verdict  # deferred: with the replay, below
     from difftest.workflows.replay import render_replay, replay  # deferred: loads torch
 
-    bundle = load_bundle(args.bundle)
-    if bundle.config.device == "cuda" and cuda_unavailable_reason():
-        raise SpecError("device", "cuda", f"a device torch can see ({CUDA_UNAVAILABLE})")
+    bundle = _bundle_here(args.bundle)
     result = replay(bundle, _bundle_backend(args, bundle), isolate=args.isolate)  # type: ignore[arg-type]
     print(render_replay(bundle, result))
-    return ExitStatus.FAILED if result.verdict.failed else ExitStatus.OK
+    if result.verdict == Verdict.SKIP:
+        print(f"difftest: error: the replay tested nothing: {result.backend} skipped the case here: {result.reason}",
+              file=sys.stderr)
+    return ExitStatus.FAILED if result.verdict.failed or result.verdict == Verdict.SKIP else ExitStatus.OK
+
+
+def _bundle_here(path: Path) -> Bundle:
+    """The bundle at `path`, when this machine has the device it was recorded on (SpecError otherwise)."""
+    from difftest.core.hardware import require_device  # deferred: with the bundle, below
+    from difftest.records.bundle import INFO_FILE, load_bundle  # deferred: loads torch
+
+    bundle = load_bundle(path)
+    require_device(bundle.config.device, f"{bundle.path / INFO_FILE} device")
+    return bundle
 
 
 def cmd_shrink(args: argparse.Namespace) -> int:
     """`difftest shrink`: the smallest case that fails the same way, as a new bundle."""
     from difftest.backends import as_loaded  # deferred: loads torch
-    from difftest.records.bundle import load_bundle, write_bundle  # deferred: loads torch
+    from difftest.records.bundle import write_bundle  # deferred: loads torch
     from difftest.workflows.shrink import shrink  # deferred: loads torch
 
-    bundle = load_bundle(args.bundle)
+    bundle = _bundle_here(args.bundle)
     backend = as_loaded(_bundle_backend(args, bundle))
     found = shrink(bundle, backend, bundle.config, args.seconds)
     folder = write_bundle(args.out or bundle.path.parent, found.case, found.result, bundle.config, backend.origin,
@@ -855,12 +1001,12 @@ class _Progress:
             from tqdm import tqdm  # deferred: only a terminal draws it
 
             # Redrawn at every result (mininterval=0): a result takes far longer than a redraw.
-            self.bar = tqdm(total=total, unit="result", file=sys.stderr, dynamic_ncols=True, leave=False,
+            self.bar = tqdm(total=total, unit="result", file=_raw(sys.stderr), dynamic_ncols=True, leave=False,
                             mininterval=0)
 
     def step(self, result: CaseResult) -> None:
         if self.bar is not None:
-            self.bar.set_postfix_str(f"{result.backend} on {result.case}", refresh=False)
+            self.bar.set_postfix_str(printable(f"{result.backend} on {result.case}", lines=False), refresh=False)
             self.bar.update()
 
     def close(self) -> None:

@@ -5,6 +5,7 @@ except for one way real kernels break, and each break has exactly one verdict:
 
     segfaults             CRASH (SIGSEGV)             hangs                  TIMEOUT
     aborts                CRASH (SIGABRT)             raises                 ERROR
+    raises_nested         ERROR, raised two calls down (its traceback names _launch_nested)
     writes_into_inputs    FAIL(mutated-input)         leaves_row_unwritten   FAIL(unwritten)
     reads_past_table      FAIL(nan)                   nondeterministic       FAIL(nondeterministic) with --repeat
     reorders_heads        PASS, stable within tolerance with --repeat
@@ -25,6 +26,7 @@ a spread run busy while its parent is interrupted or killed).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import os
 import signal
@@ -100,6 +102,26 @@ def hangs_on_gpu_1(q, kv_cache, weights, context_lens, block_table, max_model_le
 @backend(contract=CONTRACT, name="broken-raises")
 def raises(q, kv_cache, weights, context_lens, block_table, max_model_len):
     raise RuntimeError("launch failed: too many resources requested")
+
+
+def _launch_nested(weights):
+    """A wrapper's helper, two calls below the backend: where the error is raised."""
+    raise RuntimeError(f"nested launch failed for {weights.shape[0]} rows")  # NESTED_RAISE
+
+
+@backend(contract=CONTRACT, name="broken-raises-nested")
+def raises_nested(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Raises from a helper it calls: its traceback names _launch_nested and the line of its raise."""
+    return _launch_nested(weights)
+
+
+def nested_traceback_lines() -> list[str]:
+    """Lines the traceback of raises_nested holds, wherever it was formatted: both frames, the file and line
+    of the raise, the message."""
+    lines, first = inspect.getsourcelines(_launch_nested)
+    raise_line = first + next(i for i, line in enumerate(lines) if "# NESTED_RAISE" in line)
+    return [f'File "{__file__}", line {raise_line}, in _launch_nested', ", in raises_nested",
+            "RuntimeError: nested launch failed for "]
 
 
 @backend(contract=CONTRACT, name="broken-writes-inputs")

@@ -18,10 +18,11 @@ from difftest.backends.registry import (
     entry_point_backends,
     get_backends,
     load_backend,
+    load_registered,
     origin_of,
     rebuild,
 )
 
 __all__ = ["BUILTIN_MODULES", "ENTRY_POINT_GROUP", "Backend", "Loaded", "Origin", "as_backend", "as_loaded",
            "available_names", "builtin_backends", "entry_point_backends", "get_backends", "load_backend",
-           "origin_of", "rebuild"]
+           "load_registered", "origin_of", "rebuild"]

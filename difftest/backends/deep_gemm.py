@@ -52,7 +52,7 @@ from difftest.core.kinds import CacheLayout, LengthEncoding, MaskConvention, Par
 
 _MODULES = ("deep_gemm", "vllm.third_party.deep_gemm")
 # FP8 MMA accumulates with ~14 bits (and bf16 output on sm100): on the H200 the largest error of a
-# correct result was 3.0e-3 of the row's largest logit (reports/h200/14-*), a row with another
+# correct result was 3.0e-3 of the row's largest logit (on the H200), a row with another
 # request's q was off by 0.5 or more (13-zero-length-straddle).
 RTOL = 1e-2
 

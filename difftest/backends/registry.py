@@ -13,12 +13,13 @@ import importlib
 import importlib.metadata
 import inspect
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
 from difftest.backends.base import Backend, Loaded, Origin
-from difftest.core.errors import SpecError
+from difftest.core.errors import SpecError, exception_text
 
 ENTRY_POINT_GROUP = "difftest.backends"
 # Modules whose BACKENDS tables make the built-in names, in listing order. They import torch but no
@@ -35,6 +36,8 @@ BUILTIN_MODULES = (
     "difftest.backends.flag_gems",
 )
 _TARGET = "'package.module:object'"
+_DOTTED = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*")  # identifiers joined by dots: no relative import
+_OWN_PACKAGES = ("difftest", "difftest_pytest")
 
 
 # --------------------------------------------------------------------------- what can be loaded
@@ -79,15 +82,22 @@ def load_backend(target: str, field: str = "backend") -> Loaded:
     A module path is imported with the current working directory importable (as `python -m`
     would have it), so a kernel module in the folder difftest is run from loads without installing.
     """
-    if target in _builtin():
-        return Loaded(_builtin()[target][1](), Origin(target, registered=True))
-    points = _entry_points()
-    if target in points:
-        return Loaded(as_backend(_load_entry_point(points[target], field), field, target),
-                      Origin(target, registered=True))
     if ":" not in target:
-        raise SpecError(field, target, f"a registered name among {sorted(available_names())}, or {_TARGET}")
+        return load_registered(target, field, also=f", or {_TARGET}")
     return Loaded(as_backend(_import_object(target, field), field, target), Origin(target, registered=False))
+
+
+def load_registered(name: str, field: str = "backend", also: str = "") -> Loaded:
+    """The backend of a registered name (built in, or an installed package's entry point), with its
+    origin; SpecError for any other text. Nothing but the registered backends' own modules is imported:
+    a 'package.module:object' path is never a registered name, so a recorded origin that claims to be
+    registered cannot import a module of its choosing (difftest.workflows.replay)."""
+    if name in _builtin():
+        return Loaded(_builtin()[name][1](), Origin(name, registered=True))
+    points = _entry_points()
+    if name not in points:
+        raise SpecError(field, name, f"a registered name among {sorted(available_names())}{also}")
+    return Loaded(as_backend(_load_entry_point(points[name], field), field, name), Origin(name, registered=True))
 
 
 def get_backends(names: Sequence[str] | None = None, field: str = "backends") -> list[Loaded]:
@@ -134,11 +144,24 @@ def as_backend(obj: object, field: str, target: str) -> Backend:
     if isinstance(getattr(obj, "difftest_contract", None), Contract):
         return FunctionBackend.from_function(obj)  # type: ignore[arg-type]
     if callable(obj) and _takes_no_arguments(obj):
-        made = obj()
+        made = _made_by(obj, field, target)
         if isinstance(made, Backend) and not isinstance(made, type):
             return made.backend if isinstance(made, Loaded) else made
     raise SpecError(field, target, "a Backend, a factory of one, or a function decorated with "
                     "difftest.backend(contract=...)")
+
+
+def _made_by(factory: Callable[[], object], field: str, target: str) -> object:
+    """What `factory()` returns; SpecError naming `target` when it raises, a SystemExit (`sys:exit`)
+    included: a factory ending the command would make it exit with a status it chose. A Ctrl-C while it
+    runs stops the command as anywhere else."""
+    try:
+        return factory()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a factory can do anything; what it did is the error
+        raise SpecError(field, target, "a factory that returns a Backend; calling it raised "
+                        f"{exception_text(exc)}") from None
 
 
 def rebuild(origin: Origin, field: str = "backend") -> Loaded:
@@ -214,10 +237,15 @@ def _load_entry_point(ep: importlib.metadata.EntryPoint, field: str) -> object:
 
 
 def _import_object(target: str, field: str) -> object:
-    """The object 'package.module:attr' (attr may be dotted) names."""
+    """The object 'package.module:attr' (attr may be dotted) names: both halves dotted Python names (no
+    relative import), and the module none of difftest's own outside difftest.backends (difftest.cli:main
+    takes no argument, so it would pass for a factory and run the command again, and again)."""
     module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        raise SpecError(field, target, _TARGET)
+    if not _DOTTED.fullmatch(module_name) or not _DOTTED.fullmatch(attr):
+        raise SpecError(field, target, f"{_TARGET}: dotted Python names on both sides of the ':'")
+    if module_name.partition(".")[0] in _OWN_PACKAGES and not (module_name + ".").startswith("difftest.backends."):
+        raise SpecError(field, target, f"a backend: {module_name} is difftest's own machinery (its backends "
+                        "are in difftest.backends and have registered names)")
     obj: object = _import_module(module_name, field, target)
     for part in attr.split("."):
         if not hasattr(obj, part):

@@ -17,6 +17,10 @@ from difftest.core import hardware
 from difftest.core.errors import require
 from difftest.core.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention, PartitionScope
 
+# Positions a decode row's top-k keeps: DeepSeek-V3.2's indexer (index_topk = 2048), also the k of
+# vLLM's and sglang's decode top-k kernels (their topk=2048 defaults).
+DEFAULT_TOPK = 2048
+
 if TYPE_CHECKING:
     from difftest.core.case import Case
 
@@ -106,6 +110,12 @@ class Contract:
     # rows split back per case). A failing case is tried again (with the other failures, then alone)
     # before it counts, so a kernel whose answer depends on the batch costs time, not a wrong verdict.
     batchable: bool = False
+    # The k of the top-k that consumes the logits: the comparison's top-k overlap is taken at this k, over
+    # the rows whose window is longer (difftest.engine.comparison.topk_overlap).
+    topk: int = DEFAULT_TOPK
+
+    def __post_init__(self) -> None:
+        require(type(self.topk) is int and self.topk >= 1, "topk", self.topk, "an integer >= 1")
 
     def block_size_for(self, block_size: int) -> int | None:
         """The block size a case of `block_size` is handed at (itself, or 1 when it can be re-paged

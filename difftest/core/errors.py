@@ -1,6 +1,6 @@
 """The error types: SpecError for impossible input (it names the field, its value and what is allowed),
 OutputError for an output that cannot be written, Interrupted for a run stopped by Ctrl-C; and how a
-caught exception is quoted in one line (first_line)."""
+caught exception is quoted (exception_text, first_line), whatever its __str__ does."""
 
 from __future__ import annotations
 
@@ -47,5 +47,21 @@ class Interrupted(Exception):
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message ('' when it has none): CUDA's out-of-memory errors run on
     for lines of advice that a result's reason or a campaign's summary does not need."""
-    lines = str(exc).splitlines()
+    lines = message(exc).splitlines()
     return lines[0] if lines else ""
+
+
+def message(exc: BaseException) -> str:
+    """str(exc), which is the exception's own code: when that raises (or returns no str), what it raised
+    instead, so quoting a backend's exception never raises in its turn."""
+    try:
+        return str(exc)
+    except KeyboardInterrupt:  # a Ctrl-C while it ran is the user's, not the exception's
+        raise
+    except BaseException as inner:  # any __str__ may fail (a SystemExit too); say how, without calling it again
+        return f"<str() of this {type(exc).__name__} raised {type(inner).__name__}>"
+
+
+def exception_text(exc: BaseException) -> str:
+    """'RuntimeError: message': an exception as a result's reason or an error line quotes it."""
+    return f"{type(exc).__name__}: {message(exc)}"

@@ -115,7 +115,7 @@ class OracleKind(str, enum.Enum):
     NONE = "none"
 
 
-class Relation(str, enum.Enum):
+class MetamorphicRelation(str, enum.Enum):
     """A metamorphic relation: a change of a case whose logits follow from the original's without an oracle
     (difftest.engine.metamorphic)."""
 

@@ -9,16 +9,19 @@ what is allowed; the CLI prints it as one line and exits 2.
 
 A case archive (.npz, a zip of .npy files) is checked from its zip directory and the .npy headers
 alone (check_case_archive): the members, their dtypes and shapes against the case's meta, and each
-member's declared size against what those shapes take, before any array is decompressed. zipfile
-never inflates a member past its declared size, so nothing larger than the meta implies is ever
-decompressed, and object arrays (pickles) are refused.
+member's declared size against what those shapes take, and their sizes together against the host's
+free memory, before any array is decompressed. zipfile never inflates a member past its declared
+size, so nothing larger than the meta implies is ever decompressed, and object arrays (pickles) are
+refused.
 
 This module imports neither torch nor anything above difftest's bottom layer.
 """
 
 import json
 import math
+import os
 import re
+import stat
 import struct
 import types
 import typing
@@ -34,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationErr
 from pydantic_core import PydanticCustomError
 
 from difftest.core.errors import SpecError
-from difftest.core.hardware import DeviceKind
+from difftest.core.hardware import DeviceKind, available_memory
 from difftest.core.kinds import (
     CacheLayout,
     CaseKind,
@@ -42,12 +45,13 @@ from difftest.core.kinds import (
     Fp8Flavour,
     Isolation,
     LengthEncoding,
+    MetamorphicRelation,
     OracleKind,
-    Relation,
     SanitizerTool,
     TimedRegion,
     TimingMethod,
 )
+from difftest.core.text import printable
 from difftest.core.verdict import Verdict
 
 # --------------------------------------------------------------------------- bounds
@@ -84,6 +88,7 @@ MAX_ITEMS = 1 << 20  # list entries that are not per-row or per-request (names, 
 MAX_DOCUMENT_BYTES = 1 << 32  # a JSON report, stream, bundle.json or ledger read whole
 MAX_NPY_HEADER = 1 << 16  # an .npy header (numpy writes ~128 bytes)
 MAX_DEFLATE_RATIO = 1032  # deflate's largest expansion: a member cannot inflate to more than this many times its size
+LOAD_FACTOR = 3  # host memory a case archive's arrays take while Case.load reads them, per declared byte
 META_FIXED_CHARS = 1 << 16  # the JSON meta of a case, less its per-request lists
 META_CHARS_PER_REQUEST = 24  # seq_lens and spec.lengths: up to 7 digits and ', ' each, with room
 
@@ -93,10 +98,15 @@ LENGTH_DISTS = ("uniform", "edges", "short", "full")
 VALUE_DISTS = ("normal", "heavy", "integer")
 STALES = ("canary", "other", "zero")
 STABILITY_KINDS = ("bitwise-stable", "stable-within-tolerance", "unstable")
-MASK_PATTERNS = ("no-window", "mtp-mirrored", "per-sequence-length", "constant-offset", "shifted-by-one-request",
-                 "tail-not-cleaned", "unknown")  # difftest.engine.explain.Pattern
+MASK_PATTERNS = ("no-window", "constant-offset", "per-sequence-length", "reversed-draft-rows", "mtp-mirrored",
+                 "tile-truncated", "shifted-request", "tail-not-cleaned", "unknown")  # difftest.engine.explain.Pattern
+LEGACY_MASK_PATTERNS = ("shifted-by-one-request",)  # difftest.engine.explain.LEGACY_PATTERNS: older reports' values
+ROUNDINGS = ("down", "up")  # difftest.engine.explain.Rounding
+DIFFERENCES_KEPT = 8  # difftest.engine.explain.DIFFERENCES_KEPT
 SELFTEST_STATUSES = ("caught", "missed", "passed", "false positive", "elsewhere")  # difftest.workflows.selftest.Status
 MASK_LIMITS = 256  # difftest.engine.comparison.MASK_LIMITS: wrong-mask rows whose limits a comparison records
+MAX_TRACEBACK = 1 << 14  # difftest.engine.guards.MAX_TRACEBACK_CHARS: characters of a result's traceback
+DEFAULT_TOPK = 2048  # difftest.core.contract.DEFAULT_TOPK: a comparison's top-k before it recorded its k
 # CaseSpec's defaults (difftest.generators.spec.CaseSpec), likewise restated and checked.
 SPEC_DEFAULTS: dict[str, Any] = {
     "name": "random", "batch": 4, "next_n": 1, "heads": 32, "head_dim": 64, "block_size": 16,
@@ -264,6 +274,7 @@ class Model(BaseModel):
     what: ClassVar[str] = "a JSON object"  # what the object as a whole must be
     unknown_name: ClassVar[str | None] = None  # the word after the object's path naming its unknown keys
     unknown_expected: ClassVar[str | None] = None  # what its keys may be; default: its fields, sorted
+    legacy_fields: ClassVar[frozenset[str]] = frozenset()  # fields only older documents hold (read, never written)
 
 
 class SpecModel(Model):
@@ -346,14 +357,63 @@ MaskLimits = ListOf(Rule(_mask_limit, "[row, oracle limit, apparent limit or nul
                     f"a list of at most {MASK_LIMITS} [row, oracle limit, apparent limit or null]")
 
 
+class RelationModel(Model):
+    """difftest.engine.explain.Relation."""
+
+    what: ClassVar[str] = "a JSON object of Relation fields"
+    pattern: OneOf(MASK_PATTERNS)
+    offset: Int(-MAX_MODEL_LEN, MAX_MODEL_LEN) | None = None
+    shift: Int(-2 * MAX_BATCH, 2 * MAX_BATCH) | None = None
+    tile: Int(2, MAX_MODEL_LEN) | None = None
+    rounding: OneOf(ROUNDINGS) | None = None
+
+
+class ExampleModel(Model):
+    """difftest.engine.explain.Example."""
+
+    what: ClassVar[str] = "a JSON object of Example fields"
+    row: RowIndex
+    oracle: Int(0, MAX_MODEL_LEN)
+    kernel: Int(0, MAX_MODEL_LEN) | None
+    request: Int(0, 2 * MAX_BATCH) | None = None
+    draft_row: Int(0, MAX_NEXT_N - 1) | None = None
+    length: Int(0, MAX_MODEL_LEN) | None = None
+
+
+def _difference(value: Any) -> bool:
+    """[kernel - oracle limit or null, recorded rows]."""
+    return (type(value) is list and len(value) == 2
+            and (value[0] is None or (_is_int(value[0]) and -MAX_MODEL_LEN <= value[0] <= MAX_MODEL_LEN))
+            and _is_int(value[1]) and 1 <= value[1] <= MASK_LIMITS)
+
+
 class ExplanationModel(Model):
-    """difftest.engine.explain.Explanation."""
+    """difftest.engine.explain.Explanation. Reports written before relations were fitted hold `pattern`
+    (one of MASK_PATTERNS or LEGACY_MASK_PATTERNS) and `description` instead of `relation`."""
 
     what: ClassVar[str] = "a JSON object of Explanation fields"
-    pattern: OneOf(MASK_PATTERNS)
-    description: Text()
+    legacy_fields: ClassVar[frozenset[str]] = frozenset({"pattern", "description"})
+    relation: RelationModel | None = None
+    pattern: OneOf(MASK_PATTERNS + LEGACY_MASK_PATTERNS) | None = None
+    description: Text() | None = None
     explained: Count
     rows: Int(0, MASK_LIMITS)
+    selective: Bool = False
+    next_n: Int(1, MAX_NEXT_N) | None = None
+    draft_rows: ListOf(Int(0, MAX_NEXT_N - 1), MAX_NEXT_N, f"a list of at most {MAX_NEXT_N} draft rows") = []
+    example: ExampleModel | None = None
+    right_windows: Count = 0
+    holes: Int(0, MASK_LIMITS) = 0
+    differences: ListOf(Rule(_difference, "[kernel - oracle limit or null, rows]").type(), DIFFERENCES_KEPT,
+                        f"a list of at most {DIFFERENCES_KEPT} [kernel - oracle limit or null, rows]") = []
+    alternatives: ListOf(RelationModel, len(MASK_PATTERNS) * 8, "a list of Relation objects") = []
+
+    @model_validator(mode="after")
+    def _one_relation(self) -> "ExplanationModel":
+        if (self.relation is None) == (self.pattern is None):
+            raise SpecError("relation", None if self.relation is None else "both", "a relation, or the pattern "
+                            "of an older report (one of the two)")
+        return self
 
 
 class ComparisonModel(Model):
@@ -368,15 +428,17 @@ class ComparisonModel(Model):
     positions_differing: Count
     max_abs_err: NonNegative
     max_rel_err: NonNegative
-    # A mean of per-row ratios in [0, 1]; its float sum may round a hair past 1.
+    # A mean of per-row ratios in [0, 1]; its float sum may round a hair past 1. null: no row's window is
+    # longer than the top-k (not applicable).
     topk_overlap: Rule(lambda v: v == "nan" or (type(v) is float and math.isnan(v)) or _in(v, -1e-9, 1 + 1e-9),
-                       "a number in [0, 1], or 'nan'").type()
+                       "a number in [0, 1], or 'nan'").type() | None
     first_mismatch: MismatchModel | None
     verdict: Verdicts
     # Reports written before failures explained themselves have none of these.
     mask_limits: MaskLimits = []  # pydantic copies a mutable default
     explanation: ExplanationModel | None = None
     mask_strip: Text() | None = None
+    topk: Int(1, MAX_MODEL_LEN) = DEFAULT_TOPK  # reports written before it have none
 
     @model_validator(mode="after")
     def _rows_exist(self) -> "ComparisonModel":
@@ -456,11 +518,22 @@ class TimingModel(Model):
     error: Text() | None = None
 
 
+class CallMemoryModel(Model):
+    """difftest.engine.result.CallMemory."""
+
+    what: ClassVar[str] = "a JSON object {counted, measured, alone, retried, ran_out}"
+    counted: Count | None = None
+    measured: Count | None = None
+    alone: Bool = False
+    retried: Text() | None = None
+    ran_out: Bool = False
+
+
 class ViolationModel(Model):
     """difftest.engine.result.Violation: a metamorphic relation that does not hold."""
 
     what: ClassVar[str] = "a JSON object of Violation fields"
-    relation: OneOf(Relation)
+    relation: OneOf(MetamorphicRelation)
     related: ListOf(Name, 16, "a list of related case names")
     rows: ListOf(Int(0, MAX_ROWS), MAX_ROWS, "a list of row indices")
     row: Int(0, MAX_ROWS)
@@ -499,6 +572,8 @@ class ResultModel(Model):
     reach: ReachModel | None = None
     timing: TimingModel | None = None
     library: Text() = ""  # reports written before it have none
+    traceback: Text(MAX_TRACEBACK) | None = None
+    memory: CallMemoryModel | None = None  # reports written before it have none
     metamorphic: ListOf(ViolationModel, 64, "a list of violated relations") = []
 
 
@@ -656,7 +731,7 @@ class SummaryModel(Model):
     rows: Count
     mask_rows: Count
     max_rel_err: NonNegative
-    topk_overlap: JsonFloat
+    topk_overlap: JsonFloat | None  # null: n/a (no row longer than the top-k); 'nan' in older reports: none compared
     verdict: Verdicts
     counts: TableOf(Verdicts, Count, "a table of verdict -> cases")
     skip_reasons: ListOf(Text(), MAX_ITEMS, "a list of skip reasons")
@@ -756,6 +831,15 @@ class OriginModel(Model):
     registered: Bool
     why_not: Text() = ""
 
+    @model_validator(mode="after")
+    def _registered_is_a_name(self) -> "OriginModel":
+        # A registered origin is a name the registry resolves; a 'module:object' path never is one (replay
+        # imports a path only when the bundle is trusted, difftest.workflows.replay).
+        if self.registered and (self.target is None or ":" in self.target):
+            raise SpecError("registered", True, f"false for the target {self.target!r}: only a registered "
+                            "backend name (no ':') is registered")
+        return self
+
 
 class BundleInfoModel(Model):
     """bundle.json (difftest.records.bundle.write_bundle)."""
@@ -774,7 +858,7 @@ class BundleInfoModel(Model):
     startup_timeout: Number(0.0, 86400.0) | None = None
     oracle: OneOf(OracleKind) | None = None
     repeat: Int(1, MAX_REPEAT) = 1
-    metamorphic: ListOf(OneOf(Relation), 64, "a list of metamorphic relations") = []
+    metamorphic: ListOf(OneOf(MetamorphicRelation), 64, "a list of metamorphic relations") = []
     verdict: Verdicts
     reason: Text() | None = None
     comparison: ComparisonModel | None = None
@@ -1228,18 +1312,25 @@ def shown(value: Any, limit: int = 200) -> Any:
 
 
 def one_line(text: str) -> str:
-    """`text` with its control characters escaped: an error stays one line."""
-    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+    """`text` with its control characters escaped (difftest.core.text.printable): an error stays one line."""
+    return printable(text, lines=False)
 
 
 # --------------------------------------------------------------------------- reading documents
 
 def read_text(path: str | Path, field: str, what: str, limit: int = MAX_DOCUMENT_BYTES) -> str:
-    """The UTF-8 text of `path`; SpecError(field, path, ...) when it cannot be read, is not UTF-8 or is
+    """The UTF-8 text of `path`; SpecError(field, path, ...) when it cannot be read, is not a regular
+    file (a FIFO would block the read until a writer came, a device never end), is not UTF-8 or is
     larger than `limit` bytes."""
     chunks, size = [], 0
     try:
-        with Path(path).open("rb") as file:
+        # Opened without blocking (a FIFO's open waits for a writer), then checked to be a regular file.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise SpecError(field, str(path), f"a {what} in a regular file (not a FIFO, device or folder)")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as file:
             # In chunks: file.read(limit + 1) would set aside `limit` bytes before reading any.
             while size <= limit and (chunk := file.read(1 << 20)):
                 chunks.append(chunk)
@@ -1274,11 +1365,21 @@ def read_toml(path: str | Path, field: str, what: str) -> dict[str, Any]:
 
 
 def parse_json(text: str) -> Any:
-    """json.loads, ValueError (never RecursionError) for text that is not JSON or nests too deeply."""
+    """json.loads, ValueError (never RecursionError) for text that is not JSON, nests too deeply, or
+    gives one key twice in an object (json.loads would keep the last silently)."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except RecursionError:
         raise ValueError("nested too deeply") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """The object of `pairs`; ValueError naming a key given twice."""
+    made = dict(pairs)
+    if len(made) != len(pairs):
+        twice = next(key for key, times in Counter(key for key, _ in pairs).items() if times > 1)
+        raise ValueError(f"the key {twice!r} is given twice")
+    return made
 
 
 # --------------------------------------------------------------------------- case archives (.npz)
@@ -1320,6 +1421,7 @@ def check_case_archive(path: str | Path, where: str | None = None) -> dict[str, 
     try:
         with zipfile.ZipFile(path) as archive:
             headers = _headers(archive, where)
+            _fits_memory(headers, where)
             meta = _meta(archive, headers, where)
             _check_arrays(headers, meta, where)
             return meta
@@ -1373,6 +1475,18 @@ def _header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, where: str) -> _Hea
         raise SpecError(f"{where} size", info.file_size, f"{offset + header.nbytes} bytes: its header and "
                         f"{_n(header.nbytes)} bytes of {dtype.str} {tuple(shape)}")
     return header
+
+
+def _fits_memory(headers: dict[str, _Header], where: str) -> None:
+    """The arrays, as declared, must fit this host's free memory LOAD_FACTOR times over: an archive of a
+    few megabytes can declare gigabytes of zeros, which would be inflated for many seconds before the
+    process is killed for memory, where a case this host cannot hold is an error at once."""
+    free = available_memory("cpu")
+    declared = sum(header.nbytes for header in headers.values())
+    if free is not None and declared * LOAD_FACTOR > free:
+        raise SpecError(f"{where} size", declared, f"arrays this host can load: at most {_n(free // LOAD_FACTOR)} "
+                        f"bytes, 1/{LOAD_FACTOR} of the {_n(free)} bytes this process can still allocate (loading "
+                        "holds each array twice while it is read, and the cache once more while it is split)")
 
 
 def _meta(archive: zipfile.ZipFile, headers: dict[str, _Header], where: str) -> dict[str, Any]:

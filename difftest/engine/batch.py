@@ -11,7 +11,7 @@ logits depend only on its own sequence (the oracle's rows and bounds are row-loc
 
 A kernel's own answer may depend on the batch (its schedule, split sizes, max_model_len): the runner
 tries a member that fails in a batch again, with the batch's other failures and then alone, and only
-the retry's result counts (difftest.engine.runner).
+the retry's result counts (difftest.engine.batch_policy).
 """
 
 from __future__ import annotations

@@ -9,13 +9,12 @@ from collections.abc import Callable
 
 import torch
 
-from difftest.core.contract import Contract
+from difftest.core.contract import DEFAULT_TOPK, Contract
 from difftest.core.kinds import MaskConvention
 from difftest.core.poison import is_poison
 from difftest.core.verdict import Mismatch, Verdict, worst
 from difftest.engine.explain import Explanation, MaskLimit, explain
 
-TOPK = 2048
 CHUNK_ELEMENTS = 1 << 25  # logits compared at once: a few float64 copies of this many stay under 2 GB
 _KINDS = (Verdict.FAIL_UNWRITTEN, Verdict.FAIL_NAN, Verdict.FAIL_MASK, Verdict.FAIL_VALUE)
 # Wrong-mask rows whose limits a Comparison records: enough for every pattern difftest.engine.explain knows
@@ -37,7 +36,9 @@ class Comparison:
     positions_differing: int
     max_abs_err: float
     max_rel_err: float  # error over the row's largest |expected| in the window
-    topk_overlap: float  # mean over rows with a window, tie-aware
+    # Mean over the rows whose window is longer than `topk` of their top-k overlap, tie-aware; None (n/a)
+    # when no row's is: a top-k that keeps every position of a window picks it whatever the values.
+    topk_overlap: float | None
     first_mismatch: Mismatch | None
     verdict: Verdict
     # (row, the oracle's limit, the kernel's apparent limit) of the first MASK_LIMITS wrong-mask rows. The
@@ -47,6 +48,7 @@ class Comparison:
     mask_limits: tuple[MaskLimit, ...] = ()
     explanation: Explanation | None = None  # the pattern the wrong windows follow (difftest.engine.explain)
     mask_strip: str | None = None  # the first wrong-mask row around its boundaries (STRIP_LEGEND)
+    topk: int = DEFAULT_TOPK  # the k of topk_overlap: the contract's (Contract.topk)
 
 
 def compare(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, contract: Contract,
@@ -61,7 +63,8 @@ def compare(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, c
     request's q (docs/findings/deepgemm-zero-length-request.md). Such a backend declares a wider rtol.
 
     `next_n` (rows per request) lets the wrong windows be explained request by request
-    (difftest.engine.explain); without it only the patterns that need no requests are tried.
+    (difftest.engine.explain, which also reads the contract's tiles); without it only the relations that
+    need no requests are tried. The top-k overlap is taken at the contract's top-k (Contract.topk).
     """
     rows, width = expected.shape
     if tuple(got.shape) != (rows, width):
@@ -72,8 +75,8 @@ def compare(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, c
                            contract, None if bound is None else bound[first:first + step], first)
              for first in range(0, rows, step)]
     explained = functools.partial(explain, next_n=next_n, row_lens=row_lens, width=width,
-                                  tail_checked=contract.mask == MaskConvention.TAIL_NEG_INF)
-    return _combined(parts, rows, explained)
+                                  tail_checked=contract.mask == MaskConvention.TAIL_NEG_INF, tiles=contract.tiles)
+    return _combined(parts, rows, explained, contract.topk)
 
 
 def compare_spans(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, contract: Contract,
@@ -91,8 +94,8 @@ def compare_spans(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Ten
                         contract, None if bound is None else bound[first:first + step])
              for first, step in _chunks(*expected.shape)]
     kinds, differing, abs_err, rel_err, active = (torch.cat([s[i] for s in stats], dim=-1) for i in range(5))
-    fractions = torch.cat([s[5] for s in stats]).tolist()  # one per active row, in row order
-    before = torch.cumsum(active, 0).tolist()  # active rows up to and including each row
+    fractions = torch.cat([s[5] for s in stats]).tolist()  # one per row longer than the top-k, in row order
+    before = torch.cumsum(active, 0).tolist()  # such rows up to and including each row
     kinds, differing, abs_err, rel_err = kinds.tolist(), differing.tolist(), abs_err.tolist(), rel_err.tolist()
     row_wrong = [any(flags) for flags in zip(*kinds, strict=True)]
     out: list[Comparison] = []
@@ -102,23 +105,22 @@ def compare_spans(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Ten
         overlap = (math.fsum(fractions[lo:hi]), hi - lo)
         if not any(row_wrong[first:first + rows]):  # most spans: no kind of wrong row to sort out
             out.append(_passed(rows, max(abs_err[first:first + rows], default=0.0),
-                               max(rel_err[first:first + rows], default=0.0), overlap))
+                               max(rel_err[first:first + rows], default=0.0), overlap, contract.topk))
             continue
         bad_rows = {kind: [r for r in range(rows) if flags[first + r]]
                     for kind, flags in zip(_KINDS, kinds, strict=True)}
         part = _Part(bad_rows, sum(differing[first:first + rows]), max(abs_err[first:first + rows], default=0.0),
                      max(rel_err[first:first + rows], default=0.0), overlap, None, [], None)
-        out.append(_combined([part], rows, functools.partial(explain, next_n=None, row_lens=row_lens)))
+        out.append(_combined([part], rows, functools.partial(explain, next_n=None, row_lens=row_lens), contract.topk))
     return out
 
 
-def _passed(rows: int, max_abs_err: float, max_rel_err: float, overlap: tuple[float, int]) -> Comparison:
+def _passed(rows: int, max_abs_err: float, max_rel_err: float, overlap: tuple[float, int], k: int) -> Comparison:
     """What _combined makes of one slice of `rows` rows without a wrong position (compare_spans' many
     passing members: a batch's judging spent more on combining empty row lists than on comparing)."""
-    hits, counted = overlap
     return Comparison(rows=rows, mask_rows=[], nan_rows=[], unwritten_rows=[], value_rows=[], positions_differing=0,
-                      max_abs_err=max_abs_err, max_rel_err=max_rel_err, topk_overlap=hits / counted if counted else 1.0,
-                      first_mismatch=None, verdict=Verdict.PASS)
+                      max_abs_err=max_abs_err, max_rel_err=max_rel_err, topk_overlap=_mean(*overlap),
+                      first_mismatch=None, verdict=Verdict.PASS, topk=k)
 
 
 def _chunks(rows: int, width: int) -> list[tuple[int, int]]:
@@ -156,10 +158,10 @@ class _Slice:
 def _row_stats(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, contract: Contract,
                bound: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
     """Per row of a slice: whether it has a wrong position of each kind (len(_KINDS), rows), its wrong
-    positions, the largest absolute and relative error, whether its window is non-empty; and the
-    top-k overlap of each row with a window."""
+    positions, the largest absolute and relative error, whether its window is longer than the contract's
+    top-k; and the top-k overlap of each such row."""
     s = _Slice.of(expected, got, row_lens, contract, bound)
-    fractions, active = _topk_fractions(expected, got, row_lens)  # ranked in their own types
+    fractions, active = _topk_fractions(expected, got, row_lens, contract.topk)  # ranked in their own types
     relative = s.errors / _row_scale(s.expected, s.inside)[:, None]
     wrong = torch.stack([s.kinds[kind] for kind in _KINDS])
     return (wrong.any(dim=2), wrong.any(dim=0).sum(dim=1), s.errors.amax(dim=1), relative.amax(dim=1), active,
@@ -174,7 +176,7 @@ class _Part:
     positions_differing: int
     max_abs_err: float
     max_rel_err: float
-    overlap: tuple[float, int]  # (sum of per-row top-k overlaps, rows with a window)
+    overlap: tuple[float, int]  # (sum of per-row top-k overlaps, rows whose window is longer than k)
     first_mismatch: Mismatch | None
     mask_limits: list[MaskLimit]  # of at most MASK_LIMITS of its wrong-mask rows
     mask_strip: str | None  # of its first wrong-mask row
@@ -183,7 +185,7 @@ class _Part:
 def _compare_rows(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, contract: Contract,
                   bound: torch.Tensor | None, first: int) -> _Part:
     s = _Slice.of(expected, got, row_lens, contract, bound)
-    overlap = _topk_hits(expected, got, row_lens)  # ranked in their own types
+    overlap = _topk_hits(expected, got, row_lens, contract.topk)  # ranked in their own types
     expected, got, poison, kinds, errors = s.expected, s.got, s.poison, s.kinds, s.errors
     scale = _row_scale(expected, s.inside)
     any_bad = torch.stack(list(kinds.values())).any(dim=0)
@@ -199,7 +201,7 @@ def _compare_rows(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Ten
                  mask_limits=[(row + first, oracle, apparent) for row, oracle, apparent in limits], mask_strip=strip)
 
 
-def _combined(parts: list[_Part], rows: int, explained: Callable[..., Explanation | None]) -> Comparison:
+def _combined(parts: list[_Part], rows: int, explained: Callable[..., Explanation | None], k: int) -> Comparison:
     bad_rows = {kind: [r for part in parts for r in part.bad_rows[kind]] for kind in _KINDS}
     hits, counted = sum(p.overlap[0] for p in parts), sum(p.overlap[1] for p in parts)
     limits = tuple(limit for part in parts for limit in part.mask_limits)[:MASK_LIMITS]
@@ -209,7 +211,7 @@ def _combined(parts: list[_Part], rows: int, explained: Callable[..., Explanatio
         positions_differing=sum(p.positions_differing for p in parts),
         max_abs_err=max((p.max_abs_err for p in parts), default=0.0),
         max_rel_err=max((p.max_rel_err for p in parts), default=0.0),
-        topk_overlap=hits / counted if counted else 1.0,
+        topk_overlap=_mean(hits, counted), topk=k,
         first_mismatch=next((p.first_mismatch for p in parts if p.first_mismatch), None),
         verdict=worst([k for k, rows_ in bad_rows.items() if rows_]),
         mask_limits=limits, explanation=explained(limits, wrong_rows=bad_rows[Verdict.FAIL_MASK]),
@@ -334,66 +336,55 @@ def _first_positions(bad: torch.Tensor) -> list[tuple[int, int]]:
     return [tuple(found[0].tolist())] if len(found) else []  # type: ignore[list-item]
 
 
-def topk_overlap(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor) -> float:
-    """Mean over rows of |top-k(got) among the true top-k| / k, k = min(2048, length).
+def topk_overlap(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor,
+                 k: int = DEFAULT_TOPK) -> float | None:
+    """Mean over the rows whose window is longer than k of |top-k(got) among the true top-k| / k; None
+    (not applicable) when no row's window is: a top-k that keeps a whole window keeps it whatever
+    the values, so an overlap there would read 1.0 for any backend that leaves the mask right.
 
-    Ties are honoured: a position counts as a hit when its expected value is at least the k-th
-    largest expected value of the row, so integer-valued cases with many equal logits score 1.0
-    when the backend is exact. NaN and -inf in `got` rank last.
+    Ties are honoured: a pick counts as a hit when its expected value is at least the k-th largest
+    expected value of the row, so integer-valued cases with many equal logits score 1.0 when the
+    backend is exact. NaN and -inf in `got` rank last.
     """
-    hits, counted = _topk_hits(expected, got, row_lens)
-    return hits / counted if counted else 1.0
+    hits, counted = _topk_hits(expected, got, row_lens, k)
+    return _mean(hits, counted)
 
 
-def _topk_hits(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor) -> tuple[float, int]:
-    """(sum over rows with a window of their top-k overlap, the number of such rows)."""
-    fractions, active = _topk_fractions(expected, got, row_lens)
+def _mean(hits: float, counted: int) -> float | None:
+    return hits / counted if counted else None
+
+
+def _topk_hits(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor, k: int) -> tuple[float, int]:
+    """(sum over the rows whose window is longer than k of their top-k overlap, the number of such rows)."""
+    fractions, ranked = _topk_fractions(expected, got, row_lens, k)
     # fsum: correctly rounded, so a member's sum in a batch (compare_spans) is the same float as alone.
-    return (math.fsum(fractions.tolist()), int(active.sum())) if fractions.numel() else (0.0, 0)
+    return (math.fsum(fractions.tolist()), int(ranked.sum())) if fractions.numel() else (0.0, 0)
 
 
-def _topk_fractions(expected: torch.Tensor, got: torch.Tensor,
-                    row_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the top-k overlap of each row with a window, in row order; which rows have one).
+def _topk_fractions(expected: torch.Tensor, got: torch.Tensor, row_lens: torch.Tensor,
+                    k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the top-k overlap of each row whose window is longer than k, in row order; which rows those are).
 
     Ranked in each side's own float type (float32 -> float64 keeps every value and its order, so the
-    ranking is the same, at half the memory traffic). A window of at most TOPK positions is its own
-    top k, so only longer windows are ranked (torch.topk, unsorted): on a GPU the ranking was most of
-    a batch's comparison. The k-th largest expected value ranks NaN above everything, as torch.topk does."""
+    ranking is the same, at half the memory traffic), with torch.topk unsorted. The k-th largest
+    expected value is the smallest (not NaN) of the top k: NaN ranks above everything, as torch.topk
+    does, so a row with k NaN in its window has no hit."""
     device = expected.device
     lens = row_lens.to(device)
-    active = lens > 0
-    counts = torch.stack([active.sum(), (lens > TOPK).sum()]).tolist()  # one host wait for both
-    if not counts[0]:
-        return torch.zeros(0, dtype=torch.float64, device=device), active
-    exp, out, lens = _rankable(expected)[active], _rankable(got.to(device))[active], lens[active]
+    ranked = lens > k
+    if not bool(ranked.any()):  # every window is its own top k (always at CPU scale): nothing to rank
+        return torch.zeros(0, dtype=torch.float64, device=device), ranked
+    exp, out, lens = _rankable(expected)[ranked], _rankable(got.to(device))[ranked], lens[ranked]
     inside = torch.arange(exp.shape[1], device=device)[None, :] < lens[:, None]
-    exp_nan = torch.isnan(exp)
     ranked_exp = torch.where(inside, exp, -math.inf)
     ranked_got = torch.where(inside & ~torch.isnan(out), out, -math.inf)
-    ks = lens.clamp(max=TOPK)
-    nans = (inside & exp_nan).sum(dim=1)
-    # The k-th largest of a short window: its smallest value that is not NaN (NaN ranks first).
-    kth = torch.where(inside & ~exp_nan, exp, math.inf).amin(dim=1)
-    # In a short window every position the backend scored (not -inf, not NaN) is one of its top k.
-    hits = (inside & (ranked_got > -math.inf) & (ranked_exp >= kth[:, None])).sum(dim=1)
-    if counts[1]:
-        hits, kth = _long_hits(ranked_exp, ranked_got, lens > TOPK, hits, kth)
-    hits = torch.where(nans >= ks, 0, hits)  # the k-th largest is NaN: nothing compares >= it
-    return hits.double() / ks.double(), active
-
-
-def _long_hits(ranked_exp: torch.Tensor, ranked_got: torch.Tensor, long: torch.Tensor, hits: torch.Tensor,
-               kth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`hits` and `kth` with the rows of windows longer than TOPK ranked: the k-th largest expected value
-    is the smallest (not NaN) of the top TOPK, and the hits are the backend's top TOPK picks at or above it."""
-    top = ranked_exp[long].topk(TOPK, dim=1, sorted=False).values
-    long_kth = torch.where(torch.isnan(top), math.inf, top).amin(dim=1)
-    picked = ranked_got[long].topk(TOPK, dim=1, sorted=False).indices
+    top = ranked_exp.topk(k, dim=1, sorted=False).values
+    kth = torch.where(torch.isnan(top), math.inf, top).amin(dim=1)
+    picked = ranked_got.topk(k, dim=1, sorted=False).indices
     # A pick the backend scored -inf or NaN is no hit, whichever -inf tie torch.topk happened to take.
-    long_hits = ((ranked_exp[long].gather(1, picked) >= long_kth[:, None])
-                 & (ranked_got[long].gather(1, picked) > -math.inf)).sum(dim=1)
-    return hits.masked_scatter(long, long_hits), kth.masked_scatter(long, long_kth)
+    hits = ((ranked_exp.gather(1, picked) >= kth[:, None]) & (ranked_got.gather(1, picked) > -math.inf)).sum(dim=1)
+    hits = torch.where((inside & torch.isnan(exp)).sum(dim=1) >= k, 0, hits)  # the k-th largest is NaN
+    return hits.double() / k, ranked
 
 
 def _rankable(values: torch.Tensor) -> torch.Tensor:

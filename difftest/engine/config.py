@@ -6,7 +6,7 @@ import dataclasses
 import math
 
 from difftest.core.errors import require
-from difftest.core.kinds import CacheLayout, LengthEncoding, OracleKind, Relation, SanitizerTool
+from difftest.core.kinds import CacheLayout, LengthEncoding, MetamorphicRelation, OracleKind, SanitizerTool
 
 DEVICES = ("cpu", "cuda")
 MAX_REPEAT = 1000  # launches per case; more is a typo, not a stability study
@@ -31,7 +31,7 @@ class RunConfig:
     time: int | None = None  # launches timed per case after the checked ones (median; engine.timing); None: none
     # Metamorphic relations checked on every result that ran (difftest.engine.metamorphic): a violated one is
     # FAIL(metamorphic), each check one more launch of the case and one of each related case
-    metamorphic: tuple[Relation, ...] = ()
+    metamorphic: tuple[MetamorphicRelation, ...] = ()
 
     def __post_init__(self) -> None:
         require(self.device in DEVICES, "device", self.device, f"one of {list(DEVICES)}")
@@ -56,9 +56,10 @@ class RunConfig:
                 f"None or a difftest.OracleKind {[o.value for o in OracleKind]}")
         require(self.time is None or (type(self.time) is int and 1 <= self.time <= MAX_TIME), "time", self.time,
                 f"an integer in [1, {MAX_TIME}]: launches timed per case (None: no timing)")
-        require(isinstance(self.metamorphic, tuple) and all(isinstance(r, Relation) for r in self.metamorphic)
-                and len(set(self.metamorphic)) == len(self.metamorphic), "metamorphic", self.metamorphic,
-                f"a tuple of distinct difftest.Relation {[r.value for r in Relation]}")
+        relations = self.metamorphic
+        require(isinstance(relations, tuple) and all(isinstance(r, MetamorphicRelation) for r in relations)
+                and len(set(relations)) == len(relations), "metamorphic", relations,
+                f"a tuple of distinct difftest.MetamorphicRelation {[r.value for r in MetamorphicRelation]}")
 
     @property
     def isolated(self) -> bool:

@@ -23,18 +23,19 @@ import torch
 
 from difftest.backends import Backend, Loaded, as_loaded
 from difftest.core.case import Case
-from difftest.core.kinds import OracleKind, Relation
+from difftest.core.kinds import MetamorphicRelation, OracleKind
 from difftest.core.verdict import Verdict
-from difftest.engine import metamorphic
+from difftest.engine import metamorphic, runner
+from difftest.engine.call import Amend, judged, launch
 from difftest.engine.config import RunConfig
 from difftest.engine.guards import Execution
 from difftest.engine.isolate import Executor
 from difftest.engine.result import CaseResult, Violation
-from difftest.engine.runner import Amend, Done, Takes, executors_for, judged, launch
+from difftest.engine.runner import Done, NotDrawn, Takes, executors_for
 from difftest.oracles.reference import Reference
 
 
-def run(backends: list[Backend], cases: Iterable[Case], config: RunConfig,
+def run(backends: list[Backend], cases: Iterable[Case | NotDrawn], config: RunConfig,
         on_result: Callable[[CaseResult], None] | None = None, done: Done | None = None, takes: Takes | None = None,
         amend: Amend | None = None) -> list[CaseResult]:
     """Every backend on every case (the pairs `takes` allows; `done` keeps results of an earlier run), judged by
@@ -45,6 +46,9 @@ def run(backends: list[Backend], cases: Iterable[Case], config: RunConfig,
     with executors_for(loaded, config) as where:
         for case in cases:
             chosen = [i for i, b in enumerate(loaded) if takes is None or takes(b.name, case)]
+            if isinstance(case, NotDrawn):  # its SKIPs, as the runner gives them
+                results += runner.run([loaded[i] for i in chosen], [case], config, on_result)
+                continue
             todo = [i for i in chosen if (loaded[i].name, case.name) not in kept]
             fresh = dict(zip(todo, judge_case([loaded[i] for i in todo], [where[i] for i in todo], case, config),
                              strict=True))
@@ -113,7 +117,7 @@ class _Relations:
     def __init__(self, backends: list[Loaded], executors: list[Executor], case: Case, config: RunConfig) -> None:
         self.where = {b.name: e for b, e in zip(backends, executors, strict=True)}
         self.case, self.config = case, config
-        self.relations = config.metamorphic or tuple(Relation)
+        self.relations = config.metamorphic or tuple(MetamorphicRelation)
         self.found: dict[str, tuple[Violation, ...]] = {}
 
     def of(self, backend: Loaded) -> tuple[Violation, ...]:

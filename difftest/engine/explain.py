@@ -1,244 +1,397 @@
-"""Why rows have the wrong -inf mask: the pattern behind a failing case's windows, named.
+"""Why rows have the wrong -inf mask: the relation between a kernel's windows and the true ones, fitted.
 
 difftest.engine.comparison records, for each wrong-mask row, the oracle's limit and the limit the kernel
-behaved as if it had (its apparent limit: how many leading positions are not -inf). explain() tries
-the known ways a kernel gets its windows wrong against those rows and names the first that fits:
-"48/48 wrong" becomes "the MTP window mirrored".
+behaved as if it had (its apparent limit: how many leading positions are not -inf). explain() fits
+those apparent limits against each row's request b, draft row j, request length L_b and next_n, and
+names every known relation that gives them exactly: "48/48 wrong" becomes "AITER's mirrored window".
 
-Row r = b * next_n + j has the oracle limit max(L_b - next_n + j + 1, 0) (docs/reference/encodings.md),
-so L_b is the limit of request b's last row. A pattern predicts every row's apparent limit. It fits
-when it gives the apparent limit of every recorded wrong row and, for every row that is right, the
-oracle's limit (or, where the tail is not checked, at least the oracle's: a longer window is invisible
-there). CONSTANT_OFFSET and NO_WINDOW are also named when they fit the wrong rows alone: a planted
-condition (a block boundary, a zero-length request) picks the rows, the offset is still the cause.
+Row r = b * next_n + j has the oracle limit o = max(L_b - next_n + j + 1, 0)
+(docs/reference/encodings.md), so L_b is the limit of request b's last row. The relations, each a
+prediction of every row's apparent limit (clamped to [0, max_model_len], as a row shows it):
+
+    CONSTANT_OFFSET(k)         o + k
+    PER_SEQUENCE_LENGTH        L_b: the MTP offset forgotten
+    REVERSED_DRAFT_ROWS        max(L_b - j, 0): row j behaves as row next_n - 1 - j
+    MTP_MIRRORED               L_b - j + 1: AITER 0.1.7's p <= L - j (row j behaves as row next_n - j);
+                               row 0 may show L_b where L_b is a multiple of a declared tile (no chunk
+                               holds p = L_b, so its phantom 0.0 is never written)
+    TILE_TRUNCATED(t, down|up) o rounded down (up) to a multiple of the declared tile t
+    SHIFTED_REQUEST(s)         request b - s's limits for request b's rows (s = 1: lengths read one
+                               request late; |s| <= MAX_SHIFT); rows with no request b - s say nothing
+
+A relation fits when it gives the apparent limit of every recorded wrong row and, for every row that
+is right, the oracle's limit (or, where the tail is not checked, at least the oracle's: a longer
+window is invisible there). Every fitting relation is kept: the first in the order above is the one
+named, the others are `alternatives` (rows clamped at max_model_len cannot tell a window one long
+from every row seeing L). Two readings come before any fit: every wrong row -inf from position 0 is
+NO_WINDOW, and every wrong row finite to its end is TAIL_NOT_CLEANED (what also fits those clamped
+rows listed after it). Without a fit: a constant offset on the wrong rows alone (`selective`: a
+condition such as a block boundary picks the rows); then finite values past every wrong row's window
+(TAIL_NOT_CLEANED, selective); else UNKNOWN, with how the limits differ.
+
+The public shape (what the report renders, what fuzz keys its signatures on):
+
+* Relation(pattern, offset, shift, tile, rounding): what the kernel computes, with its parameters; the
+  same bug gives the same Relation on every case whose rows tell the relations apart, whatever the
+  case's lengths: key on it (a case whose rows cannot lists the bug's relation among `alternatives`).
+* Explanation: the Relation and the evidence of one case (which varies from case to case):
+  `selective`, `explained` of `rows` recorded wrong rows, `next_n`, `draft_rows` (the draft positions j
+  of the wrong rows), an `example` row, `right_windows`, `holes`, `differences` and `alternatives`.
+* Pattern and Rounding: the enums inside them; their values are what JSON reports hold.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 
 MaskLimit = tuple[int, int, int | None]  # (row, the oracle's limit, the kernel's apparent limit or None)
+DIFFERENCES_KEPT = 8  # distinct kernel - oracle limits an Explanation keeps, the most common first
+_SHIFT_WITNESSES = 4  # recorded rows whose limit is looked up among the other requests' for a shift
+_SHIFTS_TRIED = 16  # the nearest shifts those rows suggest
+# The farthest request SHIFTED_REQUEST looks at: a row with a far request's lengths is scrambled, not shifted.
+MAX_SHIFT = 64
 
 
 class Pattern(str, enum.Enum):
-    """The known shapes of wrong windows, tried in this order (the most specific first)."""
+    """The kinds of relation between a kernel's windows and the oracle's (its values are JSON's)."""
 
     NO_WINDOW = "no-window"  # every wrong row is -inf from position 0
-    MTP_MIRRORED = "mtp-mirrored"  # row j sees L - j + 1 positions (AITER's p <= L - j)
+    CONSTANT_OFFSET = "constant-offset"  # o + offset
     PER_SEQUENCE_LENGTH = "per-sequence-length"  # every row of request b sees L_b
-    CONSTANT_OFFSET = "constant-offset"  # apparent = oracle + k on every wrong row
-    SHIFTED_BY_ONE_REQUEST = "shifted-by-one-request"  # request b's rows get request b - 1's (or b + 1's) limits
+    REVERSED_DRAFT_ROWS = "reversed-draft-rows"  # row j sees L_b - j: row next_n - 1 - j's window
+    MTP_MIRRORED = "mtp-mirrored"  # row j sees L_b - j + 1 (AITER's p <= L - j)
+    TILE_TRUNCATED = "tile-truncated"  # o rounded down or up to a multiple of a declared tile
+    SHIFTED_REQUEST = "shifted-request"  # request b's rows see request b - shift's limits
     TAIL_NOT_CLEANED = "tail-not-cleaned"  # finite values past the window under tail-neg-inf
     UNKNOWN = "unknown"
 
 
+# Pattern values older reports hold, and what they read as now.
+LEGACY_PATTERNS = {"shifted-by-one-request": Pattern.SHIFTED_REQUEST}
+
+
+class Rounding(str, enum.Enum):
+    """Which way TILE_TRUNCATED rounds a window: DOWN drops the partial last tile, UP keeps it whole."""
+
+    DOWN = "down"
+    UP = "up"
+
+
 @dataclasses.dataclass(frozen=True)
-class Explanation:
-    """The pattern behind a case's wrong-mask rows, in one line with its numbers."""
+class Relation:
+    """What the kernel computes for its windows: a Pattern and the parameters it takes (None elsewhere)."""
 
     pattern: Pattern
-    description: str
-    explained: int  # recorded wrong rows whose apparent limit the pattern gives
-    rows: int  # wrong rows with a recorded limit (Comparison.mask_limits)
-
-    def summary(self) -> str:
-        """'(16 of 16 wrong rows) MTP window mirrored: ...'."""
-        return f"({self.explained} of {self.rows} wrong rows) {self.description}"
+    offset: int | None = None  # CONSTANT_OFFSET: kernel limit - oracle limit
+    shift: int | None = None  # SHIFTED_REQUEST: request b's rows see request b - shift's limits
+    tile: int | None = None  # TILE_TRUNCATED: the declared tile the windows are rounded to
+    rounding: Rounding | None = None  # TILE_TRUNCATED
 
 
 @dataclasses.dataclass(frozen=True)
-class _Layout:
-    """Per row: its request b, draft position j, the request's length L_b and its oracle limit."""
+class Example:
+    """One recorded wrong row, placed in its request when next_n is known."""
 
-    request: torch.Tensor
-    j: torch.Tensor
-    length: torch.Tensor
+    row: int
+    oracle: int
+    kernel: int | None  # its apparent limit; None when its visible positions are no prefix
+    request: int | None = None
+    draft_row: int | None = None  # j
+    length: int | None = None  # L_b
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """The relation a case's wrong windows follow and the evidence for it (see the module docstring)."""
+
+    relation: Relation
+    explained: int  # recorded wrong rows whose apparent limit the relation gives
+    rows: int  # wrong rows with a recorded limit (Comparison.mask_limits)
+    selective: bool = False  # it holds on the wrong rows only: other rows it would change are right
+    next_n: int | None = None
+    draft_rows: tuple[int, ...] = ()  # the draft positions j with a wrong row, when next_n is known
+    example: Example | None = None
+    right_windows: int = 0  # rows with a non-empty window whose mask is right
+    holes: int = 0  # recorded wrong rows whose visible positions are no prefix (-inf between values)
+    # (kernel - oracle limit, or None for no prefix; recorded rows), the DIFFERENCES_KEPT most common
+    differences: tuple[tuple[int | None, int], ...] = ()
+    alternatives: tuple[Relation, ...] = ()  # other relations that fit as exactly
+
+    @property
+    def pattern(self) -> Pattern:
+        """The named relation's pattern."""
+        return self.relation.pattern
+
+
+def explain(mask_limits: Sequence[MaskLimit], next_n: int | None, row_lens: torch.Tensor | Sequence[int], *,
+            width: int | None = None, wrong_rows: Iterable[int] | None = None, tail_checked: bool = True,
+            tiles: Sequence[int] = ()) -> Explanation | None:
+    """The relation that fits every wrong row of `mask_limits` (UNKNOWN when none does); None without rows.
+
+    row_lens (rows,) are the oracle's limits; next_n None (the case's structure unknown) tries only the
+    relations that need no requests. `width` (max_model_len) clamps predictions as the row does;
+    `wrong_rows` lists every wrong-mask row (the rows past the recorded ones included), so a relation
+    is checked against the right rows too; `tail_checked` is False under tail-unspecified; `tiles` are
+    the key-position tiles the backend declares (Contract.tiles).
+    """
+    if not mask_limits:
+        return None
+    fit = _Fit.of(list(mask_limits), next_n, row_lens, width, wrong_rows, tail_checked, tiles)
+    return fit.explanation(*_relations(fit))
+
+
+# --------------------------------------------------------------------------- the data fitted
+
+@dataclasses.dataclass(frozen=True)
+class _Rows:
+    """Some rows and what a relation reads of each: the oracle's limit and, when next_n is known, the
+    request b, the draft row j and the request's length L_b (None otherwise)."""
+
+    index: torch.Tensor
     oracle: torch.Tensor
-    next_n: int
-    requests: int
+    request: torch.Tensor | None = None
+    j: torch.Tensor | None = None
+    length: torch.Tensor | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fit:
+    """What a relation is fitted to: the recorded wrong rows, every row's oracle limit, which rows are right."""
+
+    limits: list[MaskLimit]
+    lens: torch.Tensor  # (rows,) int64 oracle limits
+    right: torch.Tensor  # (rows,) bool: the row's mask is right
+    next_n: int | None  # None when unknown or when it does not divide the rows
+    width: int | None
+    tail_checked: bool
+    tiles: tuple[int, ...]
+
+    @classmethod
+    def of(cls, limits: list[MaskLimit], next_n: int | None, row_lens: torch.Tensor | Sequence[int],
+           width: int | None, wrong_rows: Iterable[int] | None, tail_checked: bool, tiles: Sequence[int]) -> _Fit:
+        lens = torch.as_tensor(row_lens, dtype=torch.int64).reshape(-1).cpu()
+        wrong = sorted(set(wrong_rows) if wrong_rows is not None else {row for row, _, _ in limits})
+        right = torch.ones(len(lens), dtype=torch.bool)
+        right[torch.tensor(wrong, dtype=torch.int64)] = False
+        tiles = tuple(sorted({t for t in tiles if t > 1}))
+        known_n = next_n if next_n and len(lens) % next_n == 0 else None
+        return cls(limits, lens, right, known_n, width, tail_checked, tiles)
+
+    @property
+    def requests(self) -> int:
+        """Requests in the case; 0 when next_n is unknown."""
+        return len(self.lens) // self.next_n if self.next_n else 0
+
+    @functools.cached_property
+    def recorded(self) -> tuple[_Rows, torch.Tensor]:
+        """The recorded wrong rows and the apparent limit each shows (-1 for no prefix)."""
+        shown = torch.tensor([-1 if a is None else a for _, _, a in self.limits])
+        return self.rows(torch.tensor([row for row, _, _ in self.limits])), shown
+
+    @functools.cached_property
+    def every_row(self) -> _Rows:
+        """Every row, made by slicing rather than gathering (a 2^21-row gather costs tens of milliseconds)."""
+        if self.next_n is None:
+            return _Rows(torch.arange(len(self.lens)), self.lens)
+        index = torch.arange(len(self.lens))
+        length = self.lens.reshape(-1, self.next_n)[:, -1].repeat_interleave(self.next_n)
+        return _Rows(index, self.lens, index // self.next_n, index % self.next_n, length)
+
+    def rows(self, index: torch.Tensor) -> _Rows:
+        """`index`'s rows. The last row of request b sees all L_b tokens: max(L_b - n + (n - 1) + 1, 0) = L_b."""
+        if self.next_n is None:
+            return _Rows(index, self.lens[index])
+        request, j = index // self.next_n, index % self.next_n
+        return _Rows(index, self.lens[index], request, j, self.lens[request * self.next_n + self.next_n - 1])
+
+    def explanation(self, relations: list[Relation], selective: bool, free: torch.Tensor | None = None) -> Explanation:
+        """The Explanation naming relations[0], the others as alternatives; its example is a recorded row
+        with an apparent limit that the named relation says something about (`free`: the recorded rows it
+        does not), where there is one."""
+        known = [limit for i, limit in enumerate(self.limits) if limit[2] is not None and (free is None or not free[i])]
+        differences = Counter(None if a is None else a - o for _, o, a in self.limits)
+        draft_rows = (torch.nonzero(~self.right).flatten() % self.next_n).unique() if self.next_n else torch.zeros(0)
+        return Explanation(
+            relations[0], 0 if relations[0].pattern == Pattern.UNKNOWN else len(self.limits), len(self.limits),
+            selective=selective, next_n=self.next_n, draft_rows=tuple(draft_rows.tolist()),
+            example=self._example((known or self.limits)[0]),
+            right_windows=int((self.right & (self.lens > 0)).sum()), holes=differences[None],
+            differences=tuple(differences.most_common(DIFFERENCES_KEPT)), alternatives=tuple(relations[1:]))
+
+    def _example(self, limit: MaskLimit) -> Example:
+        row, oracle, apparent = limit
+        if self.next_n is None:
+            return Example(row, oracle, apparent)
+        request, j = divmod(row, self.next_n)
+        return Example(row, oracle, apparent, request, j, int(self.lens[request * self.next_n + self.next_n - 1]))
+
+
+# --------------------------------------------------------------------------- fitting
+
+@dataclasses.dataclass(frozen=True)
+class _Prediction:
+    """What a relation says some rows show."""
+
+    shown: torch.Tensor  # the apparent limit of each row
+    also: torch.Tensor | None = None  # a second limit a row may show
+    free: torch.Tensor | None = None  # rows the relation says nothing about (no request to shift from)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Candidate:
-    """A pattern's prediction of every row's apparent limit."""
+    """A relation and its prediction for any rows: tried on the recorded rows first, on every row only when
+    it gives those (predicting all 2^21 rows of the largest cases is the costly part)."""
 
-    pattern: Pattern
-    predicted: torch.Tensor
-    words: str  # the description, before the example row
-    also: torch.Tensor | None = None  # a second accepted limit per row
-    free: torch.Tensor | None = None  # rows where the pattern says nothing (no request to shift from)
+    relation: Relation
+    predict: Callable[[_Rows], _Prediction]
 
 
-def explain(mask_limits: Sequence[MaskLimit], next_n: int | None, row_lens: torch.Tensor | Sequence[int], *,
-            width: int | None = None, wrong_rows: Iterable[int] | None = None,
-            tail_checked: bool = True) -> Explanation | None:
-    """The pattern that fits every wrong row of `mask_limits`, UNKNOWN when none does, None without rows.
-
-    row_lens (rows,) are the oracle's limits; next_n None (the case's structure unknown) tries only the
-    patterns that need no requests. `width` (max_model_len) clamps predictions as the row does;
-    `wrong_rows` lists every wrong-mask row (the rows past the recorded ones included), so a pattern
-    can be checked against the right rows too; `tail_checked` is False under tail-unspecified.
-    """
-    if not mask_limits:
-        return None
-    lens = torch.as_tensor(row_lens, dtype=torch.int64).reshape(-1).cpu()
-    limits = list(mask_limits)
-    wrong = set(wrong_rows) if wrong_rows is not None else {row for row, _, _ in limits}
+def _relations(fit: _Fit) -> tuple[list[Relation], bool, torch.Tensor | None]:
+    """Every relation that fits, the named one first; whether it holds on the wrong rows alone; the recorded
+    rows it says nothing about."""
+    limits = fit.limits
     if all(apparent == 0 for _, _, apparent in limits):
-        return _no_window(limits, lens, wrong)
-    if width is not None and all(a is None or a == width > o for _, o, a in limits):
-        # Values to the end of every wrong row: clamped at the width, any prediction past it would "fit".
-        return _tail_not_cleaned(limits, tail_checked)
-    layout = _layout(lens, next_n)
-    for candidate in _candidates(layout, lens, limits, width):
-        explained = _explained(candidate, limits)
-        if explained == len(limits) and _fits_right_rows(candidate, lens, wrong, tail_checked):
-            return Explanation(candidate.pattern, f"{candidate.words}; {_example(limits[0], layout)}",
-                               explained, len(limits))
-    return _loose_offset(limits, wrong, len(lens)) or _tail_not_cleaned(limits, tail_checked) \
-        or _unknown(limits)
+        return [Relation(Pattern.NO_WINDOW)], bool((fit.right & (fit.lens > 0)).any()), None
+    fitting = [(c, free) for c in _candidates(fit) if (free := _fitted_free(c, fit)) is not None]
+    width, known = fit.width, [(o, a) for _, o, a in limits if a is not None]
+    if width is not None and known and all(a == width > o for o, a in known):
+        # Values to the end of every wrong row: the plainest reading. What else gives rows clamped at the
+        # width (a window a few positions long, every row seeing L) is listed after it.
+        tail = Relation(Pattern.TAIL_NOT_CLEANED)
+        return [tail, *(c.relation for c, _ in fitting)], bool((fit.right & (fit.lens < width)).any()), None
+    if fitting:
+        return [c.relation for c, _ in fitting], False, fitting[0][1]
+    loose = _loose_offset(limits)
+    if loose is not None:
+        return [loose], True, None
+    if fit.tail_checked and known and all(a > o for o, a in known):  # holes alone may be inside the window
+        return [Relation(Pattern.TAIL_NOT_CLEANED)], True, None
+    return [Relation(Pattern.UNKNOWN)], False, None
 
 
-def _layout(lens: torch.Tensor, next_n: int | None) -> _Layout | None:
-    """The requests of the rows; None when next_n is unknown or does not divide the rows."""
-    if not next_n or len(lens) % next_n:
+def _candidates(fit: _Fit) -> Iterator[_Candidate]:
+    """Each relation worth trying on this case, in the order of the module docstring."""
+    yield from _offsets(fit)
+    if fit.next_n is not None and fit.next_n > 1:
+        yield _Candidate(Relation(Pattern.PER_SEQUENCE_LENGTH), lambda r: _Prediction(r.length))
+        # Row j with row next_n - 1 - j's window: max(L - next_n + (next_n - 1 - j) + 1, 0) = max(L - j, 0).
+        yield _Candidate(Relation(Pattern.REVERSED_DRAFT_ROWS), lambda r: _Prediction(r.length - r.j))
+        yield _Candidate(Relation(Pattern.MTP_MIRRORED), functools.partial(_mirrored, tiles=fit.tiles))
+    for tile in fit.tiles:
+        yield from (_Candidate(Relation(Pattern.TILE_TRUNCATED, tile=tile, rounding=rounding),
+                               functools.partial(_rounded, tile=tile, rounding=rounding)) for rounding in Rounding)
+    if fit.requests > 1:
+        yield from (_Candidate(Relation(Pattern.SHIFTED_REQUEST, shift=shift), functools.partial(_shifted, fit, shift))
+                    for shift in _shifts(fit))
+
+
+def _offsets(fit: _Fit) -> Iterator[_Candidate]:
+    """A constant offset k for each kernel - oracle difference of the recorded rows, the most common first (a
+    clamped row shows another: -3 on a row of limit 2 shows -2). Also accepted: k applied before the
+    oracle's clamp at 0, as a kernel computing L - next_n + j + 1 + k does on rows with fewer than next_n keys."""
+    def predict(rows: _Rows, offset: int) -> _Prediction:
+        if rows.length is None or rows.j is None or fit.next_n is None:
+            return _Prediction(rows.oracle + offset)
+        return _Prediction(rows.oracle + offset, rows.length - fit.next_n + rows.j + 1 + offset)
+
+    differences = Counter(a - o for _, o, a in fit.limits if a is not None)
+    for offset, _ in differences.most_common():
+        yield _Candidate(Relation(Pattern.CONSTANT_OFFSET, offset=offset), functools.partial(predict, offset=offset))
+
+
+def _mirrored(rows: _Rows, tiles: tuple[int, ...]) -> _Prediction:
+    """AITER's window p <= L - j: L - j + 1 positions. At j = 0 the last of them is p = L, whose key
+    load is masked: its phantom 0.0 is written only when a processed chunk holds p = L, i.e. when L
+    is no multiple of the kernel's tile (docs/findings/aiter-triton-mask.md). So row 0 may show L,
+    but only where L is a multiple of a declared tile: anywhere else L at row 0 is another relation."""
+    assert rows.length is not None and rows.j is not None
+    shown = rows.length - rows.j + 1
+    if not tiles:
+        return _Prediction(shown)
+    whole = torch.stack([rows.length % tile == 0 for tile in tiles]).any(dim=0)
+    return _Prediction(shown, torch.where((rows.j == 0) & whole, rows.length, shown))
+
+
+def _rounded(rows: _Rows, tile: int, rounding: Rounding) -> _Prediction:
+    """Each window rounded to a multiple of `tile`: down (the partial last tile dropped) or up (stored whole)."""
+    o = rows.oracle
+    return _Prediction(o // tile * tile if rounding == Rounding.DOWN else (o + tile - 1) // tile * tile)
+
+
+def _shifts(fit: _Fit) -> list[int]:
+    """The shifts s (request b's rows with request b - s's limits), |s| <= MAX_SHIFT, that a few recorded rows
+    point at: the requests near b whose row j has the limit the kernel showed, the nearest first (s > 0
+    before -s)."""
+    assert fit.next_n is not None
+    table = fit.lens.reshape(fit.requests, fit.next_n)
+    shifts: set[int] = set()
+    for row, _, apparent in [limit for limit in fit.limits if limit[2] is not None][:_SHIFT_WITNESSES]:
+        b, j = divmod(row, fit.next_n)
+        first = max(0, b - MAX_SHIFT)
+        sources = first + torch.nonzero(table[first:b + MAX_SHIFT + 1, j] == apparent).flatten()
+        shifts.update(s for s in (b - sources).tolist() if s)
+    return sorted(shifts, key=lambda s: (abs(s), -s))[:_SHIFTS_TRIED]
+
+
+def _shifted(fit: _Fit, shift: int, rows: _Rows) -> _Prediction:
+    """Request b's rows with request b - shift's limits; the rows of requests without one are free."""
+    assert rows.request is not None and rows.j is not None and fit.next_n is not None
+    source = rows.request - shift
+    outside = (source < 0) | (source >= fit.requests)
+    return _Prediction(fit.lens[source.clamp(0, fit.requests - 1) * fit.next_n + rows.j], free=outside)
+
+
+def _predicted(candidate: _Candidate, rows: _Rows, width: int | None) -> _Prediction:
+    """The candidate's prediction for `rows` as a row can show it: no fewer than 0 positions, no more than
+    the row has."""
+    p = candidate.predict(rows)
+    also = None if p.also is None else p.also.clamp(min=0, max=width)
+    return _Prediction(p.shown.clamp(min=0, max=width), also, p.free)
+
+
+def _fitted_free(candidate: _Candidate, fit: _Fit) -> torch.Tensor | None:
+    """Which recorded rows `candidate` says nothing about, when it gives every other recorded wrong row's
+    apparent limit and leaves every right row right; None when it does not fit.
+
+    Rows it says nothing about (free) count only when the rows it does say something about outnumber
+    them: a shift cannot be seen in a request that has no source."""
+    if any(a is None for _, _, a in fit.limits):
         return None
-    rows = torch.arange(len(lens))
-    # The last row of request b sees all L_b tokens: max(L_b - next_n + next_n - 1 + 1, 0) = L_b.
-    length = lens.reshape(-1, next_n)[:, -1].repeat_interleave(next_n)
-    return _Layout(rows // next_n, rows % next_n, length, lens, next_n, len(lens) // next_n)
+    recorded, shown = fit.recorded
+    p = _predicted(candidate, recorded, fit.width)
+    free = p.free if p.free is not None else torch.zeros(len(shown), dtype=torch.bool)
+    fixed = ~free
+    if int(fixed.sum()) < int(free.sum()) or not _accepts(p, shown)[fixed].all():
+        return None
+    return free if _leaves_right_rows_right(candidate, fit) else None
 
 
-def _candidates(layout: _Layout | None, lens: torch.Tensor, limits: list[MaskLimit],
-                width: int | None) -> list[_Candidate]:
-    """Every pattern that applies to this case, each row's prediction clamped to [0, width]."""
-    found = []
-    if layout is not None and layout.next_n > 1:
-        found += [_mirrored(layout), _per_sequence(layout)]
-    offset = next((a - o for _, o, a in limits if a is not None and a != o), None)
-    if offset is not None:  # before a shift: lengths 1, 2, 3, ... shifted by one request are one short too
-        found.append(_Candidate(Pattern.CONSTANT_OFFSET, lens + offset, _offset_words(offset)))
-    if layout is not None and layout.requests > 1:
-        found += _shifted(layout)
-    return [_clamped(c, width) for c in found]
+def _accepts(p: _Prediction, shown: torch.Tensor) -> torch.Tensor:
+    ok = p.shown == shown
+    return ok if p.also is None else ok | (p.also == shown)
 
 
-def _mirrored(layout: _Layout) -> _Candidate:
-    """AITER's window p <= L - j: L - j + 1 positions. At j = 0 the last of them is p = L, whose
-    key load is masked: its phantom 0.0 is written only when a processed chunk holds p = L, so
-    L is accepted there too (docs/findings/aiter-triton-mask.md)."""
-    predicted = layout.length - layout.j + 1
-    also = torch.where(layout.j == 0, layout.length, predicted)
-    return _Candidate(Pattern.MTP_MIRRORED, predicted,
-                      f"MTP window mirrored: row j of a request sees L - j + 1 positions instead of "
-                      f"L - next_n + j + 1 (next_n {layout.next_n}: row j behaves as row next_n - j)", also)
-
-
-def _per_sequence(layout: _Layout) -> _Candidate:
-    return _Candidate(Pattern.PER_SEQUENCE_LENGTH, layout.length,
-                      f"per-sequence length used for every row: each row of a request sees L, the "
-                      f"sequence's length, instead of L - next_n + j + 1 (next_n {layout.next_n}: the MTP "
-                      f"offset forgotten)")
-
-
-def _shifted(layout: _Layout) -> list[_Candidate]:
-    """Request b's rows with request b - 1's limits (lengths read one request late), and b + 1's."""
-    table = layout.oracle.reshape(layout.requests, layout.next_n)
-    late = torch.cat([table[:1], table[:-1]]).reshape(-1)
-    early = torch.cat([table[1:], table[-1:]]).reshape(-1)
-    return [_Candidate(Pattern.SHIFTED_BY_ONE_REQUEST, late, "rows shifted by one request: the rows of request "
-                       "b see request b - 1's limits", free=layout.request == 0),
-            _Candidate(Pattern.SHIFTED_BY_ONE_REQUEST, early, "rows shifted by one request: the rows of request "
-                       "b see request b + 1's limits", free=layout.request == layout.requests - 1)]
-
-
-def _offset_words(offset: int) -> str:
-    named = {-1: " (window one short)", 1: " (window one long)"}.get(offset, "")
-    return f"constant offset {offset:+d}: every row's window is the oracle's {offset:+d}{named}"
-
-
-def _clamped(candidate: _Candidate, width: int | None) -> _Candidate:
-    """Predictions as a row can show them: no fewer than 0 positions, no more than the row has."""
-    def clamp(t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else t.clamp(min=0, max=width)
-    return dataclasses.replace(candidate, predicted=clamp(candidate.predicted), also=clamp(candidate.also))
-
-
-def _accepts(candidate: _Candidate, row: int, limit: int) -> bool:
-    also = candidate.also
-    return int(candidate.predicted[row]) == limit or (also is not None and int(also[row]) == limit)
-
-
-def _explained(candidate: _Candidate, limits: list[MaskLimit]) -> int:
-    """Recorded wrong rows the candidate gives. Rows it says nothing about (free) count only when it
-    gives every other row, and at least one: a shift cannot be seen in request 0 alone."""
-    known = [(row, a) for row, _, a in limits if a is not None]
-    free = {row for row, _ in known if candidate.free is not None and bool(candidate.free[row])}
-    fixed = [(row, a) for row, a in known if row not in free]
-    hits = sum(_accepts(candidate, row, a) for row, a in fixed)
-    return hits + len(free) if fixed and hits == len(fixed) else hits
-
-
-def _fits_right_rows(candidate: _Candidate, lens: torch.Tensor, wrong: set[int], tail_checked: bool) -> bool:
+def _leaves_right_rows_right(candidate: _Candidate, fit: _Fit) -> bool:
     """Whether every row that is right is right under the candidate too (vectorised over the rows)."""
-    right = torch.ones(len(lens), dtype=torch.bool)
-    right[torch.tensor(sorted(wrong), dtype=torch.int64)] = False
-    ok = candidate.predicted == lens
-    if candidate.also is not None:
-        ok |= candidate.also == lens
-    if not tail_checked:  # a window longer than the oracle's goes unseen when the tail is not checked
-        ok |= candidate.predicted >= lens
-    if candidate.free is not None:
-        ok |= candidate.free
-    return bool((ok | ~right).all())
+    p = _predicted(candidate, fit.every_row, fit.width)
+    ok = _accepts(p, fit.lens)
+    if not fit.tail_checked:  # a window longer than the oracle's goes unseen when the tail is not checked
+        ok |= p.shown >= fit.lens
+    if p.free is not None:
+        ok |= p.free
+    return bool((ok | ~fit.right).all())
 
 
-def _example(limit: MaskLimit, layout: _Layout | None) -> str:
-    row, oracle, apparent = limit
-    if layout is None:
-        return f"e.g. row {row}: oracle limit {oracle}, kernel {apparent}"
-    b, j, length = int(layout.request[row]), int(layout.j[row]), int(layout.length[row])
-    return f"e.g. row {row} (request {b}, j {j}, L {length}): oracle limit {oracle}, kernel {apparent}"
-
-
-def _no_window(limits: list[MaskLimit], lens: torch.Tensor, wrong: set[int]) -> Explanation:
-    windowed = lens > 0
-    windowed[torch.tensor(sorted(wrong), dtype=torch.int64)] = False
-    others = int(windowed.sum())
-    tail = f"; {others} other rows with a window are right" if others else ""
-    return Explanation(Pattern.NO_WINDOW, f"no window: every wrong row is -inf from position 0{tail}",
-                       len(limits), len(limits))
-
-
-def _loose_offset(limits: list[MaskLimit], wrong: set[int], rows: int) -> Explanation | None:
+def _loose_offset(limits: list[MaskLimit]) -> Relation | None:
     """A constant offset on the wrong rows alone: something picks the rows (a block boundary, say)."""
     offsets = {None if a is None else a - o for _, o, a in limits}
     if len(offsets) != 1 or None in offsets:
         return None
     (offset,) = offsets
-    assert offset is not None
-    words = _offset_words(offset).replace("every row's", "every wrong row's")
-    return Explanation(Pattern.CONSTANT_OFFSET, f"{words}; the other {rows - len(wrong)} rows are right, so "
-                       f"a condition picks the rows; {_example(limits[0], None)}", len(limits), len(limits))
-
-
-def _tail_not_cleaned(limits: list[MaskLimit], tail_checked: bool) -> Explanation | None:
-    """Finite values past every wrong row's window (or a window with holes): the tail left uncleaned."""
-    if not tail_checked or not all(a is None or a > o for _, o, a in limits):
-        return None
-    holes = sum(a is None for _, _, a in limits)
-    return Explanation(Pattern.TAIL_NOT_CLEANED, f"tail not cleaned: finite values past the oracle's window "
-                       f"on every wrong row ({holes} of them with -inf between values)", len(limits), len(limits))
-
-
-def _unknown(limits: list[MaskLimit]) -> Explanation:
-    counts = Counter("not a prefix (holes)" if a is None else f"{a - o:+d}" for _, o, a in limits)
-    shown = ", ".join(f"{what} on {n}" for what, n in counts.most_common(4))
-    more = ", ..." if len(counts) > 4 else ""
-    return Explanation(Pattern.UNKNOWN, f"no known pattern fits: kernel - oracle limit is {shown}{more}",
-                       0, len(limits))
+    return Relation(Pattern.CONSTANT_OFFSET, offset=offset)

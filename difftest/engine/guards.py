@@ -19,23 +19,31 @@ fingerprinted before the first launch and after the last; a change names the ten
 Repeats: the backend is launched `repeat` times on the same inputs; difftest.engine.stability compares the
 outputs. Timing (`time` launches, difftest.engine.timing) comes after the last checksum, unpoisoned, and
 touches no verdict.
+Memory: on a GPU, a launch of more than difftest.core.memory.MEASURED_FROM_LOGITS logits has its peak
+allocation measured (torch.cuda.max_memory_allocated less what was allocated before it), so the runner's
+side-by-side rule counts what a backend allocates where its contract declares nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from difftest.backends import Backend
+from difftest.backends import Backend, base, user
 from difftest.core.contract import Contract
+from difftest.core.errors import exception_text
 from difftest.core.kernel_inputs import KernelInputs
+from difftest.core.memory import MEASURED_FROM_LOGITS, ran_out
 from difftest.core.poison import INT_OF_SIZE, POISON_BITS, poisoned
 from difftest.core.verdict import Verdict
 from difftest.engine.timing import Timing, time_launches
@@ -45,6 +53,12 @@ INPUT_FIELDS = ("q", "kv_cache", "weights", "context_lens", "block_table", "indi
 _CHUNK_WORDS = 1 << 24
 # Cached CUDA blocks of the output's size poisoned before each launch (see the module docstring).
 _POISONED_BLOCKS = 4
+# Characters of a raised exception's traceback a result keeps: its innermost frames and the message, where
+# the bug is, and a bound on what a report carries per result (a recursion's traceback runs to megabytes).
+MAX_TRACEBACK_CHARS = 1 << 14
+# Frames formatted_traceback leaves out above the backend's own: this module's, the Loaded wrapper's and the
+# adapter that calls a decorated function.
+_HARNESS_FILES = frozenset({__file__, base.__file__, user.__file__})
 _EMPTY_FACTORIES = {torch.ops.aten.empty, torch.ops.aten.empty_strided, torch.ops.aten.empty_like,
                     torch.ops.aten.new_empty, torch.ops.aten.new_empty_strided}
 
@@ -67,6 +81,7 @@ class Execution:
     mutated: tuple[str, ...]
     seconds: float
     timing: Timing | None = None  # the timed launches, when asked for
+    peak_bytes: int | None = None  # the most a launch allocated beyond what was allocated before it (measured)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +92,7 @@ class Fault:
     reason: str
     seconds: float
     error_type: str | None = None  # the class name of the exception, when one was raised
+    traceback: str | None = None  # that exception's traceback (formatted_traceback), when one was raised
 
 
 Outcome = Execution | Fault
@@ -159,24 +175,99 @@ def execute(backend: Backend, inputs: KernelInputs, launch: Launch) -> Outcome:
 
     A raised exception is ERROR, unless the device no longer runs anything afterwards (a sticky
     CUDA error such as an illegal memory access): then CRASH, since nothing after it can be trusted.
+    Running out of memory is never sticky: that ERROR is not probed (a probe's own allocation may fail
+    too), and the runner decides what it means (difftest.engine.call).
     That covers a BaseException the backend raises (SystemExit, a KeyboardInterrupt of its own), but
     not a Ctrl-C that arrives while it runs: that one stops the run. An output of the wrong type,
-    shape, dtype or device is ERROR with the reason 'contract: expected ..., got ...'.
+    shape, dtype or device is ERROR with the reason 'contract: expected ..., got ...'. A raised
+    exception's traceback is kept (Fault.traceback).
     """
-    start = time.perf_counter()
+    start, caller = time.perf_counter(), os.getpid()
     try:
-        with _SigintWatch() as watch:
+        with _SigintWatch() as watch, TorchState.kept():
             return _launches(backend, inputs, launch, watch)
     except ContractViolation as exc:
         return Fault(Verdict.ERROR, str(exc), time.perf_counter() - start, "contract")
     except Exception as exc:  # the backend's fault becomes its verdict, never the run's end
         seconds = time.perf_counter() - start
         exc = exc.raised if isinstance(exc, BackendRaised) else exc
-        reason = f"{type(exc).__name__}: {exc}"
-        broken = device_failure(inputs.q.device)
+        reason, trace = exception_text(exc), formatted_traceback(exc)
+        broken = None if ran_out(exc) else device_failure(inputs.q.device)
         if broken is not None:
-            return Fault(Verdict.CRASH, f"{reason} (device unusable afterwards: {broken})", seconds, type(exc).__name__)
-        return Fault(Verdict.ERROR, reason, seconds, type(exc).__name__)
+            return Fault(Verdict.CRASH, f"{reason} (device unusable afterwards: {broken})", seconds, type(exc).__name__,
+                         trace)
+        return Fault(Verdict.ERROR, reason, seconds, type(exc).__name__, trace)
+    finally:
+        if os.getpid() != caller:
+            # A copy of this process the backend forked, returning (or raising) here: it must not go on
+            # with the run (a second run writing the same report, answering the worker's pipe twice).
+            os._exit(FORKED_COPY)
+
+
+FORKED_COPY = 0  # exit status of a forked copy of the caller that the backend returned into
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchState:
+    """The process-wide torch settings a backend can change and the engine relies on after it: the
+    default dtype and device (a backend calling torch.set_default_dtype(torch.float64) would make every
+    later case's tensors float64), autograd, deterministic algorithms, matmul precision, CPU threads."""
+
+    dtype: torch.dtype
+    device: torch.device
+    grad: bool
+    deterministic: tuple[bool, bool]
+    matmul_precision: str
+    threads: int
+
+    @classmethod
+    def now(cls) -> TorchState:
+        """The settings in force."""
+        deterministic = (torch.are_deterministic_algorithms_enabled(),
+                         torch.is_deterministic_algorithms_warn_only_enabled())
+        return cls(torch.get_default_dtype(), torch.get_default_device(), torch.is_grad_enabled(), deterministic,
+                   torch.get_float32_matmul_precision(), torch.get_num_threads())
+
+    def restore(self) -> None:
+        """Put back every setting that differs from this one."""
+        now = TorchState.now()
+        if now.dtype != self.dtype:
+            torch.set_default_dtype(self.dtype)
+        if now.device != self.device:  # cpu is also what get_default_device says when none was set
+            torch.set_default_device(None if self.device == torch.device("cpu") else self.device)
+        if now.grad != self.grad:
+            torch.set_grad_enabled(self.grad)
+        if now.deterministic != self.deterministic:
+            torch.use_deterministic_algorithms(self.deterministic[0], warn_only=self.deterministic[1])
+        if now.matmul_precision != self.matmul_precision:
+            torch.set_float32_matmul_precision(self.matmul_precision)
+        if now.threads != self.threads:
+            torch.set_num_threads(self.threads)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def kept() -> Iterator[None]:
+        """The settings as they were before the block, once it ends, however it ends."""
+        before = TorchState.now()
+        try:
+            yield
+        finally:
+            before.restore()
+
+
+def formatted_traceback(exc: BaseException) -> str:
+    """`exc`'s traceback as Python prints it (chained exceptions included), without difftest's own frames
+    above the backend's (_HARNESS_FILES), cut to its last MAX_TRACEBACK_CHARS characters (the innermost
+    frames and the message) at a frame's first line."""
+    frames = exc.__traceback__
+    while frames is not None and frames.tb_frame.f_code.co_filename in _HARNESS_FILES:
+        frames = frames.tb_next
+    text = "".join(traceback.format_exception(type(exc), exc, frames))
+    if len(text) <= MAX_TRACEBACK_CHARS:
+        return text
+    kept = text[len(text) - MAX_TRACEBACK_CHARS + 64:]
+    kept = kept[kept.find("\n  File ") + 1:]
+    return f"[... {len(text) - len(kept)} earlier characters cut]\n{kept}"
 
 
 class ContractViolation(Exception):
@@ -189,7 +280,7 @@ class BackendRaised(Exception):
 
     def __init__(self, raised: BaseException) -> None:
         self.raised = raised
-        super().__init__(f"{type(raised).__name__}: {raised}")
+        super().__init__(exception_text(raised))
 
 
 class _SigintWatch:
@@ -227,14 +318,16 @@ class _SigintWatch:
 def _launches(backend: Backend, inputs: KernelInputs, launch: Launch, watch: _SigintWatch) -> Execution:
     contract, device = backend.contract, inputs.q.device
     before = input_fingerprints(inputs)
-    outputs, seconds = [], []
+    outputs, seconds, peaks = [], [], []
+    watched = device.type == "cuda" and launch.rows * launch.max_model_len > MEASURED_FROM_LOGITS
     for _ in range(launch.repeat):
         out = _fresh_out(contract, launch, device)
         nbytes = launch.rows * launch.max_model_len * contract.output_dtype.itemsize
         poison_cached_memory(nbytes, contract.output_dtype, device)
+        held = _peak_reset(device) if watched else 0
         start = time.perf_counter()
         try:
-            with PoisonFreshTensors():
+            with PoisonFreshTensors(), TorchState.kept():  # the checks below run under the engine's settings
                 got = backend(inputs, out)
         except Exception:
             raise
@@ -244,6 +337,8 @@ def _launches(backend: Backend, inputs: KernelInputs, launch: Launch, watch: _Si
             raise BackendRaised(exc) from exc
         synchronize(device)
         seconds.append(time.perf_counter() - start)
+        if watched:
+            peaks.append(torch.cuda.max_memory_allocated(device) - held)
         got = _checked_output(got, launch, contract.output_dtype, device)
         # A backend may hand back the same buffer every launch, timed ones included: keep each launch's bits apart.
         outputs.append(_bit_copy(got) if launch.repeat > 1 or launch.time else got)
@@ -251,7 +346,14 @@ def _launches(backend: Backend, inputs: KernelInputs, launch: Launch, watch: _Si
     mutated = tuple(name for name in before if before[name] != after[name])
     # After the checksums: whatever the timed launches do, the verdict is made of what came before.
     timing = time_launches(backend, inputs, _fresh_out(contract, launch, device), launch.time) if launch.time else None
-    return Execution(tuple(outputs), mutated, seconds[0], timing)
+    return Execution(tuple(outputs), mutated, seconds[0], timing, max(peaks) if peaks else None)
+
+
+def _peak_reset(device: torch.device) -> int:
+    """CUDA: the peak statistic restarted from what is allocated now, and that amount (a launch's own
+    peak allocation is then max_memory_allocated less it; the poisoned output it is handed is not counted)."""
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
 
 
 def _fresh_out(contract: Contract, launch: Launch, device: torch.device) -> torch.Tensor | None:

@@ -3,9 +3,12 @@ costs its own verdict (CRASH, TIMEOUT) and nothing else; the run goes on with a 
 
 One long-lived worker per backend, fed cases over a duplex pipe:
 
-    worker -> parent   ("ready", name) once it has rebuilt the backend, or ("fault", text)
-    parent -> worker   (KernelInputs, Launch)                                   one per case
-    worker -> parent   ("outcome", Execution | Fault)                            one per case
+    worker -> parent   ("ready", name) once it has rebuilt the backend, or ("fault", (text, traceback))
+    parent -> worker   (tag, KernelInputs, Launch)                              one per case
+    worker -> parent   ("outcome", tag, Execution | Fault)                       one per case
+
+The tag numbers the calls to one worker: an answer whose tag is not the call's (a backend that forked
+and returned in both processes answers twice) is dropped, never taken for the next call's answer.
 
 How tensors travel is the worker's transport (transport_for). On the CPU, and on a GPU with
 DIFFTEST_WORKER_TRANSPORT=copy, frames are torch.save bytes of CPU copies: the worker owns every
@@ -17,7 +20,8 @@ writes past them damages nothing the parent keeps (and its writes into them are 
 checksums catch). The parent copies the outputs out of the worker's memory as soon as they arrive.
 
 The worker rebuilds the backend from 'package.module:object' (recipe()) and runs guards.execute,
-so poisoning, checksums and repeats are the same as in-process. The parent waits `timeout` seconds
+so poisoning, checksums and repeats are the same as in-process, and a backend that raises sends its
+traceback back in its Fault, as formatted in the worker (guards.formatted_traceback). The parent waits `timeout` seconds
 for an answer (all launches of the case together), then kills the worker: TIMEOUT. A pipe that
 closes without an answer means the worker died: CRASH with its signal (SIGSEGV, SIGABRT) or exit
 status and the tail of its stderr (faulthandler writes the Python stack there). A worker whose call
@@ -33,6 +37,7 @@ import contextlib
 import dataclasses
 import faulthandler
 import io
+import itertools
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.util
@@ -61,7 +66,7 @@ from difftest.core.kernel_inputs import KernelInputs
 from difftest.core.kinds import Isolation, Transport
 from difftest.core.lifetime import die_with_parent, run_folder
 from difftest.core.verdict import Verdict
-from difftest.engine.guards import Execution, Fault, Launch, Outcome, PoisonFreshTensors, execute
+from difftest.engine.guards import Execution, Fault, Launch, Outcome, PoisonFreshTensors, execute, formatted_traceback
 
 DEFAULT_TIMEOUT = 600.0  # seconds one case may take in a worker when the run sets no --timeout
 UNIX_SOCKET_PATH_MAX = 107  # bytes of a socket path: sun_path holds 108 on Linux, its terminating NUL included
@@ -69,9 +74,11 @@ STARTUP_TIMEOUT = 600.0  # seconds a worker may take to import and build its bac
 _STDERR_LINES = 4  # last lines of a dead worker's stderr quoted when faulthandler said nothing
 # Device memory a process keeps cached, free, between calls before it gives it back. Giving it back
 # (empty_cache) frees segments, which waits for the device: after every call that was 0.3-0.4 ms of the
-# run's own time (H200 profiles, reports/h200/session9), most of it for a few MiB, on the thousands of
+# run's own time (H200 profiles, bench/README.md), most of it for a few MiB, on the thousands of
 # small calls of a fuzz campaign; the workers paid it too.
 CACHE_KEPT_BYTES = 512 << 20
+# How often an idle worker looks whether the parent has let go of the large outputs it sent (_release_sent).
+IDLE_COLLECT_SECONDS = 0.05
 
 
 def transport_for(device: str) -> Transport:
@@ -195,7 +202,7 @@ def release_cache() -> None:
     """Give the current GPU's cached free memory back once it passes CACHE_KEPT_BYTES: what a call's
     inputs were shipped in (a memory pool per call) or what a backend allocated stays cached until then."""
     # One read of the allocator's statistics, left nested: memory_reserved() and memory_allocated() each
-    # flatten all of them (a warm H200 campaign spent 1.1 s of its 30 s there, reports/h200/session10).
+    # flatten all of them (a warm H200 campaign spent 1.1 s of its 30 s there).
     if not torch.cuda.is_initialized():
         return  # nothing allocated, nothing cached (and no statistics to read)
     stats = torch.cuda.memory_stats_as_nested_dict()
@@ -223,7 +230,7 @@ def serve(conn: Connection, origin: Origin, device: str, log_path: str, transpor
     try:
         backend = rebuild(origin)
     except BaseException as exc:  # anything that stops the import is the answer
-        conn.send_bytes(_dumps(("fault", f"{type(exc).__name__}: {exc}"), transport))
+        conn.send_bytes(_dumps(("fault", (f"{type(exc).__name__}: {exc}", formatted_traceback(exc))), transport))
         return
     # The first dispatch mode imports torch._dynamo (1.5 s where the fork server did not preload
     # it): paid here, before "ready", so it never counts against a case's timeout.
@@ -232,7 +239,7 @@ def serve(conn: Connection, origin: Origin, device: str, log_path: str, transpor
     conn.send_bytes(_dumps(("ready", backend.name), transport))
     while True:
         try:
-            inputs, launch = _loads(conn.recv_bytes(), transport)
+            tag, inputs, launch = _loads(conn.recv_bytes(), transport)
         except EOFError:
             return
         outcome = execute(backend, _moved(inputs, device), launch)
@@ -243,12 +250,39 @@ def serve(conn: Connection, origin: Origin, device: str, log_path: str, transpor
         # Over IPC the outputs stay on the GPU (the parent copies them out); a CPU tensor among them
         # would need a file descriptor passed along, so it goes over as a GPU tensor too.
         outgoing = _outputs_moved(outcome, device if transport == Transport.CUDA_IPC else "cpu")
+        sent = _output_bytes(outcome)
         try:
-            conn.send_bytes(_dumps(("outcome", outgoing), transport))
+            conn.send_bytes(_dumps(("outcome", tag, outgoing), transport))
         except Exception as exc:  # an output the transport cannot carry
-            conn.send_bytes(_dumps(("outcome", Fault(Verdict.ERROR, f"output not sendable: {exc}", 0.0)), transport))
-        if isinstance(outcome, Fault) and outcome.verdict == Verdict.CRASH:
+            unsent = Fault(Verdict.ERROR, f"output not sendable: {exc}", 0.0)
+            conn.send_bytes(_dumps(("outcome", tag, unsent), transport))
+        if crashed:
             return  # the device is unusable in this process; the parent starts a new worker
+        # Idle, this worker must not hold the outputs it sent: side by side, eleven workers each keeping a
+        # 2^31-logit output (8 GiB) left none for the next call.
+        del outcome, outgoing
+        if transport == Transport.CUDA_IPC and sent > CACHE_KEPT_BYTES:
+            _release_sent(conn)
+
+
+def _output_bytes(outcome: Outcome) -> int:
+    """Bytes of an outcome's outputs (0 for a fault)."""
+    if not isinstance(outcome, Execution):
+        return 0
+    return sum(t.numel() * t.element_size() for t in outcome.outputs)
+
+
+def _release_sent(conn: Connection) -> None:
+    """Until the next call arrives, give the device memory of the outputs just sent back once the parent
+    has copied them out. Over CUDA IPC the sender keeps a block alive until its receiver lets go of it,
+    and torch frees it only at its next collection (torch.cuda.ipc_collect, or an allocation of this
+    process's that fails): without one, an idle worker would hold its last outputs."""
+    while not conn.poll(IDLE_COLLECT_SECONDS):
+        allocated = torch.cuda.memory_allocated()
+        torch.cuda.ipc_collect()
+        release_cache()
+        if torch.cuda.memory_allocated() < allocated:
+            return  # collected: the parent has let go
 
 
 def _die_with(run_pid: int | None) -> None:
@@ -307,6 +341,7 @@ class Worker:
         self.answered_at = 0.0
         self.starting: threading.Thread | None = None  # start_soon's thread, until joined
         self.unanswered: collections.deque[_Call] = collections.deque()  # sent, answer not yet read
+        self.tags = itertools.count(1)  # numbers the calls: an answer carries its call's
 
     @property
     def queues(self) -> bool:
@@ -365,13 +400,14 @@ class Worker:
         # 256K-context batches, seven backends).
         shipped = _shipped(inputs, torch.cuda.MemPool()) if self.transport == Transport.CUDA_IPC else \
             _moved(inputs, "cpu")
+        tag = next(self.tags)
         try:
-            self.conn.send_bytes(_dumps((shipped, launch), self.transport))
+            self.conn.send_bytes(_dumps((tag, shipped, launch), self.transport))
         except OSError:
             died = self._died(time.perf_counter() - start)
             return lambda: died
         sent_to = self.started
-        call = _Call(lambda: self._answered(sent_to, start, shipped, (backend, inputs, launch)))
+        call = _Call(lambda: self._answered(sent_to, start, shipped, tag, (backend, inputs, launch)))
         self.unanswered.append(call)
         return lambda: self._outcome_of(call)
 
@@ -383,13 +419,13 @@ class Worker:
             earliest.outcome = earliest.answer()
         return call.outcome
 
-    def _answered(self, sent_to: int, start: float, shipped: KernelInputs,
+    def _answered(self, sent_to: int, start: float, shipped: KernelInputs, tag: int,
                   call: tuple[Backend, KernelInputs, Launch]) -> Outcome:
         """The call's outcome. One sent while another was in flight went down with the process if that
         one crashed or hung: it is sent again, to the new worker."""
         if self.conn is None or self.started != sent_to:
             return self.submit(*call)()
-        return self._released(self._answer(start, shipped))
+        return self._released(self._answer(start, shipped, tag))
 
     def _released(self, outcome: Outcome) -> Outcome:
         """`outcome`, the device memory of earlier calls' inputs (and their pools) given back."""
@@ -400,18 +436,20 @@ class Worker:
     def __call__(self, backend: Backend, inputs: KernelInputs, launch: Launch) -> Outcome:
         return self.submit(backend, inputs, launch)()
 
-    def _answer(self, start: float, shipped: KernelInputs) -> Outcome:
-        """The outcome of the call sent at `start`; `shipped` (its inputs) lives until then."""
+    def _answer(self, start: float, shipped: KernelInputs, tag: int) -> Outcome:
+        """The outcome of the call `tag` sent at `start`; `shipped` (its inputs) lives until then."""
         assert self.conn is not None
         start = max(start, self.answered_at)
-        if not self.conn.poll(max(0.0, start + self.timeout - time.perf_counter())):
-            self.kill()
-            return Fault(Verdict.TIMEOUT, f"no answer within {self.timeout:g} s; the worker was killed",
-                         time.perf_counter() - start)
-        try:
-            _kind, outcome = _loads(self.conn.recv_bytes(), self.transport)
-        except (EOFError, OSError):
-            return self._died(time.perf_counter() - start)
+        answer_tag = None
+        while answer_tag != tag:  # an answer tagged otherwise answers an earlier call a second time: dropped
+            if not self.conn.poll(max(0.0, start + self.timeout - time.perf_counter())):
+                self.kill()
+                return Fault(Verdict.TIMEOUT, f"no answer within {self.timeout:g} s; the worker was killed",
+                             time.perf_counter() - start)
+            try:
+                _kind, answer_tag, outcome = _loads(self.conn.recv_bytes(), self.transport)
+            except (EOFError, OSError):
+                return self._died(time.perf_counter() - start)
         self.answered_at = time.perf_counter()
         if isinstance(outcome, Fault) and outcome.verdict == Verdict.CRASH:
             self.stop()
@@ -432,7 +470,8 @@ class Worker:
             return self._died(0.0, while_="loading the backend")
         if kind != "ready":
             self.stop()
-            return Fault(Verdict.ERROR, f"the worker could not load {self.origin.target}: {payload}", 0.0)
+            why, trace = payload
+            return Fault(Verdict.ERROR, f"the worker could not load {self.origin.target}: {why}", 0.0, traceback=trace)
         self.ready = True
         return None
 

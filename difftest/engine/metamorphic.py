@@ -1,7 +1,8 @@
 """Metamorphic relations: checks of a backend that need no oracle, so they run where none fits (a 1M-token
 row, a format the oracle does not implement).
 
-A relation (difftest.core.kinds.Relation) turns a case into related cases whose logits follow from the case's:
+A relation (difftest.core.kinds.MetamorphicRelation) turns a case into related cases whose logits follow from
+the case's:
 
 * permute-pages: the physical blocks renumbered by a permutation, the table remapped: the same logits;
 * reorder-requests: the requests shuffled: each row's logits move with its request;
@@ -41,15 +42,15 @@ from difftest.core.contract import Contract
 from difftest.core.errors import SpecError
 from difftest.core.fp8 import convert, decode, encode_exact
 from difftest.core.kernel_inputs import encode_lengths
-from difftest.core.kinds import Fp8Flavour, LengthEncoding, MaskConvention, Relation
+from difftest.core.kinds import Fp8Flavour, LengthEncoding, MaskConvention, MetamorphicRelation
 from difftest.core.verdict import Verdict
+from difftest.engine.call import launch
 from difftest.engine.config import RunConfig
 from difftest.engine.guards import Execution
 from difftest.engine.isolate import Executor
 from difftest.engine.result import CaseResult, Violation
-from difftest.engine.runner import launch
 
-SEED = 20261204  # each relation's random choices: SEED + its place in Relation
+SEED = 20261204  # each relation's random choices: SEED + its place in MetamorphicRelation
 Q_SCALED_MAX = 120.0  # |q| whose double is an e4m3 value of both flavours (e4m3fnuz's largest is 240)
 CHUNK_ELEMENTS = 1 << 25  # logits judged at once: a few float64 copies of this many stay under 2 GB
 ROWS_KEPT = 1024  # rows a violation lists at most
@@ -59,7 +60,7 @@ ROWS_KEPT = 1024  # rows a violation lists at most
 class Related:
     """A case changed by a relation: the related cases, and how their logits follow from the case's."""
 
-    relation: Relation
+    relation: MetamorphicRelation
     cases: tuple[Case, ...]  # run in turn; their outputs laid end to end (by rows)
     rows: torch.Tensor  # (case rows,) int64: the row of those outputs each row of the case moved to
     scale: float = 1.0  # related logit = scale * the case's logit
@@ -67,14 +68,14 @@ class Related:
     note: str = ""  # how it was made, and why so
 
 
-def related(case: Case, relation: Relation) -> Related | None:
+def related(case: Case, relation: MetamorphicRelation) -> Related | None:
     """`case` changed by `relation`; None where the relation changes nothing here (one request to reorder or
     split, next_n 1 to flatten, one head to permute, no slot outside every window)."""
-    generator = torch.Generator().manual_seed(SEED + list(Relation).index(relation))
+    generator = torch.Generator().manual_seed(SEED + list(MetamorphicRelation).index(relation))
     return _TRANSFORMS[relation](case, generator)
 
 
-def check(backend: Loaded, case: Case, relations: Sequence[Relation], config: RunConfig,
+def check(backend: Loaded, case: Case, relations: Sequence[MetamorphicRelation], config: RunConfig,
           executor: Executor) -> tuple[Violation, ...]:
     """The relations that do not hold for `backend` on `case`, each related case launched where the backend
     runs (`executor`), once each; () when the case itself gives no output now."""
@@ -187,7 +188,7 @@ def _padding_wrong(got: torch.Tensor, rows: torch.Tensor) -> list[int]:
 
 # --------------------------------------------------------------------------- the relations
 
-def _derived(case: Case, relation: Relation, suffix: str = "", **fields: object) -> Case:
+def _derived(case: Case, relation: MetamorphicRelation, suffix: str = "", **fields: object) -> Case:
     """A related case: `fields` replaced, named '<case>~<relation><suffix>', and no longer the spec's draw."""
     meta = {k: v for k, v in case.meta.items() if k not in ("spec", "seed")}
     return dataclasses.replace(case, name=f"{case.name}~{relation.value}{suffix}", meta=meta, **fields)
@@ -198,6 +199,11 @@ def _requests(case: Case, index: torch.Tensor) -> dict[str, torch.Tensor]:
     rows = (index[:, None] * case.next_n + torch.arange(case.next_n, device=case.device)).flatten()
     return dict(q=case.q[index], weights=case.weights[rows], block_table=case.block_table[index],
                 seq_lens=case.seq_lens[index])
+
+
+def _unmoved(case: Case) -> torch.Tensor:
+    """Every row where it was: the related outputs' rows in the case's order."""
+    return torch.arange(case.rows, device=case.device)
 
 
 def _row_of(request: torch.Tensor, next_n: int) -> torch.Tensor:
@@ -220,17 +226,17 @@ def _permute_pages(case: Case, generator: torch.Generator) -> Related:
     table = case.block_table.to(torch.int64)
     inside = (table >= 0) & (table < blocks)
     remapped = torch.where(inside, new_id[table.clamp(0, blocks - 1)], table).to(case.block_table.dtype)
-    moved = _derived(case, Relation.PERMUTE_PAGES, k_pool=case.k_pool[old_at], scale_pool=case.scale_pool[old_at],
-                     block_table=remapped)
-    return Related(Relation.PERMUTE_PAGES, (moved,), torch.arange(case.rows, device=case.device))
+    moved = _derived(case, MetamorphicRelation.PERMUTE_PAGES, k_pool=case.k_pool[old_at],
+                     scale_pool=case.scale_pool[old_at], block_table=remapped)
+    return Related(MetamorphicRelation.PERMUTE_PAGES, (moved,), _unmoved(case))
 
 
 def _reorder_requests(case: Case, generator: torch.Generator) -> Related | None:
     if case.batch < 2:
         return None
     order = _shuffle(case.batch, generator).to(case.device)  # request order[i] goes to position i
-    moved = _derived(case, Relation.REORDER_REQUESTS, **_requests(case, order))
-    return Related(Relation.REORDER_REQUESTS, (moved,), _row_of(torch.argsort(order), case.next_n))
+    moved = _derived(case, MetamorphicRelation.REORDER_REQUESTS, **_requests(case, order))
+    return Related(MetamorphicRelation.REORDER_REQUESTS, (moved,), _row_of(torch.argsort(order), case.next_n))
 
 
 def _pad_requests(case: Case, generator: torch.Generator) -> Related:
@@ -249,9 +255,9 @@ def _pad_requests(case: Case, generator: torch.Generator) -> Related:
     pad_rows = pads.repeat_interleave(next_n)
     parts["weights"] = torch.where(pad_rows[:, None], -parts["weights"], parts["weights"])
     parts["seq_lens"] = torch.where(pads, torch.zeros_like(parts["seq_lens"]), parts["seq_lens"])
-    padded = _derived(case, Relation.PAD_REQUESTS, **parts)
+    padded = _derived(case, MetamorphicRelation.PAD_REQUESTS, **parts)
     position = 2 * torch.arange(batch, device=case.device) + 1
-    return Related(Relation.PAD_REQUESTS, (padded,), _row_of(position, next_n),
+    return Related(MetamorphicRelation.PAD_REQUESTS, (padded,), _row_of(position, next_n),
                    note=f"{batch + 1} empty requests between and after the {batch}")
 
 
@@ -260,9 +266,9 @@ def _split_batch(case: Case, generator: torch.Generator) -> Related | None:
         return None
     half = case.batch // 2
     parts = [torch.arange(0, half, device=case.device), torch.arange(half, case.batch, device=case.device)]
-    halves = tuple(_derived(case, Relation.SPLIT_BATCH, f"-{i + 1}of2", **_requests(case, index))
+    halves = tuple(_derived(case, MetamorphicRelation.SPLIT_BATCH, f"-{i + 1}of2", **_requests(case, index))
                    for i, index in enumerate(parts))
-    return Related(Relation.SPLIT_BATCH, halves, torch.arange(case.rows, device=case.device),
+    return Related(MetamorphicRelation.SPLIT_BATCH, halves, _unmoved(case),
                    note=f"requests [0, {half}) and [{half}, {case.batch})")
 
 
@@ -272,9 +278,9 @@ def _flatten_next_n(case: Case, generator: torch.Generator) -> Related | None:
     if case.next_n < 2:
         return None
     parts = encode_lengths(case, LengthEncoding.FLATTENED)
-    flat = _derived(case, Relation.FLATTEN_NEXT_N, q=parts["q"], block_table=parts["block_table"],
+    flat = _derived(case, MetamorphicRelation.FLATTEN_NEXT_N, q=parts["q"], block_table=parts["block_table"],
                     seq_lens=parts["context_lens"].to(torch.int64))
-    return Related(Relation.FLATTEN_NEXT_N, (flat,), torch.arange(case.rows, device=case.device), exact=False,
+    return Related(MetamorphicRelation.FLATTEN_NEXT_N, (flat,), _unmoved(case), exact=False,
                    note="the kernel's next_n-1 path: its sums may run in another order")
 
 
@@ -282,13 +288,13 @@ def _scale_q(case: Case, generator: torch.Generator) -> Related:
     values = decode(case.q, case.fp8, torch.float32)
     if bool((values.abs() <= Q_SCALED_MAX).all()):
         try:
-            doubled = _derived(case, Relation.SCALE_Q, q=encode_exact(values * 2, case.fp8, "q"))
-            return Related(Relation.SCALE_Q, (doubled,), torch.arange(case.rows, device=case.device), scale=2.0,
+            doubled = _derived(case, MetamorphicRelation.SCALE_Q, q=encode_exact(values * 2, case.fp8, "q"))
+            return Related(MetamorphicRelation.SCALE_Q, (doubled,), _unmoved(case), scale=2.0,
                            note="q x 2")
         except SpecError:  # a double that is no e4m3 value of this flavour: the weights instead
             pass
-    doubled = _derived(case, Relation.SCALE_Q, weights=case.weights * 2)
-    return Related(Relation.SCALE_Q, (doubled,), torch.arange(case.rows, device=case.device), scale=2.0,
+    doubled = _derived(case, MetamorphicRelation.SCALE_Q, weights=case.weights * 2)
+    return Related(MetamorphicRelation.SCALE_Q, (doubled,), _unmoved(case), scale=2.0,
                    note=f"weights x 2: some |q| > {Q_SCALED_MAX:g}, whose double is no e4m3fnuz value")
 
 
@@ -296,9 +302,9 @@ def _permute_heads(case: Case, generator: torch.Generator) -> Related | None:
     if case.heads < 2:
         return None
     order = _shuffle(case.heads, generator).to(case.device)
-    moved = _derived(case, Relation.PERMUTE_HEADS, q=case.q[:, :, order].contiguous(),
+    moved = _derived(case, MetamorphicRelation.PERMUTE_HEADS, q=case.q[:, :, order].contiguous(),
                      weights=case.weights[:, order].contiguous())
-    return Related(Relation.PERMUTE_HEADS, (moved,), torch.arange(case.rows, device=case.device), exact=False,
+    return Related(MetamorphicRelation.PERMUTE_HEADS, (moved,), _unmoved(case), exact=False,
                    note="the head sum in another order")
 
 
@@ -312,10 +318,10 @@ def _append_keys(case: Case, generator: torch.Generator) -> Related | None:
     drawn = torch.randn(shape, generator=generator).clamp(-8, 8).to(torch.float8_e4m3fn).view(torch.uint8)
     keys = convert(drawn, Fp8Flavour.E4M3FN, case.fp8, "k_pool")
     scales = 0.5 + 1.5 * torch.rand(shape[:2], generator=generator)
-    filled = _derived(case, Relation.APPEND_KEYS,
+    filled = _derived(case, MetamorphicRelation.APPEND_KEYS,
                       k_pool=torch.where(covered[..., None], case.k_pool, keys.to(case.device)),
                       scale_pool=torch.where(covered, case.scale_pool, scales.to(case.device)))
-    return Related(Relation.APPEND_KEYS, (filled,), torch.arange(case.rows, device=case.device),
+    return Related(MetamorphicRelation.APPEND_KEYS, (filled,), _unmoved(case),
                    note=f"{int((~covered).sum())} slots outside every window filled")
 
 
@@ -330,9 +336,9 @@ def _covered_slots(case: Case) -> torch.Tensor:
     return covered.reshape(blocks, block_size)
 
 
-_TRANSFORMS: dict[Relation, Callable[[Case, torch.Generator], Related | None]] = {
-    Relation.PERMUTE_PAGES: _permute_pages, Relation.REORDER_REQUESTS: _reorder_requests,
-    Relation.PAD_REQUESTS: _pad_requests, Relation.SPLIT_BATCH: _split_batch,
-    Relation.FLATTEN_NEXT_N: _flatten_next_n, Relation.SCALE_Q: _scale_q, Relation.PERMUTE_HEADS: _permute_heads,
-    Relation.APPEND_KEYS: _append_keys,
+_TRANSFORMS: dict[MetamorphicRelation, Callable[[Case, torch.Generator], Related | None]] = {
+    MetamorphicRelation.PERMUTE_PAGES: _permute_pages, MetamorphicRelation.REORDER_REQUESTS: _reorder_requests,
+    MetamorphicRelation.PAD_REQUESTS: _pad_requests, MetamorphicRelation.SPLIT_BATCH: _split_batch,
+    MetamorphicRelation.FLATTEN_NEXT_N: _flatten_next_n, MetamorphicRelation.SCALE_Q: _scale_q,
+    MetamorphicRelation.PERMUTE_HEADS: _permute_heads, MetamorphicRelation.APPEND_KEYS: _append_keys,
 }

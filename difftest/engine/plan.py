@@ -108,8 +108,8 @@ class SuiteRequest:
     shard: Shard | None = None
 
     def __post_init__(self) -> None:
-        require(self.count is None or 0 <= self.count <= MAX_COUNT, "count", self.count,
-                f"an integer in [0, {MAX_COUNT}]")
+        require(self.count is None or 1 <= self.count <= MAX_COUNT, "count", self.count,
+                f"an integer in [1, {MAX_COUNT}] (cases edges runs the edge cases alone)")
         require(-MAX_SEED <= self.seed < MAX_SEED, "seed", self.seed, "an integer in [-2**62, 2**62)")
 
     @property

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from difftest.core.kinds import CacheLayout, Isolation, LengthEncoding, Relation
+from difftest.core.kinds import CacheLayout, Isolation, LengthEncoding, MetamorphicRelation
 from difftest.core.verdict import Verdict
 from difftest.engine.comparison import Comparison
 from difftest.engine.sanitize import SanitizerReport
@@ -23,12 +23,25 @@ class Reach:
 
 
 @dataclasses.dataclass(frozen=True)
+class CallMemory:
+    """What a call came to in memory, where that mattered: what the side-by-side rule counted it at,
+    what it was measured to allocate, and whether it ran out of memory beside other calls first."""
+
+    counted: int | None = None  # bytes the side-by-side rule counted (difftest.core.memory.SideBySide.counted)
+    measured: int | None = None  # peak bytes its call allocated beyond what it was handed (CUDA, large calls)
+    alone: bool = False  # whether it ran with no other call in flight
+    # its first try's out-of-memory error, beside other calls: this result is its try alone
+    retried: str | None = None
+    ran_out: bool = False  # it ran out of memory with no other call beside it: this result is that SKIP
+
+
+@dataclasses.dataclass(frozen=True)
 class Violation:
     """A metamorphic relation that does not hold for a backend on a case (difftest.engine.metamorphic): the
     related cases it ran (derived from the case by `relation`, so the case's own spec and seed draw them
     again), the rows where its logits do not follow from its logits on the case, and the first position."""
 
-    relation: Relation
+    relation: MetamorphicRelation
     related: tuple[str, ...]  # the related cases' names: '<case>~<relation>'
     rows: tuple[int, ...]  # rows of the case (or padding rows of the related case) where it does not hold
     row: int  # the first such row, of the case
@@ -75,4 +88,8 @@ class CaseResult:
     reach: Reach | None = None
     timing: Timing | None = None  # the median of the timed launches, under `time` (difftest.engine.timing)
     library: str = ""  # the backend's Contract.library: what it loaded (distribution, version, where from)
+    # The traceback of the exception behind an ERROR or CRASH, as formatted where it was raised (in a worker
+    # process under isolation): the backend's frames, innermost last (difftest.engine.guards.formatted_traceback).
+    traceback: str | None = None
+    memory: CallMemory | None = None  # set where memory shaped the call: measured, run alone, retried or skipped
     metamorphic: tuple[Violation, ...] = ()  # the relations it violated, when the run checked them

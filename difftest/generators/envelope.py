@@ -43,14 +43,15 @@ import dataclasses
 import enum
 import itertools
 import math
-import os
 from collections.abc import Callable, Hashable, Iterable
 from typing import NamedTuple
 
-from difftest.core.case import Case
+from difftest.core import hardware, memory
 from difftest.core.contract import Contract
 from difftest.core.errors import SpecError
 from difftest.core.kinds import Device, Fp8Flavour, PartitionScope
+from difftest.core.memory import Footprint, Shape
+from difftest.core.memory import size_text as _size
 from difftest.generators.spec import CaseSpec, LengthDist, Stale, Values
 
 
@@ -99,30 +100,12 @@ PRODUCTION_BATCH = 128
 SMALL_MAX_CONTEXT = 1024
 SMALL_MAX_POOL_BYTES = 250 * 10**6
 SMALL_MAX_LOGITS = 1 << 22  # rows * max_model_len
-SMALL_MEMORY = 2 << 30  # what a CI runner is assumed to spare when the host's free memory is unknown
-MEMORY_HEADROOM = 0.85  # of the free memory a probe finds: allocator fragmentation, the CUDA context
 # Representative values where the contract takes any; the first of each scale's shape is preferred.
 REPRESENTATIVE = {
     Scale.SMALL: dict(next_n=(1, 2, 3, 4), heads=(32, 64), head_dim=(64, 128), block_size=(1, 16, 64)),
     Scale.PRODUCTION: dict(next_n=(1, 2, 3, 4), heads=(16, 32, 64, 128), head_dim=(64, 128),
                            block_size=(1, 16, 64)),
 }
-# Memory model constants. generators may not import difftest.oracles (the layering contract), so the torch
-# oracle's chunk size is restated: difftest.oracles.paged_mqa_logits._CHUNK_ELEMENTS.
-ORACLE_CHUNK_ELEMENTS = 1 << 22
-# difftest.engine.comparison: float64 copies of both logits, ~8 boolean masks and three float64 temporaries
-# (errors, row scales, top-k ranking) per logit, for COMPARE_CHUNK_ELEMENTS logits at a time
-# (restated: difftest.engine.comparison.CHUNK_ELEMENTS; generators may not import the comparison).
-COMPARE_BYTES_PER_LOGIT = 48
-COMPARE_CHUNK_ELEMENTS = 1 << 25
-# Case.validate's visible-slot check: a bool mask, the repeated int32 table, its int64 index and the
-# float32 gathered scales over (B, W * block_size). 25 measured on the H200 (logits-over-2^31).
-VALIDATE_BYTES_PER_SLOT = 26
-# difftest.core.fp8.convert of a pool between flavours: float32 values, bytes, a float32 decode to check,
-# and the int64 (block, slot, dim) indices of its boolean masks. 43 measured on the H200.
-CONVERT_BYTES_PER_KEY = 44
-# Small tensors round up to the allocator's blocks: tiny cases measured up to 2 MB over the sum of their parts.
-BUILD_SLACK = 4 << 20
 
 
 # --------------------------------------------------------------------------- public types
@@ -137,7 +120,7 @@ class Target:
     scale: Scale
 
     @classmethod
-    def small_cpu(cls, memory_bytes: int = SMALL_MEMORY) -> Target:
+    def small_cpu(cls, memory_bytes: int = memory.SMALL_MEMORY) -> Target:
         """A CPU CI run."""
         return cls(Device.CPU, 0, memory_bytes, Scale.SMALL)
 
@@ -148,14 +131,12 @@ class Target:
 
     @classmethod
     def probe(cls, device: Device, scale: Scale | None = None) -> Target:
-        """This machine's `device`: SMs and free memory (times MEMORY_HEADROOM) asked of difftest.core.hardware
-        on a GPU, the host's available memory on the CPU; PRODUCTION on a GPU, SMALL on the CPU by default."""
-        if device == Device.CUDA:
-            from difftest.core import hardware  # deferred: it imports torch's CUDA state
-
-            return cls(device, hardware.sm_count(), int(hardware.free_memory() * MEMORY_HEADROOM),
-                       scale or Scale.PRODUCTION)
-        return cls(device, 0, _host_memory(), scale or Scale.SMALL)
+        """This machine's `device`: its SMs (asked of difftest.core.hardware on a GPU) and the memory one
+        case may use (difftest.core.memory.usable: on the CPU the least of the host's, the cgroup's and
+        the address-space limit's); PRODUCTION on a GPU, SMALL on the CPU by default."""
+        sms = hardware.sm_count() if device == Device.CUDA else 0
+        return cls(device, sms, memory.usable(device), scale or (Scale.PRODUCTION if device == Device.CUDA
+                                                                    else Scale.SMALL))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,114 +157,20 @@ class Omission:
     spec_name: str = ""
 
 
-@dataclasses.dataclass(frozen=True)
-class Footprint:
-    """Bytes a case costs, as upper bounds (drawn lengths counted at their longest)."""
-
-    pool_bytes: int  # num_blocks * block_size * (D + 4): keys and fp32 scales
-    other_bytes: int  # q, weights, block table, lengths
-    logits_bytes: int  # a backend's fp32 output: rows * max_model_len * 4
-    oracle_fused_bytes: int  # the fused fp32 GPU oracle: its logits and per-row bounds
-    oracle_cpu_bytes: int  # the float64 torch oracle: its logits, decoded pool and one chunk's scores
-    compare_bytes: int  # judging one backend: COMPARE_BYTES_PER_LOGIT per logit
-    kernel_bytes: int  # what the engine hands a kernel: a packed copy of the pool, re-paged or converted
-    working_bytes: int  # what the backend's call allocates besides its logits (Contract.working_memory)
-    build_bytes: int  # the peak build_case and Case.validate add while the case is made
-    key_reads: int  # (row, key) pairs a kernel scores: the sum of the row limits
-
-    @property
-    def case_bytes(self) -> int:
-        """The case's own tensors."""
-        return self.pool_bytes + self.other_bytes
-
-    def oracle_bytes(self, device: Device) -> int:
-        """The oracle used on `device`: fused fp32 on a GPU, float64 torch on the CPU."""
-        return self.oracle_fused_bytes if device == Device.CUDA else self.oracle_cpu_bytes
-
-    def total(self, device: Device) -> int:
-        """Peak bytes on `device`: the case, then the larger of making it and running one backend on it
-        (its inputs, its logits and its own working memory, beside the oracle's answer and the comparison)."""
-        running = (self.kernel_bytes + self.logits_bytes + self.working_bytes + self.oracle_bytes(device)
-                   + self.compare_bytes)
-        return self.case_bytes + max(self.build_bytes, running)
-
-    def describe(self, device: Device) -> str:
-        """'2.1 GB pool + 8.6 GB logits + ...': the parts of total(device)."""
-        parts = [(self.pool_bytes, "pool"), (self.other_bytes, "q/weights/table"), (self.logits_bytes, "logits"),
-                 (self.oracle_bytes(device), "oracle"), (self.compare_bytes, "compare"),
-                 (self.kernel_bytes, "kernel inputs"), (self.working_bytes, "kernel working memory")]
-        shown = " + ".join(f"{_size(n)} {what}" for n, what in parts if n >= 1 << 20) or "under 1 MB in all"
-        return f"{shown}; building peaks at {_size(self.case_bytes + self.build_bytes)}"
-
-
-# --------------------------------------------------------------------------- memory
-
-class CallSizes(NamedTuple):
-    """What the memory of one backend call depends on: a built case's sizes (of_case) or a spec's
-    upper bounds (estimate_bytes)."""
-
-    pool_bytes: int  # keys and fp32 scales
-    other_bytes: int  # q, weights, block table, lengths
-    key_bytes: int  # the keys alone
-    slots: int  # batch * table width * block size: the token table of a re-paged case has one per slot
-    logits: int  # rows * max_model_len
-    heads: int
-    block_size: int
-    fp8: Fp8Flavour
-
-    @classmethod
-    def of_case(cls, case: Case) -> CallSizes:
-        """The sizes of a built case."""
-        table = case.block_table
-        other = case.q.numel() + case.weights.numel() * 4 + table.numel() * 4 + case.seq_lens.numel() * 8
-        return cls(pool_bytes=case.pool_bytes, other_bytes=other, key_bytes=case.k_pool.numel(),
-                   slots=table.numel() * case.block_size, logits=case.rows * case.max_model_len, heads=case.heads,
-                   block_size=case.block_size, fp8=case.fp8)
-
-
-class CallBytes(NamedTuple):
-    """What one backend call holds besides the case itself."""
-
-    kernel: int  # the inputs the engine hands it: a packed copy of the pool, re-paged or converted
-    logits: int  # its fp32 output
-    working: int  # what its call allocates besides the logits (Contract.working_memory)
-
-    @property
-    def total(self) -> int:
-        return self.kernel + self.logits + self.working
-
-
-def call_bytes(sizes: CallSizes, contract: Contract | None) -> CallBytes:
-    """The memory of one call of a backend with `contract` (None: no backend's extras) on a case of `sizes`:
-    the engine re-pages to the block size it takes or converts the pool to its fp8 flavour, and its call
-    declares its working memory."""
-    kernel = sizes.pool_bytes + sizes.other_bytes
-    if contract is None:
-        return CallBytes(kernel, sizes.logits * 4, 0)
-    if contract.block_size_for(sizes.block_size) != sizes.block_size:
-        kernel += sizes.slots * 8
-    if contract.fp8 != sizes.fp8:
-        kernel += sizes.key_bytes * CONVERT_BYTES_PER_KEY
-    return CallBytes(kernel, sizes.logits * 4, contract.working_memory.bytes_for(sizes.logits, sizes.heads))
-
-
 def estimate_bytes(spec: CaseSpec, contract: Contract | None = None) -> Footprint:
-    """What `spec` costs in memory (upper bounds), and what running a backend of `contract` adds when it
-    is given (call_bytes)."""
-    batch, rows = spec.total_batch, spec.total_batch * spec.next_n
+    """What `spec` costs in memory (upper bounds: difftest.core.memory.footprint of its spec_shape), and
+    what running a backend of `contract` adds when it is given."""
+    return memory.footprint(spec_shape(spec), contract)
+
+
+def spec_shape(spec: CaseSpec) -> Shape:
+    """The sizes of the largest case `spec` draws: its pool as set, or every used block plus the
+    canaries; keys drawn for the used blocks only; lengths at their longest."""
     width = -(-spec.max_model_len // spec.block_size) + spec.extra_columns
-    slots = batch * width * spec.block_size
     blocks = spec.pool_blocks if spec.pool_blocks is not None else spec.max_used_blocks + spec.canary_blocks
-    key_bytes = blocks * spec.block_size * spec.head_dim
-    pool = blocks * spec.block_size * (spec.head_dim + 4)
-    other = batch * spec.next_n * spec.heads * (spec.head_dim + 4) + batch * width * 4 + batch * 8
-    logits = rows * spec.max_model_len
-    call = call_bytes(CallSizes(pool, other, key_bytes, slots, logits, spec.heads, spec.block_size, spec.fp8), contract)
-    return Footprint(pool_bytes=pool, other_bytes=other, logits_bytes=call.logits,
-                     oracle_fused_bytes=logits * 4 + rows * 4, oracle_cpu_bytes=_torch_oracle_bytes(spec, key_bytes),
-                     compare_bytes=min(logits, COMPARE_CHUNK_ELEMENTS) * COMPARE_BYTES_PER_LOGIT,
-                     kernel_bytes=call.kernel, working_bytes=call.working,
-                     build_bytes=_build_bytes(spec, blocks, slots), key_reads=_key_reads(spec))
+    drawn = blocks if spec.pool_blocks is None else min(blocks, spec.max_used_blocks)
+    return Shape(spec.total_batch, spec.next_n, spec.heads, spec.head_dim, spec.block_size, spec.max_model_len,
+                 width, blocks, drawn, _longest(spec), _key_reads(spec), spec.fp8, spec.values == Values.HEAVY)
 
 
 def _longest(spec: CaseSpec) -> int:
@@ -304,30 +191,6 @@ def _key_reads(spec: CaseSpec) -> int:
 def _limits_sum(length: int, next_n: int) -> int:
     """The sum of the limits of one request's next_n rows."""
     return sum(max(length - next_n + j + 1, 0) for j in range(next_n))
-
-
-def _torch_oracle_bytes(spec: CaseSpec, key_bytes: int) -> int:
-    """difftest.oracles.paged_mqa_logits in float64: its output, the pool and q decoded whole (reference's
-    k_values/q_values), and one chunk of sequences' scores (twice: einsum's temporary) and keys."""
-    batch, visible = spec.total_batch, max(_longest(spec), 1)
-    per_sequence = spec.next_n * spec.heads * visible
-    chunk = min(batch, max(1, ORACLE_CHUNK_ELEMENTS // per_sequence))
-    scores = chunk * per_sequence * 8 * 2
-    keys = chunk * visible * (spec.head_dim * 9 + 8)
-    decoded = key_bytes * 8 + batch * spec.next_n * spec.heads * spec.head_dim * 8
-    return batch * spec.next_n * spec.max_model_len * 8 + decoded + scores + keys
-
-
-def _build_bytes(spec: CaseSpec, blocks: int, slots: int) -> int:
-    """The largest transient of build_case: drawing keys or queries (float32 normals, clamped; heavy
-    values twice that), converting to e4m3fnuz, the table's masks, or Case.validate's per-slot check."""
-    drawn = blocks if spec.pool_blocks is None else min(blocks, spec.max_used_blocks)
-    per_value = 16 if spec.values == Values.HEAVY else 8
-    draw = drawn * spec.block_size * (spec.head_dim * per_value + 8)
-    queries = spec.total_batch * spec.next_n * spec.heads * (spec.head_dim + 2) * per_value
-    convert = blocks * spec.block_size * spec.head_dim * CONVERT_BYTES_PER_KEY if spec.fp8 != Fp8Flavour.E4M3FN else 0
-    table = slots // spec.block_size * 18
-    return max(draw, queries, convert, table, slots * VALIDATE_BYTES_PER_SLOT) + BUILD_SLACK
 
 
 def fit(planned: PlannedSpec, budget_bytes: int, *, device: Device = Device.CUDA,
@@ -862,18 +725,3 @@ _BUILDERS: tuple[Callable[[_Plan], Built], ...] = (_short, _tiles, _tables, _val
 
 
 # --------------------------------------------------------------------------- helpers
-
-def _size(n: int) -> str:
-    """Bytes in decimal units, one decimal: '2.1 GB'."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
-
-
-def _host_memory() -> int:
-    """Available host memory times MEMORY_HEADROOM; SMALL_MEMORY where the OS does not say."""
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * MEMORY_HEADROOM)
-    except (ValueError, OSError, AttributeError):
-        return SMALL_MEMORY

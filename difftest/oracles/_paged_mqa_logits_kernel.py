@@ -164,7 +164,7 @@ def _score_tile(keys, scales, pos, peak, sweep, NEXT_N: tl.constexpr, NEXT_N_PAD
     """Store one tile's logits of every row; return the bound's running peak (BLOCK_P, NF) raised by this tile.
 
     Two choices keep the loop short on Hopper (H200, B 40, next_n 2, 120K: 0.383 -> 0.348 ms together,
-    reports/h200/session13). The bound's product comes first: |k|'s registers are free before the scores'
+    bench/README.md). The bound's product comes first: |k|'s registers are free before the scores'
     accumulator is live, so at 168 registers (3 programs an SM) the loop does not spill. And the peak is
     kept per slot of the tile, a maximum in registers, reduced over the tile's positions once after the
     loop (the sweeps): a reduction per tile crosses the program's four warps through shared memory, with

@@ -230,7 +230,7 @@ def default_config(case: Case, interpret: bool) -> KernelConfig:
         # Few, wide programs: the interpreter's cost is per operation, not per element.
         return KernelConfig(block_p=min(256, max(16, triton.next_power_of_2(case.max_model_len))),
                             num_warps=4, num_stages=1)
-    # One warpgroup (4 warps) per 64-key tile. Measured on the H200 (reports/h200/fused-oracle): 4 warps
+    # One warpgroup (4 warps) per 64-key tile. Measured on the H200 (bench/README.md): 4 warps
     # beat 8 at every width, 256 score columns (next_n 4, H 64) included, where the accumulators spill
     # a little but two programs fit an SM instead of one; at 128 columns a 168-register cap fits three
     # programs per SM instead of two (0.73 -> 0.57 ms at B 40, 120K). Three pipeline stages (two key
@@ -253,7 +253,7 @@ def _chunk_tiles(case: Case, config: KernelConfig, interpret: bool, slots: Calla
 
 
 # A program's fixed cost (loading and folding its q tile, the -inf tail, the peak's atomics) in tiles: an
-# estimate. The H200 sweep at B 40 (reports/h200/session10, 16 and 20 tiles a program against 32) puts it
+# estimate. The H200 sweep at B 40 (bench/README.md: 16 and 20 tiles a program against 32) puts it
 # between 1 and 4 tiles; every value in that range picks the same chunks at the bench's three shapes.
 PROLOGUE_TILES = 2
 
@@ -267,7 +267,7 @@ def _wave_tiles(tiles_per_row: int, sequences: int, slots: int) -> int:
     much as a full one. On the H200 at B 16, next_n 4, 32K (512 tiles a row, 2 programs an SM): 32
     tiles a program, one wave of 256 programs, 0.089 ms; 16 tiles, two waves of 512, 0.098 ms; 31
     tiles, 272 programs, 0.113 ms. At B 40, 120000 (1875 tiles a row, 3 programs an SM): 32 tiles, 5.96
-    waves, 0.380 ms; 28 tiles, 6.77 waves, 0.391 ms (reports/h200/session10).
+    waves, 0.380 ms; 28 tiles, 6.77 waves, 0.391 ms (bench/README.md).
     """
     def tile_times(tiles: int) -> int:
         waves = triton.cdiv(sequences * triton.cdiv(tiles_per_row, tiles), slots)

@@ -24,7 +24,7 @@ from difftest.backends import Origin
 from difftest.core.case import Case
 from difftest.core.errors import OutputError, SpecError, require
 from difftest.core.files import atomic_write, sync_folder
-from difftest.core.kinds import CacheLayout, LengthEncoding, OracleKind, Relation
+from difftest.core.kinds import CacheLayout, LengthEncoding, MetamorphicRelation, OracleKind
 from difftest.core.schema import BundleInfoModel, one_line, parse_json, read_text, shown, validate
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
@@ -140,7 +140,7 @@ def load_bundle(path: str | Path) -> Bundle:
                        layout=CacheLayout(layout) if layout else None, isolate=info.get("isolate"),
                        timeout=info.get("timeout"), oracle=OracleKind(oracle) if oracle else None,
                        repeat=info.get("repeat", 1),
-                       metamorphic=tuple(Relation(r) for r in info.get("metamorphic", ())),
+                       metamorphic=tuple(MetamorphicRelation(r) for r in info.get("metamorphic", ())),
                        startup_timeout=info.get("startup_timeout", RunConfig().startup_timeout))
     return Bundle(path=folder, case=case, backend=info["backend"],
                   origin=Origin(**info["origin"]), config=config, verdict=Verdict(info["verdict"]), info=info)

@@ -93,7 +93,7 @@ class JUnitOutput:
         """Nothing: the XML is written once, at the end."""
 
     def finish(self, results: Sequence[CaseResult], info: Mapping[str, Any]) -> Path:
-        made = junit.suite(self.suite, list(results), self.known, field=self.field)
+        made = junit.suite(self.suite, list(results), self.known)
         return junit.write(self.path, [made], field=self.field)
 
     def close(self) -> None:

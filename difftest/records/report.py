@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import platform
 import statistics
 import time
@@ -25,6 +24,7 @@ from difftest.core.kinds import TimedRegion
 from difftest.core.verdict import Verdict, worst
 from difftest.engine.comparison import STRIP_LEGEND, Comparison
 from difftest.engine.config import RunConfig
+from difftest.engine.explain import Example, Explanation, Pattern, Relation, Rounding
 from difftest.engine.performance import format_seconds, races
 from difftest.engine.plan import EnvelopePlan
 from difftest.engine.result import CaseResult
@@ -42,7 +42,7 @@ class BackendSummary:
     rows: int  # rows compared
     mask_rows: int  # rows with a wrong -inf mask: the headline numerator
     max_rel_err: float
-    topk_overlap: float  # worst case's mean overlap
+    topk_overlap: float | None  # the lowest of its cases' top-k overlaps; None where no case had one (n/a)
     verdict: Verdict
     counts: dict[str, int]  # verdict -> cases
     skip_reasons: list[str]
@@ -72,7 +72,7 @@ def _summary(name: str, results: list[CaseResult]) -> BackendSummary:
         backend=name, cases=len(ran), skipped=len(results) - len(ran),
         rows=sum(c.rows for c in compared), mask_rows=sum(len(c.mask_rows) for c in compared),
         max_rel_err=max((c.max_rel_err for c in compared), default=0.0),
-        topk_overlap=min((c.topk_overlap for c in compared), default=math.nan),
+        topk_overlap=min((c.topk_overlap for c in compared if c.topk_overlap is not None), default=None),
         verdict=overall, counts=counts,
         skip_reasons=sorted({r.reason or "" for r in results if r.verdict == Verdict.SKIP}),
         stability=_least_stable([r.stability for r in results if r.stability is not None]),
@@ -110,7 +110,7 @@ def render_table(summaries: list[BackendSummary]) -> str:
               + (f"{'kernel':>9}  " if timed else "") + "verdict")
     lines = [header]
     for s in summaries:
-        overlap = "-" if math.isnan(s.topk_overlap) else f"{s.topk_overlap:.3f}"
+        overlap = "-" if not s.rows else "n/a" if s.topk_overlap is None else f"{s.topk_overlap:.3f}"
         err = "-" if not s.rows else f"{s.max_rel_err:.2e}" if s.max_rel_err else "0"
         mismatch = f"{s.mask_rows}/{s.rows}" if s.cases else "-"
         verdict = s.verdict.value if s.verdict != Verdict.PASS or not s.skipped else f"PASS ({s.skipped} skipped)"
@@ -122,6 +122,8 @@ def render_table(summaries: list[BackendSummary]) -> str:
                      f"{overlap:>13}  {_time_cells(s, timed)}{verdict}")
     if any(s.timed_region == TimedRegion.WHOLE_CALL for s in summaries):
         lines.append(WHOLE_CALL_NOTE)
+    if any(s.rows and s.topk_overlap is None for s in summaries):
+        lines.append(TOPK_NA_NOTE)
     return "\n".join(lines + _library_lines(summaries))
 
 
@@ -135,6 +137,8 @@ def _library_lines(summaries: list[BackendSummary]) -> list[str]:
     return ["", "libraries loaded:"] + [f"  {s.backend:<26} {s.library}" for s in named]
 
 
+TOPK_NA_NOTE = ("* top-k overlap n/a: no row's window is longer than the k its top-k keeps (the contract's topk, 2048 "
+                "by default), so the top-k would keep every position whatever the values")
 WHOLE_CALL_NOTE = ("* whole call timed: the backend declares no prepare(), so its per-batch set-up (a schedule, "
                    "metadata) is timed with the kernel")
 
@@ -158,18 +162,23 @@ def render_devices(results: list[CaseResult]) -> str:
     return "results per device: " + ", ".join(f"{gpu}: {n}" for gpu, n in counts.items())
 
 
+TRACEBACK_LINES = 12  # lines of a traceback a failure block shows unless asked for all: the innermost frames
+
+
 def render_failures(results: list[CaseResult], limit: int = 20,
-                    repro: Mapping[tuple[str, str], str] | None = None) -> str:
-    """One block per failing (backend, case): verdict, mask rows, first mismatch or the error, what the
-    guards found (inputs written, launches disagreeing, sanitizer errors), and last the command line
-    that runs it again, where `repro` (by backend and case) has one (difftest.records.commands)."""
+                    repro: Mapping[tuple[str, str], str] | None = None, whole_tracebacks: bool = False) -> str:
+    """One block per failing (backend, case): verdict, mask rows, first mismatch or the error with its
+    traceback (the last TRACEBACK_LINES lines, or all of it with `whole_tracebacks`), what the guards
+    found (inputs written, launches disagreeing, sanitizer errors), and last the command line that runs
+    it again, where `repro` (by backend and case) has one (difftest.records.commands)."""
     lines = []
     for r in [r for r in results if r.verdict.failed][:limit]:
         lines.append(f"{r.backend} on {r.case} [{r.description}]: {r.verdict.value} "
                      f"(encoding {r.encoding.value}{', overridden' if r.overridden else ''})")
         again = (repro or {}).get((r.backend, r.case))
         repro_lines = [f"repro: {again}"] if again else []
-        lines += [f"    {line}" for line in _comparison_lines(r) + _guard_lines(r) + repro_lines]
+        lines += [f"    {line}" for line in _comparison_lines(r) + _traceback_lines(r, whole_tracebacks)
+                  + _guard_lines(r) + repro_lines]
     hidden = sum(r.verdict.failed for r in results) - limit
     if hidden > 0:
         lines.append(f"... and {hidden} more failing results in the JSON report")
@@ -197,18 +206,120 @@ def _comparison_lines(r: CaseResult) -> list[str]:
     return lines + _mask_lines(c)
 
 
+def _traceback_lines(r: CaseResult, whole: bool) -> list[str]:
+    """The result's traceback, indented, cut to its last TRACEBACK_LINES lines unless `whole`."""
+    if not r.traceback:
+        return []
+    lines = r.traceback.rstrip("\n").splitlines()
+    cut = 0 if whole else max(0, len(lines) - TRACEBACK_LINES)
+    head = [f"traceback (its last {len(lines) - cut} of {len(lines)} lines; the whole of it in the JSON report):"] \
+        if cut else ["traceback:"]
+    return head + [f"  {line}" for line in lines[cut:]]
+
+
 def _mask_lines(c: Comparison, shown: int = 4) -> list[str]:
-    """Why the masks are wrong: the pattern, a few rows' limits (the oracle's and the one the kernel
-    behaved as if it had), and the first wrong row's mask around its boundaries."""
-    lines = []
-    if c.explanation is not None:
-        lines.append(f"pattern: {c.explanation.summary()}")
+    """Why the masks are wrong: the relation and its evidence, a few rows' limits (the oracle's and the
+    one the kernel behaved as if it had), and the first wrong row's mask around its boundaries."""
+    lines = explanation_lines(c.explanation) if c.explanation is not None else []
     for row, oracle, apparent in c.mask_limits[:shown]:
         behaved = "a mask that is not a prefix (-inf between values)" if apparent is None else apparent
         lines.append(f"row {row}: oracle limit {oracle}, kernel behaved as {behaved}")
     if c.mask_strip:
         lines += [f"mask: {c.mask_strip}", f"      ({STRIP_LEGEND})"]
     return lines
+
+
+def explanation_lines(e: Explanation) -> list[str]:
+    """'pattern: (16 of 16 wrong rows) reversed draft rows: ...', then which draft rows are wrong, an
+    example row and the other relations that fit as exactly."""
+    lines = [f"pattern: ({e.explained} of {e.rows} wrong rows) {describe(e)}"]
+    if e.next_n is not None and e.next_n > 1 and e.draft_rows:
+        right = [j for j in range(e.next_n) if j not in e.draft_rows]
+        lines.append(f"wrong draft rows: j = {', '.join(map(str, e.draft_rows))} of next_n {e.next_n}"
+                     + (f" (j = {', '.join(map(str, right))} right)" if right else " (every one)"))
+    if e.example is not None:
+        lines.append(f"e.g. {_example(e.example)}")
+    if e.alternatives:
+        lines.append(f"also fits: {'; '.join(relation_name(r) for r in e.alternatives)}")
+    return lines
+
+
+def relation_name(relation: Relation) -> str:
+    """A relation in a few words with its parameters: 'constant offset -1', 'tile-truncated (down to 64)'."""
+    p = relation.pattern
+    if p == Pattern.CONSTANT_OFFSET:
+        return f"constant offset {_signed(relation.offset)}"
+    if p == Pattern.TILE_TRUNCATED:
+        way = "" if relation.rounding is None else f"{relation.rounding.value} "
+        return f"tile-truncated ({way}to {relation.tile if relation.tile is not None else 'a tile'})"
+    if p == Pattern.SHIFTED_REQUEST:
+        return "shifted request" + ("" if relation.shift is None else f" (b {'-' if relation.shift > 0 else '+'} "
+                                                                        f"{abs(relation.shift)})")
+    return _NAMES[p]
+
+
+_NAMES = {Pattern.NO_WINDOW: "no window", Pattern.PER_SEQUENCE_LENGTH: "per-sequence length",
+          Pattern.REVERSED_DRAFT_ROWS: "reversed draft rows", Pattern.MTP_MIRRORED: "AITER's mirrored MTP window",
+          Pattern.TAIL_NOT_CLEANED: "tail not cleaned", Pattern.UNKNOWN: "no known pattern fits"}
+
+
+def describe(e: Explanation) -> str:
+    """The named relation of `e` and what it means for a row, in words."""
+    return f"{relation_name(e.relation)}: {_meaning(e)}"
+
+
+_MEANINGS = {
+    Pattern.NO_WINDOW: "every wrong row is -inf from position 0",
+    Pattern.PER_SEQUENCE_LENGTH: "each row of a request sees L, the sequence's length, instead of L - next_n + j + 1 "
+                                 "(the MTP offset forgotten)",
+    Pattern.REVERSED_DRAFT_ROWS: "row j sees L - j positions, the window of row next_n - 1 - j",
+    Pattern.MTP_MIRRORED: "row j sees L - j + 1 positions (p <= L - j), the window of row next_n - j, instead of "
+                          "L - next_n + j + 1",
+}
+
+
+def _meaning(e: Explanation) -> str:
+    meaning = _MEANINGS.get(e.pattern) or _with_parameters(e)
+    if not e.selective:
+        return meaning
+    if e.pattern == Pattern.NO_WINDOW:
+        return f"{meaning}; {e.right_windows} other rows with a window are right"
+    return f"{meaning}; the other {e.right_windows} rows with a window are right, so a condition picks the rows"
+
+
+def _with_parameters(e: Explanation) -> str:
+    """What a relation with parameters (or the evidence's numbers) means for a row."""
+    r = e.relation
+    if r.pattern == Pattern.CONSTANT_OFFSET:
+        short = {-1: " (window one short)", 1: " (window one long)"}.get(r.offset or 0, "")
+        return f"every {'wrong ' if e.selective else ''}row's window is the oracle's {_signed(r.offset)}{short}"
+    if r.pattern == Pattern.TILE_TRUNCATED:
+        dropped = "the partial last tile dropped" if r.rounding == Rounding.DOWN else "the last tile stored whole"
+        return f"each window rounded to a multiple of the declared tile ({dropped})"
+    if r.pattern == Pattern.SHIFTED_REQUEST:
+        return _shift_meaning(r.shift)
+    if r.pattern == Pattern.TAIL_NOT_CLEANED:
+        return f"finite values past the oracle's window on every wrong row ({e.holes} of them with -inf between values)"
+    return "kernel - oracle limit is " + ", ".join(f"{'not a prefix (holes)' if d is None else _signed(d)} on {n}"
+                                                  for d, n in e.differences)
+
+
+def _shift_meaning(shift: int | None) -> str:
+    if shift is None:  # an older report's shift by one request, its direction not recorded
+        return "the rows of a request see a neighbouring request's limits"
+    n = abs(shift)
+    return (f"the rows of request b see request b {'-' if shift > 0 else '+'} {n}'s limits (the lengths read "
+            f"{n} request{'s' if n > 1 else ''} {'late' if shift > 0 else 'early'})")
+
+
+def _signed(value: int | None) -> str:
+    return "(not recorded)" if value is None else f"{value:+d}"
+
+
+def _example(x: Example) -> str:
+    """'row 5 (request 1, j 2, L 14): oracle limit 14, kernel 12'."""
+    where = "" if x.request is None else f" (request {x.request}, j {x.draft_row}, L {x.length})"
+    return f"row {x.row}{where}: oracle limit {x.oracle}, kernel {'not a prefix' if x.kernel is None else x.kernel}"
 
 
 def _guard_lines(r: CaseResult) -> list[str]:

@@ -19,12 +19,12 @@ from typing import Any
 
 from difftest.core.contract import Siblings
 from difftest.core.errors import OutputError, SpecError
-from difftest.core.files import cannot_write
+from difftest.core.files import cannot_write, open_regular, regular_target
 from difftest.core.kinds import (
     CacheLayout,
     Isolation,
     LengthEncoding,
-    Relation,
+    MetamorphicRelation,
     SanitizerTool,
     TimedRegion,
     TimingMethod,
@@ -41,8 +41,8 @@ from difftest.core.schema import (
 )
 from difftest.core.verdict import Mismatch, Verdict
 from difftest.engine.comparison import Comparison
-from difftest.engine.explain import Explanation, Pattern
-from difftest.engine.result import CaseResult, Reach, Violation
+from difftest.engine.explain import LEGACY_PATTERNS, Example, Explanation, Pattern, Relation, Rounding
+from difftest.engine.result import CallMemory, CaseResult, Reach, Violation
 from difftest.engine.sanitize import Finding, SanitizerReport
 from difftest.engine.stability import Stability, StabilityKind
 from difftest.engine.timing import Timing
@@ -84,6 +84,7 @@ def _built(data: dict[str, Any]) -> CaseResult:
         "sanitizer": _maybe(_sanitizer, data.get("sanitizer")),
         "reach": _maybe(lambda r: Reach(**{**r, "families": tuple(r["families"])}), data.get("reach")),
         "timing": _maybe(_timing, data.get("timing")),
+        "memory": _maybe(lambda m: CallMemory(**m), data.get("memory")),
         "metamorphic": tuple(_violation(v) for v in data.get("metamorphic", ())),
     }
     return CaseResult(**{**data, **nested})
@@ -94,18 +95,35 @@ def _maybe(build: Any, value: Any) -> Any:
 
 
 def _comparison(data: dict[str, Any]) -> Comparison:
-    floats = {k: float(data[k]) for k in ("max_abs_err", "max_rel_err", "topk_overlap")}
+    floats = {k: float(data[k]) for k in ("max_abs_err", "max_rel_err")}
     first = _maybe(lambda m: Mismatch(m["row"], m["position"], float(m["expected"]), float(m["got"]),
                                       Verdict(m["kind"])), data.get("first_mismatch"))
-    explanation = _maybe(lambda e: Explanation(**{**e, "pattern": Pattern(e["pattern"])}), data.get("explanation"))
     limits = tuple(tuple(limit) for limit in data.get("mask_limits", ()))
     return Comparison(**{**data, **floats, "first_mismatch": first, "verdict": Verdict(data["verdict"]),
-                         "mask_limits": limits, "explanation": explanation})
+                         "topk_overlap": _maybe(float, data["topk_overlap"]), "mask_limits": limits,
+                         "explanation": _maybe(_explanation, data.get("explanation"))})
+
+
+def _explanation(data: dict[str, Any]) -> Explanation:
+    """An Explanation; one an older report wrote (a pattern and its description, no relation) reads as its
+    pattern's relation, without parameters (the description is not read back)."""
+    fields = {k: v for k, v in data.items() if k not in ("pattern", "description")}
+    relation = _relation(data["relation"]) if data.get("relation") is not None else \
+        Relation(LEGACY_PATTERNS.get(data["pattern"]) or Pattern(data["pattern"]))
+    return Explanation(**{**fields, "relation": relation, "draft_rows": tuple(data.get("draft_rows", ())),
+                          "example": _maybe(lambda e: Example(**e), data.get("example")),
+                          "differences": tuple(tuple(d) for d in data.get("differences", ())),
+                          "alternatives": tuple(_relation(r) for r in data.get("alternatives", ()))})
+
+
+def _relation(data: dict[str, Any]) -> Relation:
+    return Relation(**{**data, "pattern": Pattern(data["pattern"]), "rounding": _maybe(Rounding, data.get("rounding"))})
 
 
 def _violation(data: dict[str, Any]) -> Violation:
     floats = {k: float(data[k]) for k in ("original", "related_value", "expected")}
-    return Violation(**{**data, **floats, "relation": Relation(data["relation"]), "related": tuple(data["related"]),
+    return Violation(**{**data, **floats, "relation": MetamorphicRelation(data["relation"]),
+                        "related": tuple(data["related"]),
                         "rows": tuple(data["rows"])})
 
 
@@ -207,14 +225,15 @@ class ResultStream:
                  flush_seconds: float = 0.0) -> None:
         self.path, self.field = Path(path), field
         self.flush_seconds, self.held, self.flushed = flush_seconds, bytearray(), time.monotonic()
+        target = regular_target(self.path, field)  # a FIFO or a device is refused, a link written through
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            if append and self.path.exists():
-                _cut_torn_line(self.path)
-            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
-            self.fd: int | None = os.open(self.path, flags, 0o644)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if append and target.exists():
+                _cut_torn_line(target)
         except OSError as exc:
             raise OutputError(field, self.path, cannot_write(exc)) from None
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
+        self.fd: int | None = open_regular(self.path, flags, field)
 
     def header(self, info: dict[str, Any]) -> None:
         self._line({"run": to_jsonable(info)})

@@ -14,9 +14,11 @@ from pathlib import Path
 
 from difftest.backends import Backend, Loaded, as_loaded, get_backends
 from difftest.core.case import Case
+from difftest.core.text import printable
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
 from difftest.engine.result import CaseResult
+from difftest.engine.runner import executors_for
 from difftest.records.bundle import write_bundle
 from difftest.records.commands import backend_target, case_command
 from difftest.records.commands import replay_command as bundle_replay_command
@@ -31,14 +33,16 @@ def check(backend: Backend | str | Callable[..., object], case: Case,
 
     `backend` is a Backend, a registered name ("torch") or 'package.module:object', or a function
     decorated with difftest.backend(contract=...). `config` defaults to the case's device with the
-    backend's declared encoding and layout. Returns the CaseResult of a PASS; raises AssertionError
-    (the row table and the replay line) for any failure or error; skips the calling test
-    (pytest.skip, with the reason) when the backend cannot take the case here.
+    backend's declared encoding and layout. With `config.isolate` set (True, not by default: a worker
+    started per call costs seconds) the backend runs in a worker process.
+    Returns the CaseResult of a PASS; raises AssertionError (the row table, an error's traceback and the
+    replay line) for any failure or error; skips the calling test (pytest.skip, with the reason) when
+    the backend cannot take the case here.
     """
     __tracebackhide__ = True
     backend = _as_backend(backend)
     config = config or RunConfig(device=case.device.type)
-    result = run_one(backend, case, config)
+    result = _checked(backend, case, config)
     observer = current_observer() or Observer()
     if observer.on_result is not None:
         observer.on_result(result)
@@ -52,6 +56,14 @@ def check(backend: Backend | str | Callable[..., object], case: Case,
     return result
 
 
+def _checked(backend: Loaded, case: Case, config: RunConfig) -> CaseResult:
+    """`backend` on `case`: in a worker process when config.isolate asks for one, else in this process."""
+    if not config.isolate:
+        return run_one(backend, case, config)
+    with executors_for([backend], config) as (executor,):
+        return run_one(backend, case, config, executor)
+
+
 def _as_backend(backend: Backend | str | Callable[..., object]) -> Loaded:
     if isinstance(backend, str):
         return get_backends([backend], "backend")[0]
@@ -59,8 +71,9 @@ def _as_backend(backend: Backend | str | Callable[..., object]) -> Loaded:
 
 
 def failure_message(result: CaseResult, replay: str) -> str:
-    """The report's failure block for `result` (mask rows, first mismatch, verdict) and its replay line."""
-    return f"{render_failures([result])}\n    replay: {replay}"
+    """The report's failure block for `result` (mask rows, first mismatch, verdict; an ERROR's whole
+    traceback) and its replay line, control characters escaped (pytest prints the message as it is)."""
+    return printable(f"{render_failures([result], whole_tracebacks=True)}\n    replay: {replay}")
 
 
 def replay_command(backend: Loaded, case: Case, result: CaseResult, config: RunConfig,

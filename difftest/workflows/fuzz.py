@@ -64,6 +64,15 @@ from difftest.core.errors import SpecError, first_line, require
 from difftest.core.files import check_writable
 from difftest.core.kinds import Device, OracleKind
 from difftest.core.lifetime import die_with_parent
+from difftest.core.memory import (
+    BATCH_LOGITS,
+    BATCH_MERGED_LOGITS,
+    BATCH_POOL,
+    SMALL_LOGITS,
+    SMALL_POOL,
+    is_small,
+    jobs_reserve,
+)
 from difftest.core.prefetch import Prefetched
 from difftest.core.verdict import Verdict
 from difftest.engine.batch import Batch, BatchKey, Retry, batch_key, merge
@@ -81,23 +90,9 @@ from difftest.workflows.shrink import ShrinkResult, shrink
 from difftest.workflows.signatures import Signature, Variants, signature
 
 ROUND_SEEDS = 1_000_000  # seeds a round's plan spans: rounds never repeat a (spec, seed)
-# A case is small enough to batch at this many logits (rows x max_model_len: B = 32 at next_n 4 and
-# 8K); a batch holds at most BATCH_CASES cases and BATCH_LOGITS logits (64 MiB of fp32 per output).
-SMALL_LOGITS = 1 << 20
+# A batch holds at most BATCH_CASES cases; its bytes and logits are capped by the memory model
+# (difftest.core.memory: SMALL_LOGITS, SMALL_POOL, BATCH_LOGITS, BATCH_MERGED_LOGITS, BATCH_POOL).
 BATCH_CASES = 64
-BATCH_LOGITS = 1 << 24
-# The merged case is every member's rows by the widest member's max_model_len: each output, the oracle's
-# and the comparisons are that shape. One wide small case (1 row of 2^20) among many rows of 8K would make
-# it thousands of times a member's own logits (on the H200 two jobs ran out of memory asking for 5.8 GiB:
-# reports/h200/session12): a batch closes before its merged shape passes BATCH_MERGED_LOGITS (256 MiB of
-# fp32 per output). The small regime's widest batch (4096 rows of 8K) stays under it.
-BATCH_MERGED_LOGITS = 1 << 26
-# Small logits do not make a small case: the envelope's pool families (2^31-byte caches, block ids past
-# 2^16) hold gigabytes of keys for a few rows. A case batches only with a pool of at most SMALL_POOL
-# bytes, and a batch closes before its pools pass BATCH_POOL (merged, copied per worker: on the H200 a
-# batch of such pools once asked for 36 GiB at a time).
-SMALL_POOL = 64 << 20
-BATCH_POOL = 1 << 30
 STREAM_FLUSH_SECONDS = 1.0
 # Batches drawn ahead of the runner, which itself takes the next item while a batch is in flight: at
 # most PREFETCH_DEPTH + 2 batches are drawn and not finished (a few MiB each in the small regime). Two,
@@ -105,19 +100,10 @@ STREAM_FLUSH_SECONDS = 1.0
 PREFETCH_DEPTH = 2
 DIVERGED_SHOWN = 5  # batch-only failures the campaign's end lists one by one
 # A campaign's main thread is busy the whole time (launching, judging, re-running) while the GPU and the
-# workers mostly wait (reports/h200/session10): several campaigns side by side, each in its own process
+# workers mostly wait (on the H200): several campaigns side by side, each in its own process
 # with its own workers and its own share of the plan, draw cases that much faster. Each is one process
 # and a worker per backend.
 MAX_JOBS = 64
-# What each process of a job holds beyond what its cases need: a CUDA context (518 MiB on the H200,
-# reports/h200/session11/visit2) and the free memory its allocator keeps (isolate.CACHE_KEPT_BYTES).
-JOB_PROCESS_BYTES = 1 << 30
-# Of several jobs, job 0 draws every large case and the others only small ones (at most SMALL_LOGITS and
-# SMALL_POOL): side by side, large cases would share the GPU's memory and time (four jobs at production
-# shapes ran no faster than one and ran out of memory: reports/h200/session11). What a job of small cases
-# holds at most: batches of at most BATCH_POOL of pools, PREFETCH_DEPTH + 2 of them drawn, a copy of one
-# in each worker, and its outputs and comparisons.
-SMALL_JOB_BYTES = 8 << 30
 # The share of the budget kept for bundling and shrinking what a campaign finds, when not given: shrinking a
 # case of the production envelope takes tens of probes, each a launch and an oracle of a smaller case.
 SHRINK_SHARE = 0.25
@@ -288,8 +274,7 @@ def fuzz(campaign: Campaign, on_progress: ProgressListener | None = None) -> Cam
     signature, shrunk in turn in what is left; last its report and JUnit XML where asked for. `on_progress`
     hears where it is (a few times a second at most)."""
     start, started = time.monotonic(), time.time()
-    require(campaign.config.device != "cuda" or hardware.cuda_unavailable_reason() is None, "device", "cuda",
-            f"a device torch can see ({hardware.CUDA_UNAVAILABLE})")
+    hardware.require_device(campaign.config.device)  # this host's, not the campaign's: checked where it runs
     outputs = _outputs(campaign)
     clock = _Clock(start, campaign, on_progress)
     backends = get_backends(list(campaign.backends) if campaign.backends else None)
@@ -400,10 +385,11 @@ def _job_target(campaign: Campaign, backends: int) -> Target:
 
 
 def _reserve(campaign: Campaign, backends: int) -> int:
-    """Bytes job 0's plan leaves to the rest: SMALL_JOB_BYTES for each other job and, on a GPU, what each
-    process of every job holds besides cases (the job and, isolated, a worker per backend)."""
+    """Bytes job 0's plan leaves to the rest (difftest.core.memory.jobs_reserve): a small job's bytes for each
+    other job and, on a GPU, what each process of every job holds besides cases (the job and, isolated, a
+    worker per backend)."""
     processes = 1 + (backends if campaign.config.isolated else 0) if campaign.config.device == "cuda" else 0
-    return (campaign.jobs - 1) * SMALL_JOB_BYTES + campaign.jobs * processes * JOB_PROCESS_BYTES
+    return jobs_reserve(campaign.jobs, processes)
 
 
 def _started(context: multiprocessing.context.SpawnContext, campaign: Campaign, index: int, stop: EventType,
@@ -773,7 +759,7 @@ def first_round(backends: list[Loaded], target: Target, regime: Regime, seed: in
 
 def _small(planned: PlannedCase) -> bool:
     """Whether the planned case is small: few logits, a small pool (it may batch; any job may draw it)."""
-    return _logits(planned) <= SMALL_LOGITS and _pool_bytes(planned) <= SMALL_POOL
+    return is_small(_logits(planned), _pool_bytes(planned))
 
 
 def _logits(planned: PlannedCase) -> int:
@@ -952,7 +938,7 @@ def campaign_info(campaign: Campaign, outcome: CampaignOutcome, started: float) 
 
 def _signature_info(sign: Signature) -> dict[str, Any]:
     return {"backend": sign.backend, "verdict": sign.verdict.value,
-            "pattern": sign.pattern.value if sign.pattern is not None else None, "error": sign.error}
+            "pattern": sign.relation.pattern.value if sign.relation is not None else None, "error": sign.error}
 
 
 def _found_info(found: Found, config: RunConfig) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from difftest.backends import Backend, as_loaded, get_backends, load_backend
+from difftest.backends import Backend, as_loaded, load_backend, load_registered
 from difftest.core.errors import SpecError
 from difftest.engine.result import CaseResult
 from difftest.engine.runner import executors_for
@@ -19,11 +19,12 @@ from difftest.workflows.running import run_one
 
 
 def bundle_backend(bundle: Bundle, trust: bool = False) -> Backend:
-    """The backend the bundle was recorded with: a registered name always; a 'pkg.mod:obj' origin only
-    when `trust` (importing it runs that module's code)."""
+    """The backend the bundle was recorded with: a registered name always (resolved among the registered
+    names only: an origin that claims to be registered imports nothing else); a 'pkg.mod:obj' origin
+    only when `trust` (importing it runs that module's code)."""
     origin = bundle.origin
     if origin.target is not None and origin.registered:
-        return get_backends([origin.target], "backend")[0]
+        return load_registered(origin.target, "backend")
     if origin.target is not None and trust:
         return load_backend(origin.target, "backend")
     why = (f"the bundle names {origin.target}, which replay does not import unless trusted" if origin.target
@@ -45,14 +46,14 @@ def replay(bundle: Bundle, backend: Backend | None = None, trust: bool = False,
 
 
 def render_replay(bundle: Bundle, result: CaseResult) -> str:
-    """What `difftest replay` prints: the verdict against the recorded one, the row table, the failure,
-    and the `difftest run` line that draws the bundle's case again with its recorded options (where the
-    case was drawn from a spec)."""
+    """What `difftest replay` prints: the verdict against the recorded one, the row table, the failure
+    (with the whole traceback of an ERROR), and the `difftest run` line that draws the bundle's case again
+    with its recorded options (where the case was drawn from a spec)."""
     same = "the same as recorded" if result.verdict == bundle.verdict else "differs from the recorded one"
     lines = [f"replay {bundle.path}: {result.backend} on {result.case} [{result.description}] on {result.device}",
              f"verdict: {result.verdict.value} ({same}: {bundle.verdict.value})", "",
              render_table(summarize([result]))]
-    failures = render_failures([result])
+    failures = render_failures([result], whole_tracebacks=True)
     # The recorded backend's target: a --backends override is a name the user already has at hand.
     drawn = case_command(backend_target(bundle.origin, bundle.backend), bundle.case, bundle.config)
     return "\n".join([*lines, *(["", failures] if failures else []), *([f"repro: {drawn}"] if drawn else [])])

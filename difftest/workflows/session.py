@@ -18,16 +18,17 @@ from typing import Any
 import torch
 
 from difftest.backends import Loaded, get_backends
-from difftest.core import hardware, lifetime
+from difftest.core import hardware, lifetime, memory
 from difftest.core.case import Case
-from difftest.core.errors import Interrupted, OutputError, SpecError, require
-from difftest.core.files import OutputLock, check_writable
+from difftest.core.errors import Interrupted, OutputError, SpecError, first_line, require
+from difftest.core.files import OutputLock, check_writable, holds_output
 from difftest.core.kinds import CaseKind, Device, ExitStatus
 from difftest.core.verdict import Verdict
 from difftest.engine import performance
 from difftest.engine.config import RunConfig
 from difftest.engine.plan import EnvelopePlan, PlannedCase, Shard, SuiteRequest, envelope_plan, kept_results, plan
 from difftest.engine.result import CaseResult
+from difftest.engine.runner import NotDrawn
 from difftest.generators.envelope import Target, estimate_bytes
 from difftest.records.bundle import bundle_name
 from difftest.records.commands import backend_target, run_command
@@ -57,6 +58,24 @@ class RunRequest:
     overwrite: bool = False  # replace the report and stream an earlier run left at those paths
     fail_slow: bool = False  # a timed backend slower than its sibling by more than it allows fails the run
     ledger: Ledger | None = None  # known divergences: the failures it expects do not fail the run
+
+    def __post_init__(self) -> None:
+        """Valid by construction: what execute() relies on is checked here, once."""
+        require(self.budget is None or self.budget > 0, "budget", self.budget, "a number of seconds > 0")
+        require(not self.fail_slow or self.config.time is not None, "fail_slow", True,
+                "timed launches to compare (time=K, --time K)")
+        require(self.backends is None or all(self.backends), "backends", self.backends,
+                "None (every registered backend) or non-empty names")
+        if self.gpus is not None:
+            self.require_spreadable()
+
+    def require_spreadable(self) -> None:
+        """SpecError unless the run can be spread over child processes: a spread run neither resumes nor
+        is a shard (it shards itself)."""
+        require(self.resume is None, "resume", str(self.resume),
+                "a run that is not spread (resume a spread run's report or stream on one GPU)")
+        require(self.suite.shard is None, "shard", str(self.suite.shard),
+                "a run that is not spread (a spread run shards itself)")
 
     @property
     def stream_path(self) -> Path | None:
@@ -106,11 +125,7 @@ def execute(request: RunRequest, on_result: Listener | None = None,
     `on_result` each one as it is made."""
     spread.join_parent()  # a shard of a spread run dies with its parent
     lifetime.sweep()  # the temporary folders of runs killed with SIGKILL
-    require(request.budget is None or request.budget > 0, "budget", request.budget, "a number of seconds > 0")
-    require(not request.fail_slow or request.config.time is not None, "fail_slow", True,
-            "timed launches to compare (time=K, --time K)")
-    require(request.config.device != "cuda" or hardware.cuda_unavailable_reason() is None, "device", "cuda",
-            f"a device torch can see ({hardware.CUDA_UNAVAILABLE})")
+    hardware.require_device(request.config.device)  # this host's, not the request's: checked where it runs
     backends = get_backends(list(request.backends) if request.backends else None)
     planned = _envelope(request, backends)
     cases = planned.narrowed(request.suite) if planned else _fitting(plan(request.suite), request.config.device)
@@ -174,8 +189,8 @@ def _claimed(request: RunRequest) -> list[OutputLock]:
     try:
         for path, field in outputs.items():
             locks.append(OutputLock(path, field).acquire())
-        for path, field in outputs.items():
-            require(request.overwrite or request.resume is not None or not path.exists(), field, str(path),
+        for path, field in outputs.items():  # an empty file is no earlier run's: `mktemp` made it for this one
+            require(request.overwrite or request.resume is not None or not holds_output(path), field, str(path),
                     "a path no earlier run wrote (one did: overwrite it, or resume from it)")
     except BaseException:
         for lock in locks:
@@ -195,11 +210,14 @@ def _fitting(cases: list[PlannedCase], device: str) -> list[PlannedCase]:
     before anything is allocated (an envelope plan fits its cases itself)."""
     if not cases:
         return cases
-    memory = Target.probe(Device(device)).memory_bytes
+    spare = Target.probe(Device(device)).memory_bytes
+    host = hardware.host_memory() if device == "cpu" else None
+    bound = f"; {host.bound} bounds it" if host is not None else ""
     for spec in dict.fromkeys(c.spec for c in cases):
         needed = estimate_bytes(spec).total(Device(device))
-        require(needed <= memory, "spec", spec.name, f"a case that fits the {memory / 2**30:.1f} GiB this {device} "
-                f"can spare; it needs {needed / 2**30:.1f} GiB ({estimate_bytes(spec).describe(Device(device))})")
+        require(needed <= spare, "spec", spec.name, f"a case that fits the {spare / 2**30:.1f} GiB this {device} "
+                f"can spare; it needs {needed / 2**30:.1f} GiB ({estimate_bytes(spec).describe(Device(device))})"
+                f"{bound}")
     return cases
 
 
@@ -215,14 +233,37 @@ def _envelope(request: RunRequest, backends: list[Loaded]) -> EnvelopePlan | Non
     return envelope_plan(backends, target, request.suite.seed, request.suite.count or 1)
 
 
-def _drawn(cases: list[PlannedCase], device: str, deadline: float | None, left: list[str]) -> Iterator[Case]:
+def _drawn(cases: list[PlannedCase], device: str, deadline: float | None, left: list[str]) -> Iterator[Case | NotDrawn]:
     """The planned cases as tensors, drawn on the run's device (a 128K-context batch would take seconds
-    on the CPU), until `deadline` (time.monotonic()): the names of those never started go to `left`."""
+    on the CPU), until `deadline` (time.monotonic()): the names of those never started go to `left`. A case
+    that runs out of memory being drawn is a NotDrawn (its backends' results are SKIPs that say so)."""
     for index, planned in enumerate(cases):
         if deadline is not None and time.monotonic() > deadline:
             left.extend(c.name for c in cases[index:])
             return
-        yield planned.build(device)
+        try:
+            case: Case | NotDrawn = planned.build(device)
+        except Exception as exc:
+            if not memory.ran_out(exc):
+                raise
+            case = _not_drawn(planned, device, exc)
+        yield case
+
+
+def _not_drawn(planned: PlannedCase, device: str, exc: BaseException) -> NotDrawn:
+    """A planned case that ran out of memory being drawn: its error, what drawing it needs and what is free."""
+    spec = planned.spec
+    footprint = estimate_bytes(spec)
+    free = hardware.available_memory(device)
+    host = hardware.host_memory() if device == "cpu" else None
+    shown = "not known" if free is None else memory.size_text(free)
+    bound = f" ({host.bound})" if host is not None else ""
+    reason = (f"not drawn: drawing the case ran out of memory ({type(exc).__name__}: {first_line(exc)}); it needs "
+              f"about {memory.size_text(footprint.total(Device(device)))} ({footprint.describe(Device(device))}), "
+              f"{shown} free on {device}{bound}")
+    description = (f"B={spec.total_batch} next_n={spec.next_n} H={spec.heads} D={spec.head_dim} "
+                   f"block={spec.block_size} max_model_len={spec.max_model_len} fp8={spec.fp8.value}")
+    return NotDrawn(planned.name, description, spec.total_batch * spec.next_n, reason, spec.to_json())
 
 
 def _taker(cases: list[PlannedCase]) -> Callable[[str, Case], bool] | None:
@@ -287,10 +328,11 @@ class _Current:
     def __init__(self) -> None:
         self.case: Case | None = None
 
-    def track(self, cases: Iterable[Case]) -> Iterator[Case]:
-        """The same cases, each remembered while the runner works on it."""
+    def track(self, cases: Iterable[Case | NotDrawn]) -> Iterator[Case | NotDrawn]:
+        """The same cases, each remembered while the runner works on it (a case that could not be drawn
+        leaves nothing to bundle: its results are SKIPs)."""
         for case in cases:
-            self.case = case
+            self.case = case if isinstance(case, Case) else None
             yield case
 
 
@@ -314,10 +356,7 @@ def _pairs(cases: list[PlannedCase], backends: list[Loaded]) -> int:
 def _spread(request: RunRequest, backends: list[Loaded], cases: list[PlannedCase],
             envs: list[dict[str, str]], extra: dict[str, Any]) -> RunOutcome:
     """The plan's shards in child processes (difftest.workflows.spread), their results merged in plan order."""
-    require(request.resume is None, "resume", str(request.resume), "a run that is not spread (resume a spread "
-            "run's report or stream on one GPU)")
-    require(request.suite.shard is None, "shard", str(request.suite.shard), "a run that is not spread "
-            "(a spread run shards itself)")
+    request.require_spreadable()  # what `gpus` checks at construction, for a run spread by `shard_envs`
     started = time.time()
     expected = [len(Shard(i, len(envs)).of(cases)) * len(backends) for i in range(len(envs))]
     try:
@@ -382,9 +421,9 @@ def _same_options(request: RunRequest, earlier: list[dict[str, Any]]) -> None:
     now = run_info(request, time.time(), 0)
     for header in earlier:
         for key, field in RESUMED_ALIKE.items():
-            require(key not in header or header[key] == now[key], field, now[key],
-                    f"{header[key]!r}, what the run resumed from {request.resume} used (its results were made "
-                    "under it; start a new report to change it)")
+            if key in header:
+                require(header[key] == now[key], field, now[key], f"{header[key]!r}, what the run resumed from "
+                        f"{request.resume} used (its results were made under it; start a new report to change it)")
 
 
 def _stream(request: RunRequest, info: dict[str, Any], done: dict[tuple[str, str], CaseResult]) -> StreamOutput | None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, Protocol
@@ -34,8 +35,8 @@ import torch
 
 from difftest.backends import Backend, as_loaded
 from difftest.core.case import Case
-from difftest.core.errors import SpecError
-from difftest.core.kinds import Fp8Flavour, Relation
+from difftest.core.errors import SpecError, require
+from difftest.core.kinds import Fp8Flavour, MetamorphicRelation
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
 from difftest.engine.isolate import Executor
@@ -57,7 +58,7 @@ class Failure:
 
     verdict: Verdict
     error_type: str | None = None  # the exception class of an ERROR
-    relation: Relation | None = None  # the first metamorphic relation a FAIL(metamorphic) violated
+    relation: MetamorphicRelation | None = None  # the first metamorphic relation a FAIL(metamorphic) violated
 
     @classmethod
     def of(cls, result: CaseResult) -> Failure | None:
@@ -128,6 +129,8 @@ def shrink(target: Bundle | Case, backend: Backend, config: RunConfig | None = N
     every probe runs in one worker process (replaced after a crash), the start-up counted in the budget.
     SpecError when the case does not fail on `backend` now.
     """
+    require(0 <= budget_seconds < math.inf, "budget_seconds", budget_seconds,
+            "a finite number of seconds >= 0 (0: the original case, after the one probe that confirms it)")
     start = time.perf_counter()
     original = target.case if isinstance(target, Bundle) else target
     config = config or (target.config if isinstance(target, Bundle) else RunConfig())

@@ -2,10 +2,11 @@
 
 One bug shows in many ways: the first wrong row falls on another draft row, a case shows wrong values
 beside its wrong mask, the shapes differ. A signature keeps only what names the cause: the backend,
-the verdict, and what explains it: for a wrong -inf mask the pattern difftest.engine.explain fitted to
-the wrong windows (its Explanation, as the result's comparison records it), for an ERROR the exception's
-type. The rest are its variants, counted under it: which draft row the first wrong row is, which kinds
-of wrong rows the case has (mask, nan, unwritten, value), and the shapes of the cases.
+the verdict, and what explains it: for a wrong -inf mask the relation difftest.engine.explain fitted
+to the wrong windows (its Explanation's Relation, with its parameters, as the result's comparison
+records it), for an ERROR the exception's type. The rest are its variants, counted under it: which
+draft row the first wrong row is, which kinds of wrong rows the case has (mask, nan, unwritten,
+value), and the shapes of the cases.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from collections import Counter
 
 from difftest.core.case import Case
 from difftest.core.verdict import Verdict
-from difftest.engine.explain import Pattern
+from difftest.engine.explain import Relation
 from difftest.engine.result import CaseResult
+from difftest.records.report import relation_name
 
 SHOWN = 4  # variants of each kind the campaign's end lists (the JSON report has them all)
 
@@ -27,12 +29,12 @@ class Signature:
 
     backend: str
     verdict: Verdict
-    pattern: Pattern | None = None  # the explained pattern of the wrong -inf masks, where there are any
+    relation: Relation | None = None  # what the wrong -inf masks follow, with its parameters, where there are any
     error: str | None = None  # the exception's type, for an ERROR or CRASH that raised one
 
     def describe(self) -> str:
-        """'window-one-short: FAIL(mask), pattern constant-offset'."""
-        cause = [f"pattern {self.pattern.value}"] if self.pattern is not None else []
+        """'window-one-short: FAIL(mask), constant offset -1'."""
+        cause = [relation_name(self.relation)] if self.relation is not None else []
         cause += [f"raised {self.error}"] if self.error is not None else []
         return f"{self.backend}: {self.verdict.value}" + (f", {', '.join(cause)}" if cause else "")
 
@@ -78,7 +80,7 @@ def signature(result: CaseResult) -> Signature:
     """The signature of a failing result."""
     explanation = result.comparison.explanation if result.comparison is not None else None
     error = result.error_type if result.verdict in (Verdict.ERROR, Verdict.CRASH) else None
-    return Signature(result.backend, result.verdict, explanation.pattern if explanation is not None else None, error)
+    return Signature(result.backend, result.verdict, explanation.relation if explanation is not None else None, error)
 
 
 def _counted(counter: Counter[object]) -> str:

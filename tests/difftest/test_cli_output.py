@@ -1,15 +1,17 @@
 """What `difftest run` prints: --quiet, --verbose, the progress bar, a named backend that tested
-nothing, and a reader that leaves early (`| head`)."""
+nothing, an error's traceback, and a reader that leaves early (`| head`)."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import subprocess
 import sys
 
 from difftest.cli import main
 from difftest.core.kinds import ExitStatus
+from tests import broken_backends as bb
 from tests.support import REPO_ROOT, run_cli
 
 ONE_CASE = ["run", "--cases", "edges", "--case-filter", "length-one-*", "--backends", "torch"]
@@ -25,6 +27,16 @@ def test_verbose_prints_every_result_passing_ones_too():
     assert "torch on length-one-s1000" not in quiet_table, quiet_table
     code, out, _ = run_cli([*ONE_CASE, "--no-progress", "--verbose"])
     assert code == ExitStatus.OK and "\ntorch on length-one-s1000 [B=" in out and ": PASS in " in out, out
+
+
+def test_an_errors_traceback_is_in_the_failure_block_and_whole_under_verbose(tmp_path):
+    nested = [*ONE_CASE, "--backend-module", "tests.broken_backends:raises_nested", "--no-progress"]
+    code, out, _ = run_cli([*nested, "--verbose", "--report", str(tmp_path / "r.json")])
+    assert code == ExitStatus.FAILED and "    traceback:\n      Traceback (most recent call last):\n" in out, out
+    assert all(line in out for line in bb.nested_traceback_lines()), out
+    assert json.loads((tmp_path / "r.json").read_text())["results"][1]["traceback"].startswith("Traceback (")
+    code, out, _ = run_cli(nested)
+    assert "    traceback:" in out and bb.nested_traceback_lines()[0] in out, "short: the innermost lines are kept"
 
 
 def test_quiet_and_verbose_together_is_one_line_exit_2():
@@ -69,3 +81,15 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
         out, err = shell.communicate(timeout=120)
         assert err == "" and shell.returncode == 0 and len(out) == 1, (shell.args, shell.returncode, out, err)
 
+
+
+def test_the_run_says_how_many_calls_memory_shaped(tmp_path, monkeypatch):
+    """One line after the table: calls retried alone, run one at a time, SKIPs for want of memory; the
+    SKIP's reason gives the bytes, and a backend that only skipped is named as having tested nothing."""
+    monkeypatch.setenv("DIFFTEST_TEST_MARKERS", str(tmp_path))
+    code, out, err = run_cli(["run", "--backends", "torch,tests.memory_backends:oom_on_first_call,"
+                              "tests.memory_backends:oom_always", "--cases", "edges", "--case-filter", "length-one*",
+                              "--no-progress"])
+    assert code == ExitStatus.FAILED and "'oom-always', asked for by name, tested nothing: out of memory" in err, err
+    assert ("memory: 2 calls ran out of memory beside others and were tried again alone (1 passed there); 2 calls "
+            "ran one at a time; 1 SKIP for want of memory (reasons in the report)") in out, out

@@ -146,10 +146,13 @@ def test_atomic_write_replaces_whole_and_leaves_no_temporary(tmp_path):
 
 
 def test_a_second_run_on_a_locked_path_is_refused_naming_the_holder(tmp_path, capsys):
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    report = tmp_path / "r.json"
+    # A run holds its lock (flock) while it lives: a pid in a file alone is not a holder (pids are reused).
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from difftest.core.files import OutputLock; "
+                               "OutputLock(sys.argv[1], 'report').acquire(); print('held', flush=True); "
+                               "time.sleep(60)", str(report)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
     try:
-        report = tmp_path / "r.json"
-        (tmp_path / "r.json.lock").write_text(f"{holder.pid}\n")
+        assert holder.stdout.readline() == "held\n"
         line = _one_line_error(capsys, main(["run", *SMALL, "--report", str(report)]), ExitStatus.IO)
         assert line.startswith(f"difftest: error: --report='{report}': another run (pid {holder.pid})"), line
         assert not report.exists(), "refused before anything ran"

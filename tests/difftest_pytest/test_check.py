@@ -13,12 +13,15 @@ import pytest
 import difftest
 from difftest.core.case import Case
 from difftest.core.errors import SpecError
+from difftest.core.kinds import Isolation
 from difftest.core.verdict import Verdict
+from difftest.engine.config import RunConfig
 from difftest.engine.result import CaseResult
 from difftest.generators import CaseSpec, build_case
 from difftest.generators.cases import edge_cases
 from difftest.records.bundle import load_bundle
 from difftest.workflows.observe import Observer, observed
+from tests import broken_backends
 from tests.difftest_pytest.planted_backends import CONTRACT, off_by_one
 
 LENGTH_ONE = next(spec for spec in edge_cases() if spec.name == "length-one")  # L = [1, 1], next_n = 1
@@ -52,6 +55,24 @@ def test_failure_is_the_row_table_with_a_run_line() -> None:
     assert words[4] == "--spec" and words[6:] == ["--seed", "5", "--device", "cpu", "--oracle", "exact", "--no-isolate"]
     # The spec is what differs from CaseSpec's defaults: CaseSpec.from_json gives back the same spec.
     assert CaseSpec.from_json(json.loads(words[5])) == LENGTH_ONE
+
+
+@pytest.mark.parametrize("isolate", [None, True], ids=["in-process", "isolated"])
+def test_an_error_is_its_whole_traceback_with_a_run_line(isolate: bool | None) -> None:
+    case = build_case(LENGTH_ONE, 5)
+    with pytest.raises(AssertionError) as excinfo, observed(Observer()):
+        difftest.check(broken_backends.raises_nested, case, RunConfig(isolate=isolate))
+    message = str(excinfo.value)
+    assert ": ERROR (encoding per-row)\n    RuntimeError: nested launch failed for 2 rows\n    traceback:\n" in message
+    assert all(line in message for line in broken_backends.nested_traceback_lines()), message
+    replay = "    replay: difftest run --backends tests.broken_backends:raises_nested"
+    assert message.splitlines()[-1].startswith(replay), message
+
+
+def test_check_runs_in_a_worker_only_when_asked() -> None:
+    case = build_case(LENGTH_ONE, 5)
+    assert difftest.check("torch", case, RunConfig(isolate=True)).isolation == Isolation.WORKER
+    assert difftest.check("torch", case).isolation is None
 
 
 def test_an_observer_hears_the_result_and_gets_a_bundle(tmp_path: Path) -> None:

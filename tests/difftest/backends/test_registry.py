@@ -256,7 +256,9 @@ def test_a_target_whose_factory_raises_is_reported_not_raised(monkeypatch):
     monkeypatch.setattr(ub, "exploding_factory", boom, raising=False)
     origin = origin_of(FunctionBackend.from_function(local), "tests.user_backends:exploding_factory")
     assert origin == Origin(None, False, "tests.user_backends:exploding_factory does not load: "
-                                         "RuntimeError: factory exploded"), origin
+                                         "backend='tests.user_backends:exploding_factory': expected a factory "
+                                         "that returns a Backend; calling it raised RuntimeError: factory exploded"), \
+        origin
     assert origin_of(TorchBackend(), "tests.user_backends:exploding_factory") == Origin("torch", registered=True)
 
 

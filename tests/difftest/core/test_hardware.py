@@ -26,3 +26,15 @@ def test_shared_memory_counts_what_the_driver_keeps_per_block() -> None:
     exactly_two = HOPPER.shared_bytes // 2 - HOPPER.reserved_shared_bytes
     assert HOPPER.resident_blocks(128, 32, exactly_two) == 2
     assert HOPPER.resident_blocks(128, 32, exactly_two + 1) == 1
+
+
+def test_require_device_names_the_field_and_why_only_where_the_device_is_missing(monkeypatch):
+    from difftest.core import hardware
+    from difftest.core.errors import SpecError
+
+    hardware.require_device("cpu")
+    monkeypatch.setattr(hardware, "cuda_unavailable_reason", lambda: "no driver")
+    with pytest.raises(SpecError, match=r"bundle.json device='cuda': expected a device torch can see \(no driver\)"):
+        hardware.require_device("cuda", "bundle.json device")
+    monkeypatch.setattr(hardware, "cuda_unavailable_reason", lambda: None)
+    hardware.require_device("cuda")

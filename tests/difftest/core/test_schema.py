@@ -36,15 +36,16 @@ from hypothesis.control import currently_in_test_context
 
 from difftest.backends import Origin, as_loaded
 from difftest.core import schema
-from difftest.core.contract import Siblings
+from difftest.core.contract import DEFAULT_TOPK, Siblings
 from difftest.core.errors import SpecError
 from difftest.core.kinds import ExitStatus, Isolation, SanitizerTool
 from difftest.core.verdict import Mismatch, Verdict
 from difftest.engine.comparison import MASK_LIMITS, Comparison
 from difftest.engine.config import MAX_REPEAT, MAX_TIME, RunConfig
-from difftest.engine.explain import Explanation, Pattern
+from difftest.engine.explain import DIFFERENCES_KEPT, LEGACY_PATTERNS, Example, Explanation, Pattern, Relation, Rounding
+from difftest.engine.guards import MAX_TRACEBACK_CHARS
 from difftest.engine.performance import SiblingRace, SiblingTime
-from difftest.engine.result import CaseResult, Reach
+from difftest.engine.result import CallMemory, CaseResult, Reach
 from difftest.engine.sanitize import Finding, SanitizerReport
 from difftest.engine.stability import Stability, StabilityKind
 from difftest.engine.timing import Timing
@@ -81,7 +82,13 @@ FULL = dataclasses.replace(
     sanitizer=SanitizerReport(SanitizerTool.MEMCHECK, True, None, "compute-sanitizer ...", 99, 2,
                               (Finding("Invalid __global__ read of size 4 bytes", "k", 2, ("thread (0,0,0)",)),),
                               "tail"),
-    reach=Reach(("block-boundaries",), 8, CASE.pool_bytes, CASE.batch), gpu="cuda:0 NVIDIA H200")
+    reach=Reach(("block-boundaries",), 8, CASE.pool_bytes, CASE.batch), gpu="cuda:0 NVIDIA H200",
+    traceback='Traceback (most recent call last):\n  File "k.py", line 3, in launch\nRuntimeError: boom\n',
+    comparison=dataclasses.replace(
+        RESULT.comparison, topk_overlap=None, topk=512, mask_limits=((2, 7, 6), (3, 8, 7)),
+        explanation=Explanation(Relation(Pattern.TILE_TRUNCATED, tile=4, rounding=Rounding.DOWN), 2, 2, next_n=2,
+                                draft_rows=(0, 1), example=Example(2, 7, 6, 1, 0, 8), right_windows=1,
+                                differences=((-1, 2),), alternatives=(Relation(Pattern.CONSTANT_OFFSET, offset=-1),))))
 RESULTS = [RESULT, FULL]
 BUNDLE = write_bundle(WORK / "bundles", CASE, RESULT, RunConfig(), BOUNDARY.origin, "planted")
 BUNDLE_INFO = json.loads((BUNDLE / INFO_FILE).read_text())
@@ -229,6 +236,9 @@ def test_the_restated_enums_and_defaults_agree_with_their_modules():
     assert schema.STALES == tuple(s.value for s in Stale)
     assert schema.STABILITY_KINDS == tuple(k.value for k in StabilityKind)
     assert schema.MASK_PATTERNS == tuple(p.value for p in Pattern)
+    assert schema.LEGACY_MASK_PATTERNS == tuple(LEGACY_PATTERNS)
+    assert schema.ROUNDINGS == tuple(r.value for r in Rounding) and schema.DIFFERENCES_KEPT == DIFFERENCES_KEPT
+    assert schema.MAX_TRACEBACK == MAX_TRACEBACK_CHARS and schema.DEFAULT_TOPK == DEFAULT_TOPK
     assert schema.MASK_LIMITS == MASK_LIMITS
     assert schema.MAX_REPEAT == MAX_REPEAT and schema.MAX_TIME == MAX_TIME
     defaults = {f.name: f.default for f in dataclasses.fields(CaseSpec)}
@@ -238,14 +248,16 @@ def test_the_restated_enums_and_defaults_agree_with_their_modules():
 
 @pytest.mark.parametrize("model, cls", [
     (schema.ResultModel, CaseResult), (schema.ComparisonModel, Comparison), (schema.MismatchModel, Mismatch),
-    (schema.ExplanationModel, Explanation), (schema.StabilityModel, Stability),
+    (schema.ExplanationModel, Explanation), (schema.RelationModel, Relation), (schema.ExampleModel, Example),
+    (schema.StabilityModel, Stability),
     (schema.SanitizerModel, SanitizerReport), (schema.FindingModel, Finding), (schema.ReachModel, Reach),
     (schema.OriginModel, Origin), (schema.TimingModel, Timing), (schema.SiblingsModel, Siblings),
     (schema.SummaryModel, BackendSummary), (schema.SiblingRaceModel, SiblingRace),
-    (schema.SiblingTimeModel, SiblingTime)], ids=lambda x: x.__name__)
+    (schema.SiblingTimeModel, SiblingTime), (schema.CallMemoryModel, CallMemory)], ids=lambda x: x.__name__)
 def test_every_dataclass_field_has_its_schema_field(model, cls):
     """A field added to a result's dataclass needs its line in difftest.core.schema, or --resume refuses its streams."""
-    assert set(model.model_fields) == {f.name for f in dataclasses.fields(cls)}, f"{cls.__name__} and {model.__name__}"
+    current = set(model.model_fields) - model.legacy_fields
+    assert current == {f.name for f in dataclasses.fields(cls)}, f"{cls.__name__} and {model.__name__}"
 
 
 def test_valid_documents_load_as_before():

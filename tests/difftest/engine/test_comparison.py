@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from difftest.core.contract import Contract
+from difftest.core.contract import DEFAULT_TOPK, Contract
+from difftest.core.errors import SpecError
 from difftest.core.kinds import CacheLayout, LengthEncoding, MaskConvention
 from difftest.core.poison import is_poison, poisoned
 from difftest.core.verdict import Mismatch, Verdict
-from difftest.engine.comparison import TOPK, compare, compare_spans, topk_overlap
+from difftest.engine.comparison import compare, compare_spans, topk_overlap
 from difftest.generators import build_case
 from difftest.oracles.paged_mqa_logits import reference
 from tests.support import TINY
@@ -41,7 +43,8 @@ def test_exact_copy_passes(oracle):
     assert result.verdict == Verdict.PASS, f"{result=}"
     assert result.mask_rows == result.nan_rows == result.unwritten_rows == result.value_rows == []
     assert (result.positions_differing, result.max_abs_err, result.max_rel_err) == (0, 0.0, 0.0), f"{result=}"
-    assert result.topk_overlap == 1.0 and result.first_mismatch is None and result.rows == 10, f"{result=}"
+    assert result.first_mismatch is None and result.rows == 10, f"{result=}"
+    assert result.topk_overlap is None and result.topk == DEFAULT_TOPK, "every window is shorter than the top-k"
 
 
 def test_float32_copy_passes(oracle):
@@ -219,63 +222,79 @@ def _ramp(length: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     return expected, torch.tensor([length])
 
 
-def test_topk_exact_is_one(oracle):
-    expected, lens = oracle
+def test_topk_exact_is_one():
+    expected, lens = _ramp(DEFAULT_TOPK + 5, DEFAULT_TOPK + 9)
     assert topk_overlap(expected, expected.clone(), lens) == 1.0
 
 
 def test_topk_of_a_permuted_long_row_is_predictable():
-    length = TOPK + 952
+    length = DEFAULT_TOPK + 952
     expected, lens = _ramp(length, length + 8)
     got = expected.clone()
     got[0, :length] = expected[0, :length].flip(0)  # the ranking reversed
     # top-k of got: positions 0..2047; true top-k: positions 952..2999; both hold 2048 - 952.
-    want = (TOPK - (length - TOPK)) / TOPK
+    want = (DEFAULT_TOPK - (length - DEFAULT_TOPK)) / DEFAULT_TOPK
     assert topk_overlap(expected, got, lens) == pytest.approx(want), f"{want=}"
     result = compare(expected, got, lens, STRICT)
     assert result.topk_overlap == pytest.approx(want) and result.verdict == Verdict.FAIL_VALUE, f"{result.verdict=}"
 
 
-def test_topk_of_a_short_row_is_the_whole_window():
-    """k = min(2048, length): for a short row any permutation inside the window still overlaps fully."""
+def test_topk_of_windows_no_longer_than_k_is_not_applicable(oracle):
+    """A top-k keeps a whole window of at most k positions whatever its values: no overlap to report (it read
+    1.000 for values 173 % off). A -inf the top-k would see is the mask's count, not the overlap's."""
     expected, lens = _ramp(12, 20)
     got = expected.clone()
-    got[0, :12] = expected[0, :12].flip(0)
-    assert topk_overlap(expected, got, lens) == 1.0
-    got[0, 3] = -math.inf
-    assert topk_overlap(expected, got, lens) == pytest.approx(11 / 12)
-    got[0, 4] = math.nan
-    assert topk_overlap(expected, got, lens) == pytest.approx(10 / 12)
+    got[0, :12] = expected[0, :12].flip(0) * 2.73
+    assert topk_overlap(expected, got, lens) is None and topk_overlap(expected, got, lens, k=12) is None
+    result = compare(expected, got, lens, STRICT)
+    assert result.verdict == Verdict.FAIL_VALUE and result.topk_overlap is None, f"{result=}"
+    assert topk_overlap(expected, got, lens, k=11) == pytest.approx(10 / 11), "one longer than k: ranked"
+    expected, lens = oracle
+    assert topk_overlap(expected, expected.clone(), lens) is None
+
+
+def test_the_top_k_is_the_contracts():
+    expected, lens = _ramp(40, 48)
+    got = expected.clone()
+    got[0, :40] = expected[0, :40].flip(0)  # the ranking reversed: the top 8 are the bottom 8
+    narrow = Contract(LengthEncoding.PER_ROW, CacheLayout.BLOCK_SPLIT, MaskConvention.TAIL_NEG_INF, rtol=1e9, topk=8)
+    result = compare(expected, got, lens, narrow)
+    assert (result.verdict, result.topk, result.topk_overlap) == (Verdict.PASS, 8, 0.0), f"{result=}"
+    assert compare(expected, got, lens, dataclasses.replace(narrow, topk=40)).topk_overlap is None
+    with pytest.raises(SpecError, match=r"topk=0: expected an integer >= 1"):
+        dataclasses.replace(narrow, topk=0)
 
 
 def test_topk_ties_count_as_hits():
     """Integer-valued logits with many ties: a backend within tolerance that orders ties differently scores 1."""
-    length = TOPK + 500
+    length = DEFAULT_TOPK + 500
     expected = torch.full((1, length + 4), -math.inf, dtype=torch.float64)
     expected[0, :length] = (torch.arange(length) % 3).double()  # 0, 1, 2 repeated: the k-th value is tied
     gen = torch.Generator().manual_seed(0)
     got = expected.clone()
     got[0, :length] += 1e-9 * torch.rand(length, generator=gen, dtype=torch.float64)
     lens = torch.tensor([length])
-    naive = set(expected[0].topk(TOPK).indices.tolist()) & set(got[0].topk(TOPK).indices.tolist())
-    assert len(naive) < TOPK, "the ties must make index sets differ, or this test proves nothing"
+    naive = set(expected[0].topk(DEFAULT_TOPK).indices.tolist()) & set(got[0].topk(DEFAULT_TOPK).indices.tolist())
+    assert len(naive) < DEFAULT_TOPK, "the ties must make index sets differ, or this test proves nothing"
     assert topk_overlap(expected, got, lens) == 1.0
     assert compare(expected, got, lens, STRICT).verdict == Verdict.PASS
 
 
-def test_topk_ignores_rows_without_window():
+def test_topk_ignores_rows_without_a_window_longer_than_k():
     expected = torch.full((3, 8), -math.inf, dtype=torch.float64)
     expected[1, :4] = torch.tensor([3.0, 1.0, 2.0, 0.0])
     lens = torch.tensor([0, 4, 0])
-    assert topk_overlap(expected, expected.clone(), lens) == 1.0
-    assert topk_overlap(expected[[0, 2]], expected[[0, 2]].clone(), lens[[0, 2]]) == 1.0
+    got = expected.clone()
+    got[1, 0] = -math.inf
+    assert topk_overlap(expected, got, lens, k=2) == 0.5
+    assert topk_overlap(expected[[0, 2]], expected[[0, 2]].clone(), lens[[0, 2]], k=2) is None
 
 
 def test_topk_mean_over_rows():
     expected = torch.tensor([[2.0, 1.0, 0.0, -math.inf], [5.0, 4.0, 3.0, 2.0]], dtype=torch.float64)
     got = expected.clone()
-    got[0, 0] = -math.inf  # row 0 loses 1 of 3, whichever -inf tie (position 0 or 3) topk takes
-    assert topk_overlap(expected, got, torch.tensor([3, 4])) == pytest.approx((2 / 3 + 1) / 2)
+    got[0, 0] = -math.inf  # row 0's top 2 lose position 0 to position 2: 1 of 2
+    assert topk_overlap(expected, got, torch.tensor([3, 4]), k=2) == pytest.approx((1 / 2 + 1) / 2)
 
 
 def test_the_fp32_bound_counts_but_is_never_widened():
@@ -332,20 +351,20 @@ def test_a_spans_comparison_is_compares_alone_or_a_failing_one_keeps_its_rows_an
         assert alone.verdict.failed and got_span.first_mismatch is None
 
 
-def _overlap_by_definition(expected: torch.Tensor, got: torch.Tensor, lens: torch.Tensor) -> float:
-    """The docstring's definition, row by row in float64 Python: the got's top k positions (NaN and -inf
-    last) that are at or above the k-th largest expected value (NaN largest), over k."""
+def _overlap_by_definition(expected: torch.Tensor, got: torch.Tensor, lens: torch.Tensor) -> float | None:
+    """The docstring's definition, row by row in float64 Python, over the rows longer than k: the got's top k
+    positions (NaN and -inf last) that are at or above the k-th largest expected value (NaN largest), over k."""
     fractions = []
+    k = DEFAULT_TOPK
     for exp_row, got_row, length in zip(expected.double().tolist(), got.double().tolist(), lens.tolist(), strict=True):
-        if length == 0:
+        if length <= k:
             continue
-        k = min(TOPK, length)
         window = exp_row[:length]
         kth = sorted(window, key=lambda v: (1, 0.0) if math.isnan(v) else (0, v), reverse=True)[k - 1]  # NaN first
         scored = [(v, p) for p, v in enumerate(got_row[:length]) if not math.isnan(v) and v > -math.inf]
         picked = [p for _v, p in sorted(scored, reverse=True)[:k]]
         fractions.append(sum(window[p] >= kth for p in picked) / k)
-    return sum(fractions) / len(fractions) if fractions else 1.0
+    return sum(fractions) / len(fractions) if fractions else None
 
 
 NO_GPU = "needs a CUDA GPU: torch.cuda.is_available() is False"
@@ -356,9 +375,9 @@ ON_GPU = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not tor
 @pytest.mark.parametrize("seed", range(6))
 def test_topk_overlap_is_its_definition_for_short_and_long_windows_nan_and_neg_inf(seed, device):
     gen = torch.Generator().manual_seed(seed)
-    rows, width = 5, TOPK + 700
+    rows, width = 5, DEFAULT_TOPK + 700
     lens = torch.randint(0, width + 1, (rows,), generator=gen)
-    lens[0], lens[1] = width, 3  # one long window, one short one, whatever the draw
+    lens[0], lens[1] = width, 3  # one long window, one short one (not ranked), whatever the draw
     expected = torch.randn(rows, width, generator=gen)
     if seed % 2:
         expected = torch.randint(-4, 5, (rows, width), generator=gen).float()  # ties in expected

@@ -1,12 +1,15 @@
-"""The guards around a call, in-process: checksums, poisoned fresh tensors, repeats and their verdicts."""
+"""The guards around a call, in-process: checksums, poisoned fresh tensors, repeats and their verdicts, and the
+traceback an error keeps."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
 
+import difftest
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend, backend
 from difftest.core.errors import SpecError
@@ -16,12 +19,14 @@ from difftest.core.poison import is_poison
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
 from difftest.engine.guards import (
+    MAX_TRACEBACK_CHARS,
     Execution,
     Launch,
     PoisonFreshTensors,
     execute,
     fill_poison,
     fingerprint,
+    formatted_traceback,
     input_fingerprints,
 )
 from difftest.engine.runner import run
@@ -253,3 +258,49 @@ def test_run_config_rejects_what_it_cannot_mean(change, field):
 def test_isolation_default_follows_the_device_and_the_timeout():
     assert not RunConfig().isolated and RunConfig(timeout=3).isolated and RunConfig(isolate=True).isolated
     assert RunConfig.__dataclass_fields__["isolate"].default is None
+
+
+# --------------------------------------------------------------------------- the evidence of an error
+
+def test_a_raising_backend_keeps_its_traceback_from_the_backend_down():
+    case = build_case(CASE_SPEC, 0)
+    nested = _fn(bb.raises_nested)
+    fault = execute(nested, encode(case, nested.contract), Launch(case.rows, case.max_model_len))
+    assert fault.verdict == Verdict.ERROR and fault.reason.startswith("RuntimeError: nested launch failed")
+    assert fault.traceback.startswith("Traceback (most recent call last):\n"), fault.traceback
+    assert all(line in fault.traceback for line in bb.nested_traceback_lines()), fault.traceback
+    assert str(Path(difftest.__file__).parent) not in fault.traceback, "difftest's frames above the backend: left out"
+    result = run([nested], [case], RunConfig())[0]
+    assert result.verdict == Verdict.ERROR and result.traceback == fault.traceback
+
+
+def test_a_base_exception_and_a_failing_availability_check_keep_theirs_too():
+    case = build_case(CASE_SPEC, 0)
+    exits, unavailable = run([_fn(bb.exits), bb.unavailable_raises()], [case], RunConfig())
+    assert exits.verdict == Verdict.ERROR and "in exits\n" in exits.traceback and "SystemExit: 3" in exits.traceback
+    assert unavailable.verdict == Verdict.ERROR and "in unavailable_reason\n" in unavailable.traceback
+    assert "RuntimeError: driver query failed" in unavailable.traceback
+
+
+def test_a_contract_violation_has_no_traceback_of_its_own():
+    case = build_case(CASE_SPEC, 0)
+    wide = _fn(bb.wide_output)
+    fault = execute(wide, encode(case, wide.contract), Launch(case.rows, case.max_model_len))
+    assert fault.verdict == Verdict.ERROR and fault.reason.startswith("contract: ") and fault.traceback is None
+
+
+def test_a_deep_traceback_keeps_its_innermost_frames_and_message_within_the_bound():
+    def ping(n: int) -> None:  # two functions in turn: Python folds a run of one repeated frame
+        if n == 0:
+            raise ValueError("the innermost")
+        pong(n - 1)
+
+    def pong(n: int) -> None:
+        ping(n)
+
+    with pytest.raises(ValueError) as caught:
+        ping(400)
+    text = formatted_traceback(caught.value)
+    assert len(text) <= MAX_TRACEBACK_CHARS and text.startswith("[... ") and "earlier characters cut]\n" in text
+    assert text.endswith('in ping\n    raise ValueError("the innermost")\nValueError: the innermost\n'), text[-300:]
+    assert text.splitlines()[1].startswith("  File "), "cut on a line boundary"

@@ -255,6 +255,22 @@ def test_worker_that_cannot_load_its_backend_is_error(tmp_path):
     finally:
         worker.stop()
     assert fault.verdict == Verdict.ERROR and "no_such_backend" in fault.reason, f"{fault=}"
+    assert fault.traceback.startswith("Traceback (most recent call last):\n") and "no_such_backend" in fault.traceback
+
+
+def test_a_worker_sends_back_the_traceback_of_a_raise_two_calls_down(tmp_path):
+    """Formatted in the worker, where the frames are: the same text as in-process, naming the helper and its line."""
+    case = build_case(CASE_SPEC, 0)
+    worker = _worker("raises_nested", tmp_path)
+    try:
+        isolated = _call(worker, _fn(bb.raises_nested), case)
+    finally:
+        worker.stop()
+    local = execute(_fn(bb.raises_nested), encode(case, bb.CONTRACT), Launch(case.rows, case.max_model_len))
+    assert isolated.verdict == Verdict.ERROR and isolated.traceback == local.traceback, isolated.traceback
+    assert all(line in isolated.traceback for line in bb.nested_traceback_lines()), isolated.traceback
+    result = run([_fn(bb.raises_nested)], [case], RunConfig(isolate=True))[0]
+    assert result.isolation == Isolation.WORKER and result.traceback == local.traceback, f"{result=}"
 
 
 def test_in_process_and_worker_agree_on_a_raising_backend(tmp_path):

@@ -11,17 +11,20 @@ import torch
 
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend, backend
+from difftest.core import memory
 from difftest.core.hardware import describe_gpu, gpu_description
-from difftest.core.kinds import LengthEncoding
+from difftest.core.kinds import Isolation, LengthEncoding
 from difftest.core.verdict import Verdict
-from difftest.engine import runner
+from difftest.engine import batch_policy, call, runner
 from difftest.engine.batch import merge
 from difftest.engine.config import RunConfig
 from difftest.engine.isolate import InProcess
+from difftest.engine.result import CallMemory
 from difftest.engine.runner import run, unsupported_reason
 from difftest.generators import LengthDist, build_case
 from difftest.oracles.paged_mqa_logits import reference
 from difftest.oracles.reference import make_reference
+from tests import memory_backends as mb
 from tests import user_backends as ub
 from tests.support import TINY, TINY_SPECS
 
@@ -243,25 +246,26 @@ class _OutOfMemoryOnSubmit(InProcess):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 36.50 GiB.")
 
 
-def test_running_out_of_memory_handing_over_the_inputs_is_that_backends_error(monkeypatch):
-    # On the H200 a fuzz batch's copy for a worker once asked for 36 GiB: that must be one ERROR,
-    # not a traceback that ends the run.
+def test_running_out_of_memory_handing_over_the_inputs_is_a_skip_with_the_numbers(monkeypatch):
+    # On the H200 a fuzz batch's copy for a worker once asked for 36 GiB: that is the harness's memory,
+    # not the backend's fault (no ERROR), and not a traceback that ends the run.
     monkeypatch.setattr(runner, "InProcess", _OutOfMemoryOnSubmit)
     case = build_case(TINY, 0)
     [result] = run([TorchBackend()], [case], RunConfig())
-    assert result.verdict == Verdict.ERROR and result.error_type == "OutOfMemoryError", f"{result=}"
-    assert "ran out of memory" in result.reason and "36.50 GiB" in result.reason
+    assert result.verdict == Verdict.SKIP and result.error_type is None, f"{result=}"
+    assert "with no other call beside it: preparing its inputs ran out (OutOfMemoryError" in result.reason
+    assert "36.50 GiB" in result.reason and "it needs about" in result.reason and "free on cpu" in result.reason
 
 
-def test_running_out_of_memory_encoding_the_inputs_is_that_backends_error(monkeypatch):
+def test_running_out_of_memory_encoding_the_inputs_is_a_skip_with_the_numbers(monkeypatch):
     # On the H200, four fuzz jobs side by side once left too little for one job's packed copy of a pool.
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
 
-    monkeypatch.setattr(runner, "encode", out_of_memory)
+    monkeypatch.setattr(call, "encode", out_of_memory)
     [result] = run([TorchBackend()], [build_case(TINY, 0)], RunConfig())
-    assert result.verdict == Verdict.ERROR and result.error_type == "OutOfMemoryError", f"{result=}"
-    assert "preparing the inputs" in result.reason and "2.00 GiB" in result.reason
+    assert result.verdict == Verdict.SKIP and "preparing its inputs" in result.reason, f"{result=}"
+    assert "2.00 GiB" in result.reason and result.memory.alone, f"{result=}"
 
 
 def _oracle_out_of_memory_above(rows: int):
@@ -280,17 +284,139 @@ def test_an_oracle_out_of_memory_skips_the_case_with_why_and_the_run_goes_on(mon
     results = run([TorchBackend()], [big, small], RunConfig(), on_result=streamed.append)
     assert [(r.case, r.verdict) for r in results] == [(big.name, Verdict.SKIP), (small.name, Verdict.PASS)]
     assert "oracle ran out of memory" in results[0].reason and "5.82 GiB" in results[0].reason
+    assert "it needs about" in results[0].reason and "free on cpu" in results[0].reason, results[0].reason
     assert streamed == results, "the skip is reported as it happens, like any result"
 
 
 def test_a_batch_whose_merged_oracle_runs_out_of_memory_runs_its_members_alone(monkeypatch):
-    monkeypatch.setattr(runner, "make_reference", _oracle_out_of_memory_above(TINY.batch))
+    merged_oracles = []
+
+    def oracle(case, oracle_kind):
+        merged_oracles.append(case.name)
+        return _oracle_out_of_memory_above(TINY.batch)(case, oracle_kind)
+
+    monkeypatch.setattr(batch_policy, "make_reference", oracle)
     members = [build_case(TINY, seed) for seed in range(3)]
     alone = run([TorchBackend()], members, RunConfig())
     streamed = []
     batched = run([TorchBackend()], [merge(members)], RunConfig(), on_result=streamed.append)
     assert [(r.case, r.verdict) for r in batched] == [(r.case, r.verdict) for r in alone]
     assert {r.verdict for r in batched} == {Verdict.PASS} and streamed == batched
+    assert merged_oracles == [merge(members).case.name], "the merged case's oracle ran, and ran out"
 
 
 # --------------------------------------------------------------------------- memory of calls side by side
+
+FIXED = TINY.replace(name="fixed", lengths=(9, 0, 17))  # every seed draws a case of the same size
+
+
+def test_isolated_a_call_out_of_memory_beside_others_passes_alone_and_later_cases_run_one_at_a_time(tmp_path,
+                                                                                                  monkeypatch):
+    """Three workers side by side: oom-beside-others runs out of memory only when another call overlaps it,
+    oom-always every time. On the first case both are tried again alone once the others are done: the
+    first passes there (its retry recorded), the second is a SKIP with the bytes it needs and those free.
+    The rule learns: the next case as large runs its calls one at a time, nothing overlaps, nothing is
+    retried. A warm-up case that only marks-its-call takes gives every worker time to start."""
+    monkeypatch.setenv(mb.MARKERS, str(tmp_path))
+    backends = [_fn(mb.oom_beside_others), _fn(mb.marks_its_call), _fn(mb.oom_always)]
+    warm, first, second = (build_case(FIXED, seed) for seed in range(3))  # all of one size
+    results = run(backends, [warm, first, second], RunConfig(isolate=True),
+                  takes=lambda name, case: case.name != warm.name or name == "marks-its-call")
+    by = {(r.case, r.backend): r for r in results}
+    retried, peer, never = (by[(first.name, b.name)] for b in backends)
+    assert (retried.verdict, peer.verdict, never.verdict) == (Verdict.PASS, Verdict.PASS, Verdict.SKIP), results
+    assert retried.memory.retried.startswith("its call ran out of memory beside other calls (OutOfMemoryError: "
+                                             "CUDA out of memory. Tried to allocate 8.00 GiB."), retried.memory
+    assert retried.memory.alone and retried.isolation == Isolation.WORKER and peer.memory is None
+    assert never.memory.retried and "with no other call beside it" in never.reason, never.reason
+    assert "it needs about" in never.reason and "free on cpu now" in never.reason, never.reason
+    later = [by[(second.name, b.name)] for b in backends]
+    assert [r.verdict for r in later] == [Verdict.PASS, Verdict.PASS, Verdict.SKIP], later
+    assert all(r.memory.alone and r.memory.retried is None for r in later), [r.memory for r in later]
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    # warm-up alone; the first case side by side, then oom-beside-others alone; the second case one at a time
+    assert calls[0] == "marks-its-call alone" and set(calls[1:3]) == {"oom-beside-others overlapped",
+                                                                       "marks-its-call overlapped"}, calls
+    assert calls[3:] == ["oom-beside-others alone", "oom-beside-others alone", "marks-its-call alone"], calls
+
+
+def test_in_process_a_call_out_of_memory_beside_others_passes_alone_and_the_rule_learns(tmp_path, monkeypatch):
+    """In-process the calls of a case do not overlap, but side by side every backend's inputs are encoded
+    and held before the first call: a call that runs out of memory there is tried again alone too."""
+    monkeypatch.setenv(mb.MARKERS, str(tmp_path))
+    first, second = build_case(FIXED, 0), build_case(FIXED, 1)
+    results = run([_fn(mb.oom_on_first_call), TorchBackend()], [first, second], RunConfig())
+    assert [r.verdict for r in results] == [Verdict.PASS] * 4, results
+    assert results[0].memory.retried and results[0].memory.alone and results[1].memory is None, results[:2]
+    assert all(r.memory.alone and not r.memory.retried for r in results[2:]), "the next case ran one call at a time"
+
+
+def test_a_call_that_runs_out_of_memory_alone_is_a_skip_with_the_numbers_and_the_run_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setenv(mb.MARKERS, str(tmp_path))
+    cases = [build_case(TINY, 0), build_case(TINY, 1)]
+    results = run([_fn(mb.oom_always)], cases, RunConfig())
+    assert [r.verdict for r in results] == [Verdict.SKIP, Verdict.SKIP] and results[0].error_type is None, results
+    reason = results[0].reason
+    assert reason.startswith("out of memory with no other call beside it: its call ran out (OutOfMemoryError: CUDA out "
+                             "of memory. Tried to allocate 8.00 GiB."), reason
+    shape = memory.Shape.of_case(cases[0])
+    need = memory.call_bytes(shape, mb.CONTRACT)
+    assert f"it needs about {memory.size_text(need.total)} ({need.describe()})" in reason, reason
+    assert results[0].memory == CallMemory(counted=need.total, alone=True, ran_out=True), results[0].memory
+
+
+def test_the_engines_own_comparison_out_of_memory_is_no_verdict_on_the_backend(monkeypatch):
+    """Judging an output is the engine's allocation: out of memory there, alone, is a SKIP, never an
+    ERROR (nor a traceback that ends the run)."""
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you "
+                           "tried to allocate 2147483648 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(call, "compare", out_of_memory)
+    [result] = run([TorchBackend()], [build_case(TINY, 0)], RunConfig())
+    assert result.verdict == Verdict.SKIP and "judging its output ran out (RuntimeError" in result.reason, result
+
+
+def test_the_side_by_side_scripts_copies_compute_the_oracle_interpreted_and_the_planted_one_fails():
+    """scripts/h200_side_by_side.sh runs tests/side_by_side_backends.py's copies on the GPU; on the CPU the
+    same kernel runs interpreted: two copies PASS, the planted one loses each window's last key."""
+    from tests.side_by_side_backends import Copy00, Copy10, Planted
+
+    case = build_case(TINY.replace(name="side-by-side", heads=16, head_dim=32, block_size=16, max_model_len=64,
+                                   lengths=(33, 0, 16), next_n=2), 0)
+    results = run([Copy00(), Copy10(), Planted()], [case], RunConfig())
+    assert [r.verdict for r in results] == [Verdict.PASS, Verdict.PASS, Verdict.FAIL_MASK], results
+    assert results[2].comparison.mask_rows == [0, 1, 4, 5], "every row whose window holds a key"
+
+
+class _Measured(InProcess):
+    """The in-process executor, each call's outcome saying it allocated PER_LOGIT bytes a logit at its peak
+    (what guards measures on a GPU)."""
+
+    PER_LOGIT = 100
+
+    def submit(self, backend, inputs, launch):
+        pending = super().submit(backend, inputs, launch)
+        return lambda: dataclasses.replace(pending(), peak_bytes=self.PER_LOGIT * launch.rows * launch.max_model_len)
+
+
+def test_what_a_call_was_measured_to_allocate_is_noted_and_counted_for_the_backends_later_calls(monkeypatch):
+    monkeypatch.setattr(runner, "InProcess", _Measured)
+    cases = [build_case(FIXED, 0), build_case(FIXED, 1)]
+    first, second = run([TorchBackend()], cases, RunConfig())
+    shape = memory.Shape.of_case(cases[0])
+    declared = memory.call_bytes(shape, TorchBackend().contract)
+    assert first.memory.measured == second.memory.measured == _Measured.PER_LOGIT * shape.logits, first.memory
+    assert first.memory.counted == declared.total, "its first call was counted at what it declares"
+    assert second.memory.counted == declared.kernel + _Measured.PER_LOGIT * shape.logits, second.memory
+
+
+def test_a_worker_killed_by_a_librarys_out_of_memory_abort_is_tried_alone_then_a_skip_not_a_crash(tmp_path):
+    """A kernel library that aborts on a failed CUDA allocation takes its worker down: the text it left
+    says why, so the call is tried again alone, and running out there too is a SKIP with the numbers."""
+    backends = [_fn(mb.aborts_out_of_memory), TorchBackend()]
+    results = run(backends, [build_case(FIXED, 0)], RunConfig(isolate=True))
+    aborted = results[0]
+    assert [r.verdict for r in results] == [Verdict.SKIP, Verdict.PASS], results
+    assert "worker killed by SIGABRT" in aborted.reason and "CUDA error: out of memory" in aborted.reason, aborted
+    assert aborted.memory.retried and aborted.memory.ran_out, aborted.memory

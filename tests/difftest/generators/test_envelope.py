@@ -14,20 +14,17 @@ import time
 import pytest
 import torch
 
-from difftest.backends import load_backend
 from difftest.core.contract import Contract, WorkingMemory, WorkPartition
 from difftest.core.errors import SpecError
 from difftest.core.kinds import CacheLayout, Device, Fp8Flavour, LengthEncoding, MaskConvention, PartitionScope
 from difftest.generators.cases import default_specs, edge_cases, suite
 from difftest.generators.envelope import (
     TWO_31,
-    CallSizes,
     EdgeFamily,
     Omission,
     PlannedSpec,
     Scale,
     Target,
-    call_bytes,
     envelope_key,
     envelope_specs,
     estimate_bytes,
@@ -35,7 +32,6 @@ from difftest.generators.envelope import (
 )
 from difftest.generators.spec import CaseSpec, LengthDist
 from difftest.generators.tensors import build_case
-from tests.support import TINY
 
 GB = 10**9
 H200 = Target.production_gpu(sms=132, memory_bytes=139 * GB)
@@ -310,35 +306,6 @@ def test_small_specs_build_on_cpu_quickly():
                 assert case.pool_bytes == fp.pool_bytes, p.spec.name
             assert fp.logits_bytes == case.rows * case.max_model_len * 4
     assert time.perf_counter() - start < 30, "SMALL specs should build in seconds"
-
-
-def test_a_call_holds_its_inputs_its_logits_and_the_working_memory_it_declares():
-    """The side-by-side rule (SIDE_BY_SIDE_MEMORY) adds these up over a case's backends: AITER's stage1
-    holds H times the logits besides, which the fused kernels do not."""
-    case = build_case(TINY.replace(heads=32, head_dim=32), 0)
-    logits = case.rows * case.max_model_len
-    fused, stage1 = (load_backend(name).contract for name in ("aiter-triton-fused", "aiter-triton-stage1"))
-    sizes = CallSizes.of_case(case)
-    inputs = case.pool_bytes + case.q.numel() + case.weights.numel() * 4 + case.block_table.numel() * 4 + case.batch * 8
-    for contract in (fused, stage1):
-        repaged = case.block_table.numel() * case.block_size * 8 if contract.block_size_for(4) != 4 else 0
-        working = 4 * 32 * logits if contract is stage1 else 0
-        assert call_bytes(sizes, contract) == (inputs + repaged, logits * 4, working), contract
-
-
-def test_a_specs_call_bytes_bound_those_of_every_case_it_draws():
-    """estimate_bytes (the planner) and CallSizes.of_case (the runner's side-by-side rule) share call_bytes:
-    a spec's upper bounds stay above what any case it draws holds, for a backend that re-pages the cache
-    and one that converts it to e4m3fnuz too."""
-    repaging = load_backend("aiter-triton-stage1").contract
-    converting = dataclasses.replace(repaging, fp8=Fp8Flavour.E4M3FNUZ)
-    for spec in [*edge_cases(), *default_specs()]:
-        for contract in (None, repaging, converting):
-            bound = estimate_bytes(spec, contract)
-            for seed in range(2):
-                held = call_bytes(CallSizes.of_case(build_case(spec, seed)), contract)
-                assert held.kernel <= bound.kernel_bytes and held.logits == bound.logits_bytes, spec.name
-                assert held.working <= bound.working_bytes, spec.name
 
 
 # --------------------------------------------------------------------------- pools and high block ids

@@ -1,4 +1,4 @@
-"""Reports: per-backend summaries, the headline, the table, failure lines and JSON values."""
+"""Reports: per-backend summaries, the headline, the table, failure lines (an error's traceback) and JSON values."""
 
 from __future__ import annotations
 
@@ -6,17 +6,29 @@ import dataclasses
 import json
 import math
 
+import pytest
 import torch
 
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend
+from difftest.core.kinds import Isolation
 from difftest.core.schema import ReportModel, validate
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
 from difftest.engine.runner import run
 from difftest.generators import build_case
-from difftest.records.report import headline, render_devices, render_failures, render_table, summarize, write_json
+from difftest.records.report import (
+    TOPK_NA_NOTE,
+    TRACEBACK_LINES,
+    headline,
+    render_devices,
+    render_failures,
+    render_table,
+    summarize,
+    write_json,
+)
 from difftest.records.serialize import ResultStream, load_results, to_jsonable
+from tests import broken_backends as bb
 from tests import user_backends as ub
 from tests.support import TINY
 
@@ -39,15 +51,17 @@ def test_summaries_count_rows_and_verdicts():
     assert headline(mutant) == "12/24 rows with the wrong -inf mask"
     assert raised.verdict == Verdict.ERROR and raised.counts == {"ERROR": 2} and raised.rows == 0, f"{raised=}"
     assert skipped.verdict == Verdict.SKIP and skipped.cases == 0 and skipped.skipped == 2, f"{skipped=}"
-    assert skipped.skip_reasons == ["contract devices ['cuda'] exclude cpu"] and math.isnan(skipped.topk_overlap)
+    assert skipped.skip_reasons == ["contract devices ['cuda'] exclude cpu"] and skipped.topk_overlap is None
 
 
 def test_table_and_failures_text():
     results = _results()
     table = render_table(summarize(results)).split("\n\n")[0].splitlines()
-    assert len(table) == 5 and table[0].startswith("backend"), f"{table=}"
+    assert len(table) == 6 and table[0].startswith("backend") and table[5] == TOPK_NA_NOTE, f"{table=}"
     assert "12/24" in table[2] and "FAIL(mask)" in table[2], f"{table[2]=}"
     assert "SKIP: contract devices" in table[4], f"{table[4]=}"
+    # Windows of at most 20 positions: a top-2048 keeps them whole, whatever the values (n/a); nothing compared: -.
+    assert [line.split()[5] for line in table[1:4]] == ["n/a", "n/a", "-"], table
     failures = render_failures(results)
     assert "12/24" not in failures and "6/12 rows with the wrong -inf mask [0,1,3,4,9,10]" in failures, failures
     assert "RuntimeError: kernel exploded at launch" in failures and "cuda-only" not in failures, failures
@@ -129,3 +143,43 @@ def test_a_report_written_before_the_library_field_still_loads(tmp_path):
     validate(ReportModel, doc)
     (tmp_path / "old.json").write_text(json.dumps(doc))
     assert load_results(tmp_path / "old.json") == [dataclasses.replace(r, library="") for r in results]
+
+
+# --------------------------------------------------------------------------- an error's traceback
+
+@pytest.fixture(scope="module")
+def nested_errors():
+    """raises_nested's ERROR, run in this process and in a worker."""
+    case = build_case(TINY, 0)
+    nested = FunctionBackend.from_function(bb.raises_nested)
+    return [run([nested], [case], RunConfig(isolate=isolate))[0] for isolate in (False, True)]
+
+
+def test_an_errors_traceback_is_in_its_failure_block_its_last_lines_unless_whole(nested_errors):
+    for result in nested_errors:
+        block = render_failures([result], whole_tracebacks=True)
+        assert "\n    traceback:\n      Traceback (most recent call last):\n" in block, block
+        assert all(line in block for line in bb.nested_traceback_lines()), block
+        assert render_failures([result]) == block, "a short traceback is shown whole"
+    long = dataclasses.replace(nested_errors[0], traceback="".join(f"line {i}\n" for i in range(30)))
+    short = render_failures([long]).splitlines()
+    assert short[2:] == [f"    traceback (its last {TRACEBACK_LINES} of 30 lines; the whole of it in the JSON report):",
+                         *(f"      line {i}" for i in range(30 - TRACEBACK_LINES, 30))], short
+    assert render_failures([long], whole_tracebacks=True).splitlines()[2:] == [
+        "    traceback:", *(f"      line {i}" for i in range(30))]
+
+
+def test_an_errors_traceback_is_in_the_json_report_and_the_stream(nested_errors, tmp_path):
+    doc = json.loads(write_json(tmp_path / "r.json", nested_errors, {}).read_text())
+    assert [r["traceback"] for r in doc["results"]] == [r.traceback for r in nested_errors]
+    assert [r["isolation"] for r in doc["results"]] == [None, Isolation.WORKER.value]
+    assert load_results(tmp_path / "r.json") == nested_errors
+    stream = ResultStream(tmp_path / "r.jsonl")
+    for result in nested_errors:
+        stream.write(result)
+    stream.close()
+    assert load_results(tmp_path / "r.jsonl") == nested_errors
+    for record in doc["results"]:  # a report written before the field
+        del record["traceback"]
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    assert [r.traceback for r in load_results(tmp_path / "old.json")] == [None, None]

@@ -11,7 +11,7 @@ import torch
 from difftest.backends import get_backends
 from difftest.core.kinds import OracleKind
 from difftest.core.verdict import Verdict
-from difftest.engine import runner
+from difftest.engine import call, runner
 from difftest.engine.batch import Retry, merge
 from difftest.engine.comparison import compare
 from difftest.engine.config import RunConfig
@@ -65,7 +65,7 @@ def test_a_batch_splits_rows_and_columns_back_exactly():
         assert (table == case.block_table + offset).all()
 
 
-@pytest.mark.parametrize("oracle", list(OracleKind))
+@pytest.mark.parametrize("oracle", [OracleKind.EXACT, OracleKind.FAST])
 def test_a_members_share_of_the_batch_oracle_is_its_own_oracle_answer(oracle):
     """What lets a member's re-run alone reuse its rows of the batch's answer instead of asking again."""
     cases = _members(3)
@@ -226,8 +226,8 @@ def test_members_run_alone_are_compared_in_one_pass_with_the_comparisons_they_ge
     executor = _Queueing()
     monkeypatch.setattr(runner, "InProcess", lambda: executor)
     compared_alone: list = []
-    monkeypatch.setattr(runner, "compare", lambda *args, **kwargs: compared_alone.append(args) or compare(*args,
-                                                                                                          **kwargs))
+    monkeypatch.setattr(call, "compare", lambda *args, **kwargs: compared_alone.append(args) or compare(*args,
+                                                                                                        **kwargs))
     batch = merge(cases)
     batched = run(backends, [batch], RunConfig())
     assert _summary(batched) == _summary(alone) and {r.verdict for r in alone} == {Verdict.PASS}

@@ -15,19 +15,18 @@ import torch
 
 from difftest.backends import get_backends
 from difftest.cli import main
+from difftest.core import memory
 from difftest.core.errors import SpecError
 from difftest.core.kinds import Device, ExitStatus
+from difftest.core.memory import JOB_PROCESS_BYTES, SMALL_JOB_BYTES
 from difftest.core.verdict import Verdict
 from difftest.engine import plan
 from difftest.engine.config import RunConfig
 from difftest.engine.plan import PlannedCase
 from difftest.generators.envelope import Target
 from difftest.generators.regime import Regime
-from difftest.workflows import fuzz as fuzz_module
 from difftest.workflows.fuzz import (
-    JOB_PROCESS_BYTES,
     MAX_JOBS,
-    SMALL_JOB_BYTES,
     Campaign,
     CampaignOutcome,
     _gathered,
@@ -103,7 +102,7 @@ def test_two_jobs_find_the_planted_bug_stop_together_and_join_their_results(tmp_
 
 def test_a_plan_without_small_cases_runs_as_one_job_within_its_budget(monkeypatch):
     # every case counted large: jobs other than job 0 would draw nothing and never reach their budget check
-    monkeypatch.setattr(fuzz_module, "SMALL_LOGITS", 0)
+    monkeypatch.setattr(memory, "SMALL_LOGITS", 0)
     outcome = fuzz(Campaign(budget=2.0, backends=("torch",), regime=SMALL, jobs=2, shrink_seconds=0))
     assert outcome.jobs == 1 and outcome.cases > 0 and outcome.seconds < 30, render_campaign(outcome)
 

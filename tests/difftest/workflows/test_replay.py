@@ -121,3 +121,16 @@ def test_a_crash_recorded_under_isolation_replays_as_a_verdict(tmp_path, capsys)
     alone = subprocess.run([sys.executable, "-m", "difftest.cli", "replay", str(folder), "--trust-bundle",
                             "--no-isolate"], capture_output=True, timeout=120)
     assert alone.returncode == -signal.SIGSEGV, alone.stderr[-500:]
+
+
+@pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "isolated"])
+def test_replay_prints_the_whole_traceback_of_an_error(tmp_path, capsys, isolate) -> None:
+    nested = as_loaded(broken_backends.raises_nested)
+    case = build_case(CaseSpec(lengths=(5,), heads=4, head_dim=16), 0)
+    config = RunConfig(isolate=isolate)
+    (raised,) = run([nested], [case], config)
+    folder = write_bundle(tmp_path, case, raised, config, nested.origin)
+    assert main(["replay", str(folder), "--trust-bundle"]) == ExitStatus.FAILED
+    out = capsys.readouterr().out
+    assert "verdict: ERROR (the same as recorded: ERROR)" in out and "    traceback:\n" in out, out
+    assert all(line in out for line in broken_backends.nested_traceback_lines()), out

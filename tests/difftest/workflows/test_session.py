@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from difftest.core.errors import SpecError
 from difftest.core.kinds import CaseKind, ExitStatus
 from difftest.engine.config import RunConfig
-from difftest.engine.plan import SuiteRequest
+from difftest.engine.plan import Shard, SuiteRequest
 from difftest.generators.spec import CaseSpec, LengthDist
 from difftest.records.report import render_reach
 from difftest.workflows.session import RunRequest, execute
@@ -84,3 +85,21 @@ def test_resume_under_other_options_is_refused_in_one_line(tmp_path, changed, me
         assert code == ExitStatus.USAGE and err.count("\n") == 1, err
         assert err.startswith(f"difftest: error: {message} {tmp_path / resumed} used (its results"), err
     assert run_cli([*first, "--resume", str(tmp_path / "r.json"), "--report", str(tmp_path / "same.json")])[0] == 0
+
+
+@pytest.mark.parametrize(("fields", "field"), [
+    (dict(budget=0), "budget"), (dict(fail_slow=True), "fail_slow"), (dict(backends=("torch", "")), "backends"),
+    (dict(gpus=2, resume="r.jsonl"), "resume"), (dict(gpus=2, suite=SuiteRequest(shard=Shard(0, 2))), "shard"),
+])
+def test_a_run_request_is_valid_by_construction(fields, field):
+    """Checked once, where the request is made: execute() relies on it and checks none of it again."""
+    with pytest.raises(SpecError) as info:
+        RunRequest(**fields)
+    assert info.value.field == field, info.value
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host where torch sees no GPU")
+def test_a_cuda_run_on_a_host_without_one_is_refused_where_it_runs_naming_the_device():
+    request = RunRequest(config=RunConfig(device="cuda"))  # valid: a request may be made for another host
+    with pytest.raises(SpecError, match=r"device='cuda': expected a device torch can see"):
+        execute(request)

@@ -37,7 +37,7 @@ def test_one_bug_is_one_signature_whatever_draft_row_fails_first(block_boundary_
     assert len(signatures) == 1, signatures
     (only,) = signatures
     assert only.backend == "planted-block-boundary" and only.verdict == Verdict.FAIL_MASK
-    assert only.pattern is not None, "the explainer named the pattern of the wrong windows"
+    assert only.relation is not None, "the explainer named the relation of the wrong windows"
 
 
 def test_the_variants_count_draft_rows_kinds_and_shapes(block_boundary_results):
