@@ -1086,6 +1086,7 @@ class MatrixSuiteModel(Model):
     case_filter: ListOf(Pattern, MAX_MATRIX_ITEMS, "a list of fnmatch patterns") = []
     fuzz: Bool = False  # a `difftest fuzz` campaign of `budget` seconds instead of a run
     isolate: Bool | None = None
+    selftest: Bool = False  # also `difftest selftest` in the envelope of the cell's first backend: its score
 
     @model_validator(mode="after")
     def _fuzz_budget(self) -> "MatrixSuiteModel":
