@@ -132,10 +132,11 @@ def _check_machine(cell: Cell) -> None:
 
 def _selftest(cell: Cell) -> dict[str, Any]:
     """The report's `selftest` section: the mutants scored in the envelope of the cell's first backend, under
-    the cell's device and isolation (their results stay out of the cell's: the mutants are meant to fail)."""
+    the cell's device and isolation, their plan narrowed by the suite's case_filter (their results stay out of
+    the cell's: the mutants are meant to fail)."""
     config = RunConfig(device=cell.runner.kind.device, isolate=cell.suite.isolate, repeat=2)
     outcome = selftest.selftest(selftest.SelftestRequest(config=config, template=cell.backends[0],
-                                                         seed=cell.suite.seed))
+                                                         seed=cell.suite.seed, case_filter=cell.suite.case_filter))
     return {"selftest": to_jsonable(selftest.score_section(outcome))}
 
 

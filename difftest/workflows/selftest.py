@@ -135,11 +135,11 @@ def selftest(request: SelftestRequest) -> SelftestOutcome:
         target = Target.probe(Device(request.config.device))
         plan = envelope_plan(list(backends.values()), target, request.seed)
         cases = filtered(plan.cases, request.case_filter) if request.case_filter else plan.cases
-        tally = _Tally(specs, plan, start)
+        tally = _Tally(specs, cases, start)
         results = run(list(backends.values()), _drawn(cases, request.config.device, tally), request.config,
                       on_result=tally.heard, takes=tally.takes)
         fuzz_seconds = _fuzz_round(request, tally, backends) if request.budget else None
-    scores = [_score(spec, tally, plan, contract, target, request.budget is not None) for spec in specs]
+    scores = [_score(spec, tally, plan, cases, contract, target, request.budget is not None) for spec in specs]
     outcome = SelftestOutcome(scores, results + tally.fuzz_results, plan, contract, request.template,
                               time.monotonic() - start, fuzz_seconds)
     if request.report is None:
@@ -150,11 +150,11 @@ def selftest(request: SelftestRequest) -> SelftestOutcome:
 
 
 def _chosen(keys: tuple[str, ...] | None) -> list[catalogue.MutantSpec]:
-    """The catalogue entries named (by key or backend name), in catalogue order; every one when None."""
+    """The catalogue entries named (by key, dashed or not, or by backend name), in catalogue order; every one
+    when None."""
     if keys is None:
         return list(catalogue.CATALOGUE)
-    names = {spec.name: spec.key for spec in catalogue.CATALOGUE}
-    wanted = {names.get(key, key) for key in keys}
+    wanted = {key.removeprefix(catalogue.PREFIX).replace("-", "_") for key in keys}
     unknown = sorted(wanted - set(catalogue.BY_KEY))
     require(not unknown, "mutants", ",".join(unknown), f"catalogue keys among {sorted(catalogue.BY_KEY)}")
     return [spec for spec in catalogue.CATALOGUE if spec.key in wanted]
@@ -177,18 +177,18 @@ def _drawn(cases: list[PlannedCase], device: str, tally: _Tally) -> Iterator[Any
 class _Tally:
     """What the selftest knows as results come: each mutant's cases run, failures, first failure and its time."""
 
-    def __init__(self, specs: list[catalogue.MutantSpec], plan: EnvelopePlan, start: float) -> None:
+    def __init__(self, specs: list[catalogue.MutantSpec], cases: list[PlannedCase], start: float) -> None:
         self.specs = {spec.name: spec for spec in specs if spec.mutation is not None}
         self.names = list(self.specs)
         self.start = start
-        self.planned = {case.name: case for case in plan.cases}
+        self.planned = {case.name: case for case in cases}
         self.current: PlannedCase | None = None
         self.ran: dict[str, int] = dict.fromkeys(self.names, 0)
         self.failures: dict[str, list[tuple[CaseResult, tuple[str, ...]]]] = {name: [] for name in self.names}
         self.first: dict[str, float] = {}
         self.fuzz_results: list[CaseResult] = []
         # The families each mutant's expectation can be met by in this plan: where its family has cases.
-        planned_families = {f for case in plan.cases for f in case.families}
+        planned_families = {f for case in cases for f in case.families}
         self.expecting = {name: spec.caught_by.value for name, spec in self.specs.items()
                           if isinstance(spec.caught_by, EdgeFamily) and spec.caught_by.value in planned_families}
 
@@ -251,8 +251,8 @@ def _fuzz_round(request: SelftestRequest, tally: _Tally, backends: dict[str, Loa
 
 # --------------------------------------------------------------------------- the score
 
-def _score(spec: catalogue.MutantSpec, tally: _Tally, plan: EnvelopePlan, contract: Contract, target: Target,
-           fuzzed: bool) -> MutantScore:
+def _score(spec: catalogue.MutantSpec, tally: _Tally, plan: EnvelopePlan, cases: list[PlannedCase],
+           contract: Contract, target: Target, fuzzed: bool) -> MutantScore:
     """`spec`'s row: what happened to it and whether that is what was expected here."""
     expected = "pass" if spec.must_pass else (spec.caught_by.value if isinstance(spec.caught_by, EdgeFamily)
                                               else spec.caught_by)
@@ -271,7 +271,7 @@ def _score(spec: catalogue.MutantSpec, tally: _Tally, plan: EnvelopePlan, contra
             return MutantScore(**seen, status=Status.FALSE_POSITIVE, expected_here=True, ok=False,
                                why=f"{result.verdict.value} on {result.case}: {result.reason or 'see its result'}")
         return MutantScore(**seen, status=Status.PASSED, expected_here=True, ok=True)
-    unreachable = _unreachable(spec, plan, contract, target, fuzzed)
+    unreachable = _unreachable(spec, plan, cases, contract, target, fuzzed)
     if failures:
         off = unreachable is None and expected not in seen["caught_by"]
         why = (f"expected {expected}, whose cases did not fail it" if off
@@ -283,8 +283,8 @@ def _score(spec: catalogue.MutantSpec, tally: _Tally, plan: EnvelopePlan, contra
                        why=f"{expected} reached, and none of its cases failed it")
 
 
-def _unreachable(spec: catalogue.MutantSpec, plan: EnvelopePlan, contract: Contract, target: Target,
-                 fuzzed: bool) -> str | None:
+def _unreachable(spec: catalogue.MutantSpec, plan: EnvelopePlan, cases: list[PlannedCase], contract: Contract,
+                 target: Target, fuzzed: bool) -> str | None:
     """Why no case here can reach `spec`'s bug as its family would; None when one can."""
     unmet = catalogue.unmet(spec, contract)
     if unmet:
@@ -292,8 +292,10 @@ def _unreachable(spec: catalogue.MutantSpec, plan: EnvelopePlan, contract: Contr
     if spec.caught_by == catalogue.FUZZ:
         return None if fuzzed else "left to the fuzz round, and none was run (no budget)"
     family = spec.caught_by.value  # type: ignore[union-attr]
-    if any(family in case.families for case in plan.cases):
+    if any(family in case.families for case in cases):
         return None
+    if any(family in case.families for case in plan.cases):
+        return f"{family}: its cases left out by the case filter"
     left = [reason for f, reason in plan.omitted.get(spec.name, []) if f == family]
     if left:
         return f"{family} left out: {left[0]}"
