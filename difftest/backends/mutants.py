@@ -14,8 +14,8 @@ would draw for that backend, and a selftest's score is for that envelope. Its in
 A worker process rebuilds a mutant from `difftest.backends.mutants:<key>` (module __getattr__); the template
 reaches it through the TEMPLATE_ENV environment variable, which the selftest sets while it runs.
 
-Top-k's ties and padding are a bug class of the top-k operation: its mutants belong beside the top-k
-components (tests/planted_topk.py plants them today); the catalogue lists the class with that note.
+The top-k operation's mutants (difftest.backends.topk_mutants: torch's top-k, its ties, padding and index
+convention) are entries of the same catalogue; their cases are the top-k plan (difftest.generators.topk).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from difftest.backends.registry import load_backend
+from difftest.backends.topk_mutants import CANDIDATE_BUFFER, TopkMutation, TorchTopkMutant
 from difftest.core import hardware
 from difftest.core.contract import Contract
 from difftest.core.errors import SpecError, require
@@ -39,6 +40,7 @@ from difftest.core.kernel_inputs import KernelInputs
 from difftest.core.kinds import CacheLayout, LengthEncoding, MaskConvention
 from difftest.core.triton_interpret import interpreter_compat, load_kernel_module
 from difftest.generators.envelope import EdgeFamily
+from difftest.generators.topk import TopkFamily
 
 KERNEL_FILE = Path(__file__).with_name("_mutant_kernel.py")
 TEMPLATE_ENV = "DIFFTEST_SELFTEST_TEMPLATE"  # 'package.module:object' or a registered name: the envelope's source
@@ -87,7 +89,9 @@ class BugClass(str, enum.Enum):
     LAYOUT = "6 scale layout"
     STALE_TABLE = "7 stale table entries"
     STORES = "10 stores past a row or the buffer"
-    TOPK = "10 top-k ties and padding"
+    TOPK_TIES = "top-k ties at the k-th value"
+    TOPK_PADDING = "top-k padding"
+    TOPK_INDICES = "top-k indices row-relative or absolute"
     NONDETERMINISM = "11 nondeterminism within tolerance"
 
 
@@ -110,13 +114,17 @@ class MutantSpec:
     envelope must hold for that, and whether a correct selftest must see it pass."""
 
     key: str  # its attribute here (difftest.backends.mutants:<key>) and, dashed, its name
-    mutation: Mutation | None  # None: not a kernel of this module (TOPK's entry)
+    mutation: Mutation | TopkMutation  # the paged kernel's switch, or the top-k mutant's
     bug_class: BugClass
-    caught_by: EdgeFamily | str  # the family whose cases should fail, or FUZZ
+    caught_by: EdgeFamily | TopkFamily | str  # the family whose cases should fail, or FUZZ
     needs: tuple[Requirement, ...] = ()
     summary: str = ""
-    must_pass: bool = False  # the correct kernel and the nondeterministic one
-    elsewhere: str = ""  # why this entry is no kernel here (the top-k classes)
+    must_pass: bool = False  # the correct kernels and the nondeterministic ones
+
+    @property
+    def topk(self) -> bool:
+        """Whether it is a top-k mutant (its cases the top-k plan's), not a paged-logits kernel."""
+        return isinstance(self.mutation, TopkMutation)
 
     @property
     def name(self) -> str:
@@ -170,13 +178,23 @@ CATALOGUE: tuple[MutantSpec, ...] = (
     MutantSpec("store_past_row", Mutation.STORE_PAST_ROW, BugClass.STORES, _F.RANDOM,
                summary="a split's tiles not clamped to the row: stored in full over the next row's first "
                        "positions (and past the buffer)"),
-    MutantSpec("topk_ties_and_padding", None, BugClass.TOPK, FUZZ,
-               summary="ties at the k-th value and -1 padding of a top-k kernel",
-               elsewhere="a bug of the top-k operation: its mutants live beside the top-k components "
-                         "(tests/planted_topk.py), run by the top-k tests, not by this selftest"),
+    MutantSpec("topk_correct", TopkMutation.NONE, BugClass.NONE, TopkFamily.RANDOM, must_pass=True,
+               summary="torch's top-k as SGLang's reference path calls it: every case must pass"),
+    MutantSpec("topk_random_ties", TopkMutation.RANDOM_TIES, BugClass.NONDETERMINISM, TopkFamily.TIES_STRADDLE,
+               must_pass=True, summary="another choice among values tied with the k-th on every launch: right"),
+    MutantSpec("topk_candidate_buffer", TopkMutation.CANDIDATE_BUFFER, BugClass.TOPK_TIES, TopkFamily.TIES_PAST_2048,
+               summary=f"values at or above the k-th past the first {CANDIDATE_BUFFER} in column order lost "
+                       "(a capped candidate buffer, sglang#35257)"),
+    MutantSpec("topk_padded_past_window", TopkMutation.PADDED_PAST_WINDOW, BugClass.TOPK_PADDING,
+               TopkFamily.FEW_CANDIDATES, summary="-1 only past the window length, -inf positions inside it returned "
+                                                  "(vLLM's convention) where -1 past the candidates is promised"),
+    MutantSpec("topk_absolute_indices", TopkMutation.ABSOLUTE_INDICES, BugClass.TOPK_INDICES,
+               TopkFamily.PREFILL_WINDOWS, summary="columns of the row returned where offsets from the window's "
+                                                   "start are promised (vllm#56749)"),
 )
 BY_KEY = {spec.key: spec for spec in CATALOGUE}
-KERNELS = tuple(spec for spec in CATALOGUE if spec.mutation is not None)
+KERNELS = tuple(spec for spec in CATALOGUE if not spec.topk)
+TOPK_KERNELS = tuple(spec for spec in CATALOGUE if spec.topk)
 
 
 # --------------------------------------------------------------------------- the envelope
@@ -226,7 +244,7 @@ class TritonMutant:
     """The kernel compiled with `spec`'s mutation, in the envelope `contract` says (envelope_of)."""
 
     def __init__(self, spec: MutantSpec, contract: Contract | None = None) -> None:
-        require(spec.mutation is not None, "mutant", spec.key, f"a kernel mutant ({spec.elsewhere})")
+        require(not spec.topk, "mutant", spec.key, "a paged-logits mutant (difftest.backends.mutants.KERNELS)")
         self.spec = spec
         self.name = spec.name
         self.contract = contract or envelope_of(None)
@@ -271,14 +289,22 @@ def template_contract(target: str | None = None) -> Contract | None:
 def mutant(key: str, template: Contract | None = None) -> TritonMutant:
     """The mutant `key` of the catalogue in `template`'s envelope (None: the kernel's own)."""
     spec = BY_KEY.get(key)
-    if spec is None or spec.mutation is None:
+    if spec is None or spec.topk:
         raise SpecError("mutants", key, f"one of {[s.key for s in KERNELS]}")
     return TritonMutant(spec, envelope_of(template))
+
+
+def topk_mutant(key: str) -> TorchTopkMutant:
+    """The top-k mutant `key` of the catalogue."""
+    spec = BY_KEY.get(key)
+    if spec is None or not isinstance(spec.mutation, TopkMutation):
+        raise SpecError("mutants", key, f"one of {[s.key for s in TOPK_KERNELS]}")
+    return TorchTopkMutant(spec.mutation, spec.name)
 
 
 def __getattr__(key: str) -> Callable[[], TritonMutant]:
     """`difftest.backends.mutants:<key>`: a zero-argument factory of that mutant in the envelope TEMPLATE_ENV
     names, which is how a worker process rebuilds it."""
-    if key in BY_KEY and BY_KEY[key].mutation is not None:
+    if key in BY_KEY and not BY_KEY[key].topk:
         return lambda: mutant(key, template_contract())
     raise AttributeError(f"module {__name__!r} has no attribute {key!r}")

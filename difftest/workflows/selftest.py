@@ -6,7 +6,8 @@ contract: the kernel's own envelope, or with a template (a user's backend) that 
 for that envelope. Every mutant runs the plan's cases in order under the run's config; a mutant that must be
 caught stops once a case of the family it names has failed (or, where that family is not in the plan, at its
 first failure): what is left would only confirm it. Then, within `budget` seconds, a fuzz round
-(difftest.workflows.fuzz) of fresh seeds runs the mutants still uncaught and the two that must pass.
+(difftest.workflows.fuzz) of fresh seeds runs the mutants still uncaught and the two that must pass. The top-k
+mutants run the same way on the top-k plan (difftest.workflows.selftest_topk).
 
 A miss is explained from the plan: the family that would have reached it was left out (the plan's own
 reason), or what the mutant needs is not in the envelope (draft rows, a second head group, a judged tail,
@@ -40,6 +41,7 @@ from difftest.records.report import config_info, environment_info, render_reach,
 from difftest.records.serialize import to_jsonable
 from difftest.workflows import fuzz
 from difftest.workflows.running import run
+from difftest.workflows.selftest_topk import TopkTally, run_topk
 
 FUZZ_SEED_OFFSET = 7_000_000  # the fuzz round's seeds start past the plan's (fuzz.ROUND_SEEDS apart per round)
 
@@ -51,7 +53,6 @@ class Status(str, enum.Enum):
     MISSED = "missed"  # no case failed
     PASSED = "passed"  # a mutant that must pass did
     FALSE_POSITIVE = "false positive"  # a mutant that must pass failed
-    ELSEWHERE = "elsewhere"  # a class whose mutants live with another operation's components
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,14 +114,16 @@ class SelftestOutcome:
 
     def summary(self) -> str:
         """'14 of 16 mutants caught (2 not reachable here), 2 of 2 that must pass passed: OK'."""
-        bugs = [s for s in self.scores if s.expected != "pass" and s.status != Status.ELSEWHERE]
+        bugs = [s for s in self.scores if s.expected != "pass"]
         caught = sum(s.status == Status.CAUGHT for s in bugs)
-        unreachable = sum(s.status == Status.MISSED and not s.expected_here for s in bugs)
+        unreachable = [s for s in bugs if s.status == Status.MISSED and not s.expected_here]
+        production = sum(s.production_only for s in unreachable)
         passing = [s for s in self.scores if s.expected == "pass"]
         passed = sum(s.status == Status.PASSED for s in passing)
         verdict = "OK" if self.status == ExitStatus.OK else "FAILED"
-        return (f"mutation score: {caught} of {len(bugs)} mutants caught ({unreachable} not reachable here), "
-                f"{passed} of {len(passing)} that must pass passed, in {self.seconds:.1f} s: {verdict}")
+        return (f"mutation score: {caught} of {len(bugs)} mutants caught ({len(unreachable)} not reachable here, "
+                f"{production} of them production-only), {passed} of {len(passing)} that must pass passed, in "
+                f"{self.seconds:.1f} s: {verdict}")
 
 
 def selftest(request: SelftestRequest) -> SelftestOutcome:
@@ -131,15 +134,18 @@ def selftest(request: SelftestRequest) -> SelftestOutcome:
     specs = _chosen(request.mutants)
     with environ(catalogue.TEMPLATE_ENV, request.template or ""):  # how a worker rebuilds the mutants
         contract = catalogue.envelope_of(catalogue.template_contract(request.template))
-        backends = {spec.key: _loaded(spec, contract) for spec in specs if spec.mutation is not None}
+        backends = {spec.key: _loaded(spec, contract) for spec in specs if not spec.topk}
         target = Target.probe(Device(request.config.device))
         plan = envelope_plan(list(backends.values()), target, request.seed)
         cases = filtered(plan.cases, request.case_filter) if request.case_filter else plan.cases
         tally = _Tally(specs, cases, start)
         results = run(list(backends.values()), _drawn(cases, request.config.device, tally), request.config,
-                      on_result=tally.heard, takes=tally.takes)
-        fuzz_seconds = _fuzz_round(request, tally, backends) if request.budget else None
-    scores = [_score(spec, tally, plan, cases, contract, target, request.budget is not None) for spec in specs]
+                      on_result=tally.heard, takes=tally.takes) if backends else []
+        fuzz_seconds = _fuzz_round(request, tally, backends) if request.budget and backends else None
+    topk = run_topk([spec for spec in specs if spec.topk], target, request.config.device, request.config.repeat,
+                    request.seed, start)
+    scores = [_topk_score(spec, topk) if spec.topk else
+              _score(spec, tally, plan, cases, contract, target, request.budget is not None) for spec in specs]
     outcome = SelftestOutcome(scores, results + tally.fuzz_results, plan, contract, request.template,
                               time.monotonic() - start, fuzz_seconds)
     if request.report is None:
@@ -178,7 +184,7 @@ class _Tally:
     """What the selftest knows as results come: each mutant's cases run, failures, first failure and its time."""
 
     def __init__(self, specs: list[catalogue.MutantSpec], cases: list[PlannedCase], start: float) -> None:
-        self.specs = {spec.name: spec for spec in specs if spec.mutation is not None}
+        self.specs = {spec.name: spec for spec in specs if not spec.topk}
         self.names = list(self.specs)
         self.start = start
         self.planned = {case.name: case for case in cases}
@@ -253,16 +259,28 @@ def _fuzz_round(request: SelftestRequest, tally: _Tally, backends: dict[str, Loa
 
 def _score(spec: catalogue.MutantSpec, tally: _Tally, plan: EnvelopePlan, cases: list[PlannedCase],
            contract: Contract, target: Target, fuzzed: bool) -> MutantScore:
-    """`spec`'s row: what happened to it and whether that is what was expected here."""
-    expected = "pass" if spec.must_pass else (spec.caught_by.value if isinstance(spec.caught_by, EdgeFamily)
-                                              else spec.caught_by)
-    base = dict(mutant=spec.name, bug_class=spec.bug_class.value, expected=expected,
-                production_only=spec.production_only)
-    if spec.mutation is None:
-        return MutantScore(**base, status=Status.ELSEWHERE, expected_here=False, ok=True, why=spec.elsewhere)
-    failures = tally.failures[spec.name]
-    seen = dict(base, cases=tally.ran[spec.name], seconds=tally.first.get(spec.name),
-                caught_by=tuple(sorted({f for _result, families in failures for f in families})),
+    """A paged mutant's row: what happened to it and whether that is what was expected here."""
+    unreachable = None if spec.must_pass else _unreachable(spec, plan, cases, contract, target, fuzzed)
+    return _scored(spec, tally.failures[spec.name], tally.ran[spec.name], tally.first.get(spec.name), unreachable)
+
+
+def _topk_score(spec: catalogue.MutantSpec, tally: TopkTally) -> MutantScore:
+    """A top-k mutant's row: as a paged one's, its family's omission from the top-k plan the reason of a miss."""
+    family = spec.caught_by.value  # type: ignore[union-attr]
+    left = tally.omitted(family)
+    unreachable = (None if spec.must_pass or family in tally.families
+                   else f"{family} left out: {left}" if left else f"{family}: no case of the top-k plan")
+    return _scored(spec, tally.failures[spec.name], tally.ran[spec.name], tally.first.get(spec.name), unreachable)
+
+
+def _scored(spec: catalogue.MutantSpec, failures: list[tuple[Any, tuple[str, ...]]], ran: int,
+            first_seconds: float | None, unreachable: str | None) -> MutantScore:
+    """`spec`'s row from its failures (each a result, or anything with its case, verdict and reason, and the
+    families of its case), the cases it ran, and why its family could not reach it here (None: it could)."""
+    expected = "pass" if spec.must_pass else getattr(spec.caught_by, "value", spec.caught_by)
+    seen = dict(mutant=spec.name, bug_class=spec.bug_class.value, expected=expected,
+                production_only=spec.production_only, cases=ran, seconds=first_seconds,
+                caught_by=_families_caught(failures, expected),
                 first_case=failures[0][0].case if failures else None,
                 first_verdict=failures[0][0].verdict.value if failures else None)
     if spec.must_pass:
@@ -271,7 +289,6 @@ def _score(spec: catalogue.MutantSpec, tally: _Tally, plan: EnvelopePlan, cases:
             return MutantScore(**seen, status=Status.FALSE_POSITIVE, expected_here=True, ok=False,
                                why=f"{result.verdict.value} on {result.case}: {result.reason or 'see its result'}")
         return MutantScore(**seen, status=Status.PASSED, expected_here=True, ok=True)
-    unreachable = _unreachable(spec, plan, cases, contract, target, fuzzed)
     if failures:
         off = unreachable is None and expected not in seen["caught_by"]
         why = (f"expected {expected}, whose cases did not fail it" if off
@@ -281,6 +298,12 @@ def _score(spec: catalogue.MutantSpec, tally: _Tally, plan: EnvelopePlan, cases:
         return MutantScore(**seen, status=Status.MISSED, expected_here=False, ok=True, why=unreachable)
     return MutantScore(**seen, status=Status.MISSED, expected_here=True, ok=False,
                        why=f"{expected} reached, and none of its cases failed it")
+
+
+def _families_caught(failures: list[tuple[Any, tuple[str, ...]]], expected: str) -> tuple[str, ...]:
+    """The families of the failing cases, the expected one first."""
+    families = sorted({f for _result, families in failures for f in families})
+    return tuple(sorted(families, key=lambda f: f != expected))
 
 
 def _unreachable(spec: catalogue.MutantSpec, plan: EnvelopePlan, cases: list[PlannedCase], contract: Contract,
@@ -323,17 +346,21 @@ def selftest_info(request: SelftestRequest, outcome: SelftestOutcome) -> dict[st
 
 
 def render_scores(outcome: SelftestOutcome) -> str:
-    """The score as a fixed-width table, then the summary line."""
-    header = f"{'mutant':<30} {'class':<38} {'expected':<20} {'result':<15} {'caught by':<28} {'time':>7}"
-    lines = [header]
+    """The score as a table (each mutant's row, then how it was caught or why it was missed), then the summary."""
+    rows = [("mutant", "class", "expected", "result", "caught by", "time")]
+    details: list[list[str]] = [[]]
     for s in outcome.scores:
-        result = s.status.value + ("" if s.ok else " (!)")
-        caught = ", ".join(s.caught_by[:3]) + (" ..." if len(s.caught_by) > 3 else "") if s.caught_by else "-"
-        seconds = f"{s.seconds:.1f} s" if s.seconds is not None else "-"
-        lines.append(f"{s.mutant:<30} {s.bug_class:<38} {s.expected:<20} {result:<15} {caught:<28} {seconds:>7}")
-        details = [f"first: {s.first_verdict} on {s.first_case}"] if s.first_case and s.status == Status.CAUGHT else []
-        details += [s.why] if s.why else []
-        lines += [f"    {text}" for text in details]
+        caught = ", ".join(s.caught_by[:2]) + (f" +{len(s.caught_by) - 2}" if len(s.caught_by) > 2 else "")
+        rows.append((s.mutant, s.bug_class, s.expected, s.status.value + ("" if s.ok else " (!)"), caught or "-",
+                     f"{s.seconds:.1f} s" if s.seconds is not None else "-"))
+        lines = [f"first: {s.first_verdict} on {s.first_case}"] if s.first_case and s.status == Status.CAUGHT else []
+        details.append(lines + ([("production-only: " if s.production_only else "") + s.why] if s.why else []))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row, notes in zip(rows, details, strict=True):
+        lines.append(" ".join(f"{cell:<{w}}" for cell, w in zip(row[:-1], widths, strict=False))
+                     + f" {row[-1]:>{widths[-1]}}")
+        lines += [f"    {text}" for text in notes]
     return "\n".join([*lines, "", outcome.summary()])
 
 
