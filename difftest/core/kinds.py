@@ -129,6 +129,14 @@ class MetamorphicRelation(str, enum.Enum):
     APPEND_KEYS = "append-keys"  # every slot no window covers given finite keys: windows unchanged
 
 
+class TopkRelation(str, enum.Enum):
+    """A metamorphic relation of the top-k operation: a change of a case whose answer follows from the
+    original's without an oracle (difftest.engine.topk_metamorphic)."""
+
+    ADD_NEG_INF = "add-neg-inf"  # -inf entries inserted at the end of every window: the same candidates chosen
+    PERMUTE_COLUMNS = "permute-columns"  # each window's columns shuffled: the same values chosen
+
+
 class TimingMethod(str, enum.Enum):
     """How a backend's launches were timed (`difftest run --time K`, difftest.engine.timing)."""
 
