@@ -211,8 +211,9 @@ def _add_backend_choice(command: argparse.ArgumentParser) -> None:
                               "(repeatable)")
 
 
-def _add_feeding(command: argparse.ArgumentParser) -> None:
-    """The options that say how backends are fed and guarded (RunConfig), as `run` and `fuzz` take them."""
+def _add_feeding(command: argparse.ArgumentParser, repeat: int = 1) -> None:
+    """The options that say how backends are fed and guarded (RunConfig), as `run`, `fuzz` and `selftest` take
+    them (`repeat`: the command's default launches per case)."""
     command.add_argument("--encoding", type=_enum(LengthEncoding),
                          help="what-if: hand every backend this length encoding instead")
     command.add_argument("--layout", type=_enum(CacheLayout),
@@ -226,9 +227,9 @@ def _add_feeding(command: argparse.ArgumentParser) -> None:
     command.add_argument("--startup-timeout", type=float, default=600.0, metavar="SECONDS",
                          help="seconds a worker may take to import and build its backend before it is killed: "
                               "TIMEOUT (default 600)")
-    command.add_argument("--repeat", type=int, default=1, metavar="K",
+    command.add_argument("--repeat", type=int, default=repeat, metavar="K",
                          help="launch each backend K times per case: bitwise-stable, stable within tolerance, "
-                              "or unstable = FAIL(nondeterministic) (default: 1)")
+                              f"or unstable = FAIL(nondeterministic) (default: {repeat})")
 
 
 def _add_metamorphic(command: argparse.ArgumentParser) -> None:
@@ -341,17 +342,17 @@ def _add_selftest(commands: argparse._SubParsersAction) -> None:
                           "package.module:object) whose envelope the mutants take (heads, head dims, block sizes, "
                           "next_n, longest context, tiles, partition, mask, tolerance): the score is for it")
     selftest.add_argument("--mutants", type=_names, help="comma-separated mutants to run (names or keys; default: "
-                          "all of difftest.backends.mutants.CATALOGUE)")
+                          "all of difftest.backends.mutants.CATALOGUE, the top-k ones included)")
     selftest.add_argument("--seed", type=int, default=0)
     selftest.add_argument("--oracle", type=_enum(OracleKind),
                           help="exact or fast (default: fast on cuda, exact on cpu)")
     selftest.add_argument("--case-filter", action="append", default=[], metavar="GLOB",
-                          help="run only the planned cases whose name matches (fnmatch); repeatable")
+                          help="run only the planned paged-logits cases whose name matches (fnmatch); "
+                          "repeatable (the top-k mutants run their whole plan)")
     selftest.add_argument("--report", type=Path, metavar="PATH", help="write every result and the score (its "
                           "`selftest` section) as JSON here")
-    _add_feeding(selftest)
+    _add_feeding(selftest, repeat=2)  # the nondeterministic mutants' launches are compared
     _add_metamorphic(selftest)
-    selftest.set_defaults(repeat=2)  # the nondeterministic mutant's launches are compared
     _add_regime(selftest, "bounds on the fuzz round's cases (default: the whole envelope)")
     _add_loudness(selftest)
 
