@@ -33,7 +33,7 @@ for backend, counts in sorted(verdicts.items()):
     print(f"{backend:<24} " + ", ".join(f"{v} {n}" for v, n in sorted(counts.items())))
 notes = [r for r in results if r.get("memory")]
 print(f"results with a memory note: {len(notes)}; run alone: {sum(bool(r['memory']['alone']) for r in notes)}; "
-      f"retried alone after running out beside others: {sum(bool(r["memory"]["retried"]) for r in notes)}; "
+      f"retried alone after running out beside others: {sum(bool(r['memory']['retried']) for r in notes)}; "
       f"measured: {sum(r['memory']['measured'] is not None for r in notes)}")
 for r in notes:
     if r["memory"]["retried"]:

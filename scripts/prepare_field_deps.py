@@ -53,10 +53,13 @@ STEP5 = "cb2a1865a1b2947f003e692e4e38631adc9221b69fea1544d2840f92f99fd27c"  # by
 VLLM_33 = "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
 VLLM_34 = "vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl"
 RELEASES = (
-    # difftest.backends.vllm_step5: the Step5 Hopper kernel's file and the release's version file.
+    # difftest.backends.vllm_step5: the Step5 Hopper kernel's file and the release's version file;
+    # difftest.backends.vllm_ragged: the file of its torch reference for ragged (prefill) logits.
     Release("vllm-0.33.0", "vllm", VLLM_33, {
         "vllm/_version.py": "83ac00973c429411aefd8e8f33cfb4a313b438b7c07e93d2fada81db86206f92",
-        "vllm/models/step5/nvidia/ops/sparse_indexer_scores.py": STEP5}),
+        "vllm/models/step5/nvidia/ops/sparse_indexer_scores.py": STEP5,
+        "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py":
+            "efa28d9acb9a9cf0904454478f2fc39c7e1674c479462563691ba7453937fee1"}),
     Release("vllm-0.34.0", "vllm", VLLM_34, {
         "vllm/_version.py": "b5773f66069824a6796cc4b8ceb4894510c8cc3de202e8e2a9921cf1c81c5bb5",
         "vllm/models/step5/common/ops/sparse_indexer_scores.py": STEP5}),
@@ -67,7 +70,10 @@ RELEASES = (
         "sglang/srt/layers/attention/dsv4/indexer.py":
             "4d0da92df2d73c9100ff9a235bb8312a02b412f457ea976a14fbd01825b0b9f6",
         "sglang/kernels/ops/attention/dsa/tilelang_kernel.py":
-            "3b4a433299bb4ce2fc47faa6c64046abd617198559baa038983a0fef9ea36280"}),
+            "3b4a433299bb4ce2fc47faa6c64046abd617198559baa038983a0fef9ea36280",
+        # difftest.backends.sglang_ragged: the torch reference for ragged (prefill) logits.
+        "sglang/srt/layers/attention/dsa/utils.py":
+            "277294e08c5df8b9a092dfc3c1992fe2a6d630da03b10248fee1af8727a9f558"}),
     # difftest.backends.flag_gems: the schedule metadata (5.0.2 has no version module; its METADATA says).
     Release("flag_gems-5.0.2", "flag-gems", "flag_gems-5.0.2-py3-none-any.whl", {
         "flag_gems-5.0.2.dist-info/METADATA": "82ea479368d743689fcfd124ad791d08da2a334b61fa1a3b4634b06dcb187138",

@@ -11,7 +11,8 @@ From each vllm release wheel (pip's download cache; fetched when missing):
   (KERNEL_FILE), plus vllm/_version.py, for releases that have the kernel. No vllm/__init__.py:
   difftest.backends.vllm_indexer loads the kernel from the file without importing vllm.
 From a git checkout of ROCm/aiter (AITER_GIT_DIR):
-* aiter-main/aiter/...      the Triton paged MQA logits kernel file and its wrapper (AITER_FILES),
+* aiter-main/aiter/...      the Triton paged MQA logits kernel file and its wrapper, and the ragged logits
+  kernel file (AITER_FILES),
   empty package __init__s, and an _version.py naming the commit (setuptools-scm writes that file
   at build time; a bare checkout has none).
 Then manifest.json: every entry, its source (wheel and sha256, or repository and commit) and size.
@@ -39,7 +40,9 @@ KERNEL_FUNCTION = "_fp8_paged_mqa_logits_decode_kernel"
 DECODE_DEFS = ("_fp8_paged_mqa_logits_decode_kernel", "rocm_fp8_paged_mqa_logits_triton", "_decode_cu_count")
 VERSION_FILE = "vllm/_version.py"
 AITER_FILES = ("aiter/ops/triton/_triton_kernels/attention/pa_mqa_logits.py",
-               "aiter/ops/triton/attention/pa_mqa_logits.py")
+               "aiter/ops/triton/attention/pa_mqa_logits.py",
+               # difftest.backends.aiter_ragged: the ragged (prefill) kernel, main's fix of 0.1.7's window
+               "aiter/ops/triton/_triton_kernels/attention/fp8_mqa_logits.py")
 AITER_PACKAGES = ("aiter", "aiter/ops", "aiter/ops/triton", "aiter/ops/triton/_triton_kernels",
                   "aiter/ops/triton/_triton_kernels/attention", "aiter/ops/triton/attention")
 

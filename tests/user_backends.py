@@ -6,6 +6,7 @@ lengths (or fails to write) differs from the truth; the expected verdicts follow
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -79,6 +80,18 @@ def window_one_short(q, kv_cache, weights, context_lens, block_table, max_model_
     """Mutant: off by one at the window end (the last visible key dropped)."""
     rows = (context_lens.long() - 1).clamp(min=0)
     return logits_with_limits(q, kv_cache, weights, rows, block_table, max_model_len)
+
+
+# A kernel whose table loads cover 16 columns (256 tokens at block 16) and which declares the longest
+# context it takes: the CPU's toy contexts (128 and 256) never pass the 16th column, its envelope does.
+WITHIN_1024 = dataclasses.replace(PER_ROW, block_sizes=(16,), max_context=1024)
+
+
+@backend(contract=WITHIN_1024, name="wrong-past-16-columns")
+def wrong_past_16_columns(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Mutant: keys past the 16th block-table column never scored (-inf), right below it."""
+    limits = context_lens.long().clamp(max=16 * kv_cache.shape[1])
+    return logits_with_limits(q, kv_cache, weights, limits, block_table, max_model_len)
 
 
 @backend(contract=PER_ROW)

@@ -36,7 +36,6 @@ import importlib.metadata
 import importlib.util
 import math
 import os
-import re
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -44,7 +43,8 @@ from types import ModuleType
 
 import torch
 
-from difftest.backends import aiter_triton_paged
+from difftest.backends import aiter_library, aiter_triton_paged
+from difftest.backends.aiter_library import DISTRIBUTION, aiter_dir
 from difftest.backends.base import Backend
 from difftest.core import hardware
 from difftest.core.contract import Contract, Siblings, WorkingMemory, WorkPartition
@@ -52,7 +52,6 @@ from difftest.core.kernel_inputs import KernelInputs
 from difftest.core.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention, PartitionScope
 from difftest.core.triton_interpret import interpreter_compat, load_kernel_module
 
-DISTRIBUTION = "amd-aiter"
 # Where the kernels live inside the `aiter` package: 0.1.7.x first, then newer AITER's layout.
 KERNEL_FILES = ("ops/triton/_triton_kernels/pa_mqa_logits.py",
                 "ops/triton/_triton_kernels/attention/pa_mqa_logits.py")
@@ -97,41 +96,12 @@ class KernelVariant:
 
 # --------------------------------------------------------------------------- locating and loading
 
-def aiter_version() -> str | None:
-    """The version of the aiter package found: its aiter/_version.py, else the distribution's
-    metadata; None if neither.
-
-    The package's own file first: a tree put first on sys.path (a source checkout, docs/versions.md)
-    shadows an installed amd-aiter whose metadata would otherwise name the wrong version. A bare copy
-    of the tree has no metadata, and its __init__ cannot be imported without ROCm, so _version.py is
-    read as text.
-    """
-    package = _aiter_dir()
-    version_file = package / "_version.py" if package else None
-    if version_file is not None and version_file.is_file():
-        found = re.search(r"__version__\s*=\s*['\"]([^'\"]+)['\"]", version_file.read_text())
-        if found:
-            return found.group(1)
-    try:
-        return importlib.metadata.version(DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _aiter_dir() -> Path | None:
-    # find_spec of a top-level package locates it without running aiter/__init__.py (which needs ROCm).
-    spec = importlib.util.find_spec("aiter")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
+aiter_version = aiter_library.aiter_version  # where the tests and the paged backends' callers have always found it
 
 
 def kernel_file() -> Path | None:
     """The kernel file of the installed AITER, or None when aiter or the file is missing."""
-    package = _aiter_dir()
-    if package is None:
-        return None
-    return next((package / rel for rel in KERNEL_FILES if (package / rel).is_file()), None)
+    return aiter_library.kernel_file(KERNEL_FILES)
 
 
 def load_kernels(interpret: bool) -> ModuleType:
@@ -271,7 +241,6 @@ def kernel_contract(variant: KernelVariant) -> Contract:
     """What one of the four kernels takes and promises, however it is launched (here or through
     AITER's own wrappers, difftest.backends.aiter_rocm). The paged generation's differences
     (aiter_triton_paged) replace the 0.1.7.x facts where the kernel found is of it."""
-    version = aiter_version()
     contract = Contract(
         length_encoding=LengthEncoding.PREFIX_SUM if variant.ragged else LengthEncoding.PER_SEQUENCE,
         # With block size 1 the two layouts coincide; the kernels slice each token's row into D
@@ -298,17 +267,10 @@ def kernel_contract(variant: KernelVariant) -> Contract:
         partition=PARTITION,
         writes_into_output=False,
         working_memory=STAGE1_WORKING_MEMORY if variant.per_head else WorkingMemory(),
-        library=_library(version),
+        library=aiter_library.library(kernel_file()),
         siblings=Siblings(SIBLINGS, variant.slowdown))
     return dataclasses.replace(contract, **aiter_triton_paged.contract_changes(variant.per_head)) \
         if is_paged(variant) else contract
-
-
-def _library(version: str | None) -> str:
-    """The version, and the kernel file it was loaded from: several trees may be on sys.path."""
-    name = f"{DISTRIBUTION} {version}" if version else f"{DISTRIBUTION} (version unknown or not installed)"
-    path = kernel_file()
-    return f"{name} ({path})" if path else name
 
 
 class AiterTriton:
@@ -331,7 +293,7 @@ class AiterTriton:
         except Exception as exc:
             return f"triton is not importable: {type(exc).__name__}: {exc}"
         if kernel_file() is None:
-            return f"neither {' nor '.join(KERNEL_FILES)} exists under {_aiter_dir()}"
+            return f"neither {' nor '.join(KERNEL_FILES)} exists under {aiter_dir()}"
         if device == "cuda":
             reason = self._cuda_reason()
             if reason:

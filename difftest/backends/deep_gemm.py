@@ -36,21 +36,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import inspect
 from collections.abc import Callable
-from pathlib import Path
 from types import ModuleType
 
 import torch
 
+from difftest.backends import deep_gemm_library
 from difftest.backends.base import Backend
 from difftest.core import hardware
 from difftest.core.contract import Contract, Siblings, WorkPartition
 from difftest.core.kernel_inputs import KernelInputs
 from difftest.core.kinds import CacheLayout, LengthEncoding, MaskConvention, PartitionScope
 
-_MODULES = ("deep_gemm", "vllm.third_party.deep_gemm")
 # FP8 MMA accumulates with ~14 bits (and bf16 output on sm100): on the H200 the largest error of a
 # correct result was 3.0e-3 of the row's largest logit (on the H200), a row with another
 # request's q was off by 0.5 or more (13-zero-length-straddle).
@@ -155,47 +153,29 @@ VARIANTS: dict[str, Variant] = {
 
 # --------------------------------------------------------------------------- the library
 
-@functools.cache
+# 2.x renamed fp8_paged_mqa_logits when FP4 keys arrived; older installs only have the old name.
+ENTRY_POINTS = ("fp8_fp4_paged_mqa_logits", "fp8_paged_mqa_logits")
+
+
+describe = deep_gemm_library.describe  # where the paged backend's callers have always found it
+
+
 def load_deep_gemm() -> tuple[ModuleType | None, str]:
     """(the module, how it was found) or (None, why not), trying the standalone then vLLM's copy."""
-    errors = []
-    for name in _MODULES:
-        try:
-            module = importlib.import_module(name)
-        except Exception as exc:  # a broken build raises more than ImportError
-            errors.append(f"{name}: {type(exc).__name__}: {exc}")
-            continue
-        if hasattr(module, "fp8_fp4_paged_mqa_logits") or hasattr(module, "fp8_paged_mqa_logits"):
-            return module, describe(name, module)
-        errors.append(f"{name}: has no paged MQA logits entry point")
-    return None, "; ".join(errors)
-
-
-def describe(name: str, module: ModuleType) -> str:
-    """'deep_gemm 2.8.1 (/tmp/versions/deep_gemm-0.33.0/deep_gemm)': the version and the folder it was
-    imported from, which tells apart trees of one version (vllm 0.30.0's and 0.31.0's are both 2.8.0,
-    with other builds of the host code)."""
-    version = getattr(module, "__version__", "?")
-    where = getattr(module, "__file__", None)
-    return f"{name} {version} ({Path(where).parent})" if where else f"{name} {version}"
+    return deep_gemm_library.find(ENTRY_POINTS)
 
 
 def library_name() -> str:
     """The DeepGEMM found, for the contract's `library`."""
-    module, how = load_deep_gemm()
-    return how if module is not None else "deep_gemm (not importable)"
+    return deep_gemm_library.library_name(ENTRY_POINTS)
 
 
 def loaded_module() -> ModuleType:
     """The DeepGEMM found (load_deep_gemm); RuntimeError saying why when none is."""
-    module, how = load_deep_gemm()
-    if module is None:
-        raise RuntimeError(f"DeepGEMM not importable: {how}")
-    return module
+    return deep_gemm_library.loaded(ENTRY_POINTS)
 
 
 def _logits_fn(module: ModuleType) -> Callable[..., torch.Tensor]:
-    # 2.x renamed fp8_paged_mqa_logits when FP4 keys arrived; older installs only have the old name.
     return getattr(module, "fp8_fp4_paged_mqa_logits", None) or module.fp8_paged_mqa_logits
 
 

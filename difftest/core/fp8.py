@@ -34,3 +34,11 @@ def convert(raw: torch.Tensor, source: Fp8Flavour, target: Fp8Flavour, field: st
     values = decode(raw, source, torch.float32)
     out = encode_exact(values, target, field)
     return torch.where(torch.isnan(values), torch.full_like(out, target.nan_byte), out)
+
+
+def nan_bytes(raw: torch.Tensor, flavour: Fp8Flavour) -> torch.Tensor:
+    """bool, raw's shape: the bytes that decode to NaN in `flavour` (e4m3fn: 0x7F and 0xFF; e4m3fnuz: 0x80),
+    read without decoding (a 2^31-byte key buffer would decode to 8 GB of float32)."""
+    if flavour == Fp8Flavour.E4M3FNUZ:
+        return raw == 0x80
+    return (raw & 0x7F) == 0x7F

@@ -206,3 +206,13 @@ class RowStride(str, enum.Enum):
     ANY = "any"  # stride(0) >= width, read from the tensor or passed
     MULTIPLE_OF_4 = "multiple-of-4"  # 16-byte vectorised or TMA loads of fp32 rows
     EQUALS_WIDTH = "equals-width"  # contiguous rows: the kernel computes row r's base as r * width
+
+
+# --------------------------------------------------------------------------- the ragged (prefill) logits operation
+
+class LogitsForm(str, enum.Enum):
+    """Which key each column of a ragged logits row holds (docs/reference/ragged.md)."""
+
+    ABSOLUTE = "absolute"  # [rows, keys]: column p is key p
+    # [rows, max_seqlen_k]: column j is key k_start + j (DeepGEMM 2.8's compressed logits)
+    WINDOW_RELATIVE = "window-relative"

@@ -889,6 +889,7 @@ class CaseMetaModel(Model):
     seed: Seed | None = None
     spec: SpecModel | None = None
     families: Names | None = None
+    reach: TableOf(Name, Names, "a JSON object of backend names and the families each one reaches") | None = None
     note: Text() | None = None
 
     @model_validator(mode="after")

@@ -181,12 +181,19 @@ def identity(backend: Loaded, case: Case, config: RunConfig) -> dict[str, Any]:
     """The fields every result of `backend` on `case` carries, whatever happens to the call."""
     contract = backend.contract
     longest = max(case.lengths, default=0)
-    reach = Reach(tuple(case.meta.get("families", ())), longest, case.pool_bytes, case.batch)
+    reach = Reach(_families(case, backend.name), longest, case.pool_bytes, case.batch)
     return dict(backend=backend.name, case=case.name, description=case.describe(), rows=case.rows,
                 device=config.device, encoding=config.encoding or contract.length_encoding,
                 layout=config.layout or contract.cache_layout, overridden=config.overridden,
                 spec=case.meta.get("spec"), gpu=hardware.gpu_description(case.device), reach=reach,
                 library=contract.library)
+
+
+def _families(case: Case, backend: str) -> tuple[str, ...]:
+    """The edge families `case` reaches for `backend`: its own plan's claims where the plan says
+    (difftest.engine.plan.PlannedCase.reach), else the case's."""
+    own = case.meta.get("reach")
+    return tuple(own.get(backend, ())) if isinstance(own, dict) else tuple(case.meta.get("families", ()))
 
 
 def _prepared(backend: Loaded, case: Case, config: RunConfig, base: dict[str, Any]) -> KernelInputs | CaseResult:

@@ -33,13 +33,16 @@ SHARD_FORM = "I/N with 0 <= I < N, e.g. 0/2"
 
 @dataclasses.dataclass(frozen=True)
 class PlannedCase:
-    """One case of a plan: the spec and seed it is drawn from, the edge families it reaches, and the
-    backends that run it (None: every backend of the run)."""
+    """One case of a plan: the spec and seed it is drawn from, the edge families it reaches, the backends
+    that run it (None: every backend of the run) and, per backend, the families it reaches for that
+    backend's own envelope (a backend running a case another one called for reaches only what its own
+    plan claims of it: a 1024-token case is the longest context of one envelope, not of every one)."""
 
     spec: CaseSpec
     seed: int
     families: tuple[str, ...] = ()
     backends: frozenset[str] | None = None
+    reach: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (backend, its families), for an envelope plan
 
     @property
     def name(self) -> str:
@@ -59,8 +62,17 @@ def build_together(planned: Sequence[PlannedCase], device: str) -> list[Case]:
     from difftest.generators.tensors import build_cases  # deferred: the pytest plugin plans without torch
 
     cases = build_cases([(p.spec, p.seed) for p in planned], device, [p.name for p in planned])
-    return [case.lengths_to(dataclasses.replace(case, meta={**case.meta, "families": list(p.families)}))
+    return [case.lengths_to(dataclasses.replace(case, meta={**case.meta, **_families_meta(p)}))
             for case, p in zip(cases, planned, strict=True)]
+
+
+def _families_meta(planned: PlannedCase) -> dict[str, object]:
+    """The case meta naming its families, and each backend's when the plan says (difftest.engine.runner
+    reports a backend's own)."""
+    meta: dict[str, object] = {"families": list(planned.families)}
+    if planned.reach:
+        meta["reach"] = {name: list(families) for name, families in planned.reach}
+    return meta
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,19 +206,21 @@ def envelope_plan(backends: Sequence[Backend], target: Target, seed: int, count:
     from difftest.generators.envelope import EdgeFamily, envelope_specs  # deferred: envelopes import torch (contracts)
 
     idle = {b.name: reason for b in backends if (reason := _idle_reason(b, target))}
-    specs: dict[CaseSpec, set[str]] = {}
+    specs: dict[CaseSpec, dict[str, tuple[str, ...]]] = {}  # spec -> backend -> the families its plan claims
     omitted: dict[str, list[tuple[str, str]]] = {}
     for backend in (b for b in backends if b.name not in idle):
         planned, left_out = envelope_specs(backend.contract, target)
         for item in planned:
-            specs.setdefault(item.spec, set()).update(f.value for f in item.families)
+            specs.setdefault(item.spec, {})[backend.name] = tuple(f.value for f in item.families)
         omitted[backend.name] = [(o.family.value, o.reason) for o in left_out]
     working = [b for b in backends if b.name not in idle]
     cases = []
-    for index, (spec, families) in enumerate(_uniquely_named(specs)):
+    for index, (spec, claims) in enumerate(_uniquely_named(specs)):
         takers = frozenset(b.name for b in working if _takes(b.contract, spec, target))
+        families = tuple(sorted({f for claimed in claims.values() for f in claimed}))
+        reach = tuple((name, tuple(sorted(claims.get(name, ())))) for name in sorted(takers))
         seeds = count if EdgeFamily.RANDOM.value in families else 1
-        cases += [PlannedCase(spec, seed + 1000 * index + k, tuple(sorted(families)), takers) for k in range(seeds)]
+        cases += [PlannedCase(spec, seed + 1000 * index + k, families, takers, reach) for k in range(seeds)]
     return EnvelopePlan(cases, omitted, idle)
 
 
@@ -217,7 +231,7 @@ def _idle_reason(backend: Backend, target: Target) -> str | None:
         return None  # contract, so that the runner, asking again per case, gives it ERROR (not silence)
 
 
-def _uniquely_named(specs: dict[CaseSpec, set[str]]) -> list[tuple[CaseSpec, set[str]]]:
+def _uniquely_named(specs: dict[CaseSpec, T]) -> list[tuple[CaseSpec, T]]:
     """The specs, a repeated name given a -2, -3, ... suffix so every case name stays unique."""
     seen: dict[str, int] = {}
     named = []

@@ -210,8 +210,8 @@ def draw_pool(spec: CaseSpec, num_blocks: int, gen: torch.Generator,
               device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3fn key bytes [NB, bs, D], float32 positive scales [NB, bs]) of every pool slot."""
     shape = (num_blocks, spec.block_size)
-    keys = _fp8_values(spec.values, (*shape, spec.head_dim), gen, device)
-    return keys, _scales(spec.values, shape, gen, device)
+    keys = fp8_values(spec.values, (*shape, spec.head_dim), gen, device)
+    return keys, key_scales(spec.values, shape, gen, device)
 
 
 def _fill_canaries(k_pool: torch.Tensor, scale_pool: torch.Tensor, pool_ids: torch.Tensor, inside: np.ndarray,
@@ -245,19 +245,25 @@ def _on(array: np.ndarray, device: str | torch.device) -> torch.Tensor:
 def draw_queries(spec: CaseSpec, batch: int, gen: torch.Generator,
                  device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3fn q bytes [B, next_n, H, D], float32 weights [B * next_n, H])."""
-    q = _fp8_values(spec.values, (batch, spec.next_n, spec.heads, spec.head_dim), gen, device)
-    shape = (batch * spec.next_n, spec.heads)
-    if spec.values == Values.INTEGER:
-        weights = torch.randint(-3, 4, shape, generator=gen, device=device).float()
-    else:
-        weights = torch.randn(shape, generator=gen, device=device) / spec.heads ** 0.5
-        if spec.values == Values.HEAVY:
-            weights = weights * _log_normal_powers(1.0, shape, gen, device)
-    return q, weights
+    q = fp8_values(spec.values, (batch, spec.next_n, spec.heads, spec.head_dim), gen, device)
+    return q, head_weights(spec.values, (batch * spec.next_n, spec.heads), gen, device)
 
 
-def _fp8_values(values: Values, shape: tuple[int, ...], gen: torch.Generator,
-                device: str | torch.device) -> torch.Tensor:
+def head_weights(values: Values, shape: tuple[int, int], gen: torch.Generator,
+                 device: str | torch.device) -> torch.Tensor:
+    """float32 [rows, H] head weights: N(0, 1/H) (heavy: times log-normal powers of two), or integers in [-3, 3]."""
+    if values == Values.INTEGER:
+        return torch.randint(-3, 4, shape, generator=gen, device=device).float()
+    weights = torch.randn(shape, generator=gen, device=device) / shape[1] ** 0.5
+    if values == Values.HEAVY:
+        weights = weights * _log_normal_powers(1.0, shape, gen, device)
+    return weights
+
+
+def fp8_values(values: Values, shape: tuple[int, ...], gen: torch.Generator,
+               device: str | torch.device) -> torch.Tensor:
+    """e4m3fn bytes of `shape` (q or keys): N(0, 1) (heavy: times log-normal powers of two), or integers in
+    [-4, 4]; clamped to the range both fp8 flavours hold, so a case converts to either exactly."""
     if values == Values.INTEGER:
         raw = torch.randint(-4, 5, shape, generator=gen, device=device).float()
     else:
@@ -267,7 +273,9 @@ def _fp8_values(values: Values, shape: tuple[int, ...], gen: torch.Generator,
     return raw.clamp(-COMMON_MAX, COMMON_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
 
 
-def _scales(values: Values, shape: tuple[int, ...], gen: torch.Generator, device: str | torch.device) -> torch.Tensor:
+def key_scales(values: Values, shape: tuple[int, ...], gen: torch.Generator,
+               device: str | torch.device) -> torch.Tensor:
+    """float32 positive per-key scales: [0.5, 2) (heavy: 2^-10 .. 2^4 times [1, 2)), or powers of two 2^-4 .. 2^2."""
     if values == Values.INTEGER:
         return _powers_of_two(torch.randint(-4, 3, shape, generator=gen, device=device))
     if values == Values.HEAVY:  # from 2^-10 to 2^4: a power of two times [1, 2)

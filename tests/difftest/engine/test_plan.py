@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from difftest.backends.torch_ref import TorchBackend
+from difftest.core.case import Case
 from difftest.core.contract import WorkPartition
 from difftest.core.errors import SpecError
 from difftest.core.kinds import CaseKind, PartitionScope
@@ -105,3 +106,18 @@ def test_a_different_split_size_gives_different_edge_lengths() -> None:
                 for n in (c.spec.lengths or ())}
     assert tile_lengths(32) != tile_lengths(48)
     assert {31, 32, 33} <= tile_lengths(32) and {47, 48, 49} <= tile_lengths(48)
+
+
+def test_a_backend_reaches_only_the_families_its_own_plan_claims_of_a_shared_case(tmp_path) -> None:
+    """torch's max-context cases are 1024 tokens on the CPU; a backend declaring max_context 300 runs its
+    own at 300, which torch runs too without it being torch's longest context."""
+    short = _reader("short", max_context=300)
+    planned = envelope_plan([TorchBackend(), short], Target.small_cpu(), seed=0)
+    full = {c.spec.max_model_len: c for c in planned.cases if c.spec.name.startswith("max-model-len")}
+    assert set(full) == {300, 1024} and full[1024].backends == {"torch"}, full
+    ours = dict(full[300].reach)
+    assert full[300].backends == {"torch", "short"} and ours == {"torch": (), "short": ("max-context",)}, ours
+    case = full[300].build("cpu")
+    assert case.meta["reach"] == {"torch": [], "short": ["max-context"]} and case.meta["families"] == ["max-context"]
+    case.save(tmp_path / "case.npz")
+    assert Case.load(tmp_path / "case.npz").meta["reach"] == case.meta["reach"], "a bundle's case keeps it"

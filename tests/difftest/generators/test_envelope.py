@@ -9,22 +9,29 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from difftest.core.contract import Contract, WorkingMemory, WorkPartition
 from difftest.core.errors import SpecError
 from difftest.core.kinds import CacheLayout, Device, Fp8Flavour, LengthEncoding, MaskConvention, PartitionScope
 from difftest.generators.cases import default_specs, edge_cases, suite
 from difftest.generators.envelope import (
+    SMALL_MAX_CONTEXT,
     TWO_31,
     EdgeFamily,
     Omission,
     PlannedSpec,
     Scale,
     Target,
+    claim_reason,
     envelope_key,
     envelope_specs,
     estimate_bytes,
@@ -32,6 +39,7 @@ from difftest.generators.envelope import (
 )
 from difftest.generators.spec import CaseSpec, LengthDist
 from difftest.generators.tensors import build_case
+from tests.support import REPO_ROOT
 
 GB = 10**9
 H200 = Target.production_gpu(sms=132, memory_bytes=139 * GB)
@@ -223,7 +231,9 @@ def test_2_31_families_are_planned_where_memory_allows():
     lu, lo = named["logits-under-2^31"].spec, named["logits-over-2^31"].spec
     assert lu.total_batch * lu.next_n * lu.max_model_len <= TWO_31 < lo.total_batch * lo.next_n * lo.max_model_len
     assert lo.lengths[-1] > 0 and lo.max_model_len == DEEPGEMM_LIKE.max_context
-    assert {o.family for o in omitted} == set(), f"{omitted=}"
+    token_keys = {EdgeFamily.TOKEN_KEY_2_31_BYTES, EdgeFamily.TOKEN_KEY_2_32_BYTES}
+    assert {o.family for o in omitted} == token_keys, f"{omitted=}: a block-split layout has no token * row stride"
+    assert all("block-split" in o.reason for o in omitted), f"{omitted=}"
     for name in ("positions-32768", "positions-65536"):
         assert max(named[name].spec.lengths) in (2**15 + 2, 2**16 + 2)
 
@@ -274,11 +284,17 @@ def test_production_plan_is_production_shaped():
 # --------------------------------------------------------------------------- SMALL mirrors the toy list
 
 def test_small_plan_of_an_open_contract_holds_the_toy_edges_and_default_specs():
+    """Field for field, except max-model-len: it goes to the envelope's longest context (for a contract that
+    names none, the longest SMALL scale draws), with the overhang column past it."""
     planned, _ = _plan(OPEN, SMALL)
-    missing = {s.name for s in [*edge_cases(), *default_specs()]} - {p.spec.name for p in planned}
-    assert not missing
-    specs = {p.spec for p in planned}
-    assert set(edge_cases()) | set(default_specs()) <= specs, "the toy specs, field for field"
+    named = _by_name(planned)
+    toy = [*edge_cases(), *default_specs()]
+    assert not {s.name for s in toy} - set(named)
+    assert {s for s in toy if s.name != "max-model-len"} <= {p.spec for p in planned}, "the toy specs, field for field"
+    (full,) = [s for s in toy if s.name == "max-model-len"]
+    assert named["max-model-len"].spec == full.replace(max_model_len=SMALL_MAX_CONTEXT, extra_columns=1)
+    assert named["max-model-len"].families == (EdgeFamily.MAX_CONTEXT,)
+    assert named["mtp-overhang-column"].families == (EdgeFamily.STALE_TABLES,), "128 is not the longest context"
 
 
 @pytest.mark.parametrize("name", ["aiter-like", "open"])
@@ -428,3 +444,251 @@ def test_target_scale_defaults():
     assert SMALL.scale == Scale.SMALL and SMALL.device == Device.CPU and SMALL.sms == 0
     probed = Target.probe(Device.CPU)
     assert probed.scale == Scale.SMALL and probed.memory_bytes > 0
+
+
+# --------------------------------------------------------------------------- unaligned and offset families
+
+def test_unaligned_max_model_lens_end_inside_a_partial_last_tile_of_the_declared_tiles():
+    """DeepGEMM-like tiles 64 and 256 (lcm 256) at a 131072-token context: max_model_len one past, one short
+    of and 64 past a multiple of 256, each row's last tile followed by a row with keys."""
+    planned, _ = _plan(DEEPGEMM_LIKE, H200)
+    specs = [p.spec for p in _with(planned, EdgeFamily.UNALIGNED_MAX_MODEL_LEN)]
+    assert sorted(s.max_model_len for s in specs) == [130817, 130880, 131071], [s.name for s in specs]
+    for s in specs:
+        whole = s.max_model_len - s.max_model_len % 256
+        assert whole < s.max_model_len == max(s.lengths) and min(s.lengths) <= whole, f"{s.name}: {s.lengths=}"
+        assert all(n > 64 for n in s.lengths[1:]), "every row after one has keys at the spilled positions"
+    small = {p.spec.max_model_len for p in _with(_plan(AITER_LIKE, SMALL)[0], EdgeFamily.UNALIGNED_MAX_MODEL_LEN)}
+    assert small == {65, 127}, "64-token chunks, at toy scale"
+
+
+@pytest.mark.parametrize("tiles", [(48,), (64, 96), (80,)])
+def test_unaligned_lengths_follow_whatever_tiles_are_declared(tiles):
+    planned, _ = _plan(contract(tiles=tiles, block_sizes=(16,)), H200)
+    step = math.lcm(16, *tiles)
+    rests = {p.spec.max_model_len % step for p in _with(planned, EdgeFamily.UNALIGNED_MAX_MODEL_LEN)}
+    assert rests == {1, step - 1, *(t for t in (16, *tiles) if t < step)}, f"{rests=}"
+
+
+def test_an_unaligned_pool_is_prime_past_the_tiles_with_its_last_block_used():
+    for c in (DEEPGEMM_LIKE, AITER_LIKE, OPEN):
+        for target in (SMALL, H200):
+            for p in _with(_plan(c, target)[0], EdgeFamily.UNALIGNED_POOL):
+                blocks = p.spec.pool_blocks
+                assert blocks > 256 if c is DEEPGEMM_LIKE else blocks > 16
+                assert all(blocks % d for d in range(2, math.isqrt(blocks) + 1)) and p.spec.high_block_ids
+                case = build_case(p.spec.replace(heads=4), 0) if target is SMALL else None
+                if case is not None:
+                    assert int(case.block_table.max()) == blocks - 1, "the pool's last block is a used one"
+
+
+def _used_block_starts(spec: CaseSpec, fed: int) -> list[int]:
+    """Byte offsets at which the blocks a drawn case's sequences use start, as fed (tokens where fed is 1)."""
+    lengths = spec.lengths
+    per = spec.block_size // fed
+    used = sum(-(-n // spec.block_size) for n in lengths)
+    block_bytes = fed * (spec.head_dim + 4)
+    return [i * block_bytes for i in range((spec.pool_blocks - used) * per, spec.pool_blocks * per)]
+
+
+@pytest.mark.parametrize(("name", "fed"), [("deepgemm-like", 64), ("aiter-like-unbounded", 1)])
+def test_block_bases_start_just_under_and_just_past_2_31_and_2_32(name, fed):
+    """The block-split cache's block id * block * (D + 4) bytes, at the block size the kernel is fed (a
+    block-size-1 kernel's blocks are tokens: token index * (D + 4) of its token-interleaved layout)."""
+    c = DEEPGEMM_LIKE if fed == 64 else dataclasses.replace(AITER_LIKE, max_pool_bytes=None,
+                                                              cache_layout=CacheLayout.TOKEN_INTERLEAVED)
+    named = _by_name(_plan(c, H200)[0])
+    for limit, power in ((TWO_31, 31), (2**32, 32)):
+        under, past = named[f"block-base-under-2^{power}-bytes"], named[f"block-base-past-2^{power}-bytes"]
+        block = fed * (under.spec.head_dim + 4)
+        assert under.spec.block_size == past.spec.block_size == fed
+        assert all(n % fed == 0 for n in under.spec.lengths), "every used block full"
+        top = max(_used_block_starts(under.spec, fed))
+        assert limit - block <= top < limit < top + block, "the top used block starts just under the limit"
+        low = min(_used_block_starts(past.spec, fed))
+        assert limit <= low < limit + block, "the lowest used block starts just past it"
+        for p in (under, past):
+            family = EdgeFamily(f"block-base-2^{power}-bytes")
+            assert family in p.families and EdgeFamily.HIGH_BLOCK_IDS in p.families
+            assert (EdgeFamily(f"token-key-2^{power}-bytes") in p.families) == (fed == 1), p.families
+
+
+def test_block_split_tokens_have_no_row_stride_and_int32_products_past_2_32_wrap_onto_canaries():
+    """The past-2^32 pool's used blocks sit above canaries, so a product wrapped mod 2^32 lands on one."""
+    named = _by_name(_plan(DEEPGEMM_LIKE, H200)[0])
+    past = named["block-base-past-2^32-bytes"].spec
+    block = past.block_size * (past.head_dim + 4)
+    wrapped = [start % 2**32 for start in _used_block_starts(past, past.block_size)]
+    lowest_used = min(_used_block_starts(past, past.block_size))
+    assert all(w + block <= lowest_used for w in wrapped), "a wrapped offset reads below the used blocks: NaN"
+
+
+@pytest.mark.parametrize("family", [EdgeFamily.LOGITS_ROW_2_31_BYTES, EdgeFamily.LOGITS_ROW_2_32_BYTES,
+                                    EdgeFamily.LOGITS_ROW_2_31_ELEMENTS, EdgeFamily.LOGITS_ROW_2_32_ELEMENTS,
+                                    EdgeFamily.Q_ROW_2_31_BYTES, EdgeFamily.Q_ROW_2_32_BYTES])
+@pytest.mark.parametrize("output", [torch.float32, torch.bfloat16])
+def test_row_families_start_a_row_with_keys_just_under_and_one_just_past_the_limit(family, output):
+    c = dataclasses.replace(DEEPGEMM_LIKE, output_dtype=output)
+    (p,) = _with(_plan(c, H200)[0], family)
+    s = p.spec
+    limit = 2**31 if "2^31" in family.value else 2**32
+    unit = s.heads * s.head_dim if family.value.startswith("q-") else \
+        s.max_model_len * (output.itemsize if family.value.endswith("bytes") else 1)
+    rows = s.total_batch * s.next_n
+    starts = [r * unit for r in range(rows)]
+    limits = [max(s.lengths[r // s.next_n] - s.next_n + r % s.next_n + 1, 0) for r in range(rows)]
+    under = [r for r in range(rows) if limit - unit <= starts[r] < limit and limits[r] > 0]
+    past = [r for r in range(rows) if limit <= starts[r] < limit + unit and limits[r] > 0]
+    assert under and past, f"{s.name}: {rows=} {unit=}"
+    assert rows * unit < limit + 2 * unit + s.next_n * unit, "no more rows than reaching the limit takes"
+
+
+def test_offset_families_are_left_out_at_small_scale_with_the_numbers():
+    _, omitted = _plan(OPEN, SMALL)
+    reasons = {o.family: o.reason for o in omitted}
+    for family in (EdgeFamily.BLOCK_BASE_2_31_BYTES, EdgeFamily.BLOCK_BASE_2_32_BYTES):
+        assert "GB pool; SMALL scale keeps pools <= 250.0 MB" in reasons[family], reasons[family]
+    for family in (EdgeFamily.LOGITS_ROW_2_31_ELEMENTS, EdgeFamily.LOGITS_ROW_2_32_BYTES):
+        assert "logits; SMALL scale keeps rows * max_model_len <= 4194304" in reasons[family], reasons[family]
+    assert "GB q; SMALL scale keeps q <= " in reasons[EdgeFamily.Q_ROW_2_31_BYTES], reasons[EdgeFamily.Q_ROW_2_31_BYTES]
+    assert "block-split" in reasons[EdgeFamily.TOKEN_KEY_2_31_BYTES]
+
+
+# --------------------------------------------------------------------------- the small scale honours the envelope
+
+@pytest.mark.parametrize(("declared", "longest"), [(1024, 1024), (300, 300), (None, SMALL_MAX_CONTEXT),
+                                                   (4096, None)])
+def test_small_max_context_cases_reach_the_declared_longest_context(declared, longest):
+    """A backend declaring max_context 1024 gets 1024-token cases on the CPU; one declaring more than SMALL
+    scale draws is told so, with the numbers, rather than handed a shorter case called max-context."""
+    planned, omitted = _plan(contract(max_context=declared), SMALL)
+    reaching = _with(planned, EdgeFamily.MAX_CONTEXT)
+    if longest is None:
+        assert not reaching
+        reasons = [o.reason for o in omitted if o.family == EdgeFamily.MAX_CONTEXT]
+        assert reasons[0] == "max-context-4096: needs max_model_len 4096; SMALL scale keeps contexts <= 1024 for a " \
+            "CPU run", reasons
+        assert all("4096" in r for r in reasons), reasons
+        return
+    assert {p.spec.name for p in reaching} == {"max-model-len"}
+    for p in reaching:
+        assert p.spec.max_model_len == longest and max(_lengths(p.spec)) == longest, p.spec
+        case = build_case(p.spec.replace(heads=4), 0)
+        assert int(case.seq_lens.max()) == longest and case.block_table.shape[1] >= longest // 16
+
+
+def _lengths(spec: CaseSpec) -> tuple[int, ...]:
+    return spec.lengths or (spec.max_model_len,) * spec.batch
+
+
+# --------------------------------------------------------------------------- every claim holds
+
+@pytest.mark.parametrize("name", CONTRACTS)
+def test_what_a_claim_reads_of_a_spec_is_what_its_drawn_case_has(name):
+    """claim_reason judges a spec by its lengths (explicit, or all max_model_len when full) and, for a set
+    pool with high ids, by the used blocks taking its top ids: the drawn cases have exactly those."""
+    for index, p in enumerate(_plan(CONTRACTS[name], SMALL)[0]):
+        spec = p.spec.replace(heads=4)  # the claims read no head count; fewer heads draw faster
+        case = build_case(spec, index)
+        if spec.lengths is not None or spec.length_dist == LengthDist.FULL:
+            assert tuple(case.lengths) == (*_lengths(spec), *(0,) * spec.padding), spec.name
+        if spec.pool_blocks is not None and spec.high_block_ids:
+            columns = torch.arange(case.block_table.shape[1])[None, :] < case.used_blocks()[:, None]
+            used = sorted(set(case.block_table[columns].tolist()))
+            assert used == list(range(spec.pool_blocks - len(used), spec.pool_blocks)), spec.name
+
+
+def test_a_claim_a_case_does_not_reach_is_refused_with_the_reason():
+    at_128 = CaseSpec(name="full-128", batch=2, length_dist=LengthDist.FULL, max_model_len=128)
+    reason = claim_reason(EdgeFamily.MAX_CONTEXT, at_128, contract(max_context=1024), SMALL)
+    assert "128" in reason and "longest context 1024" in reason, reason
+    drawn = at_128.replace(max_model_len=1024, length_dist=LengthDist.UNIFORM)
+    assert "drawn lengths" in claim_reason(EdgeFamily.MAX_CONTEXT, drawn, contract(max_context=1024), SMALL)
+    aligned = CaseSpec(lengths=(128, 127), max_model_len=128)
+    assert claim_reason(EdgeFamily.UNALIGNED_MAX_MODEL_LEN, aligned, contract(tiles=(64,)), SMALL)
+    low_pool = CaseSpec(lengths=(64, 64), block_size=64, head_dim=128, pool_blocks=300_000, high_block_ids=True)
+    assert "2^32" in claim_reason(EdgeFamily.BLOCK_BASE_2_32_BYTES, low_pool, OPEN, H200)
+    assert claim_reason(EdgeFamily.BLOCK_BASE_2_31_BYTES, low_pool.replace(lengths=(63, 64)), OPEN, H200), \
+        "a partly used block: which slots reach past the limit depends on the draw"
+
+
+@settings(deadline=None)
+@given(tiles=st.lists(st.integers(2, 512), min_size=0, max_size=3),
+       block=st.sampled_from([1, 16, 32, 64]), context=st.integers(4096, 1 << 18), unit=st.integers(1, 1024),
+       small=st.booleans())
+def test_any_declared_envelope_plans_only_claims_its_cases_reach(tiles, block, context, unit, small):
+    """Whatever tiles, block size, context and partition unit a contract declares, every family is reached
+    or left out with a reason, no case passes the context, and the unaligned cases are unaligned to the
+    tiles' lcm. (Contexts from 4096: at a shorter one the 2^31 row families list a million requests,
+    seconds per plan.)"""
+    c = contract(tiles=tuple(tiles), block_sizes=(block,), max_context=context,
+                 partition=WorkPartition(unit, PartitionScope.PER_ROW, workers=4))
+    target = SMALL if small else H200
+    planned, omitted = _plan(c, target)
+    assert all(p.spec.max_model_len <= context for p in planned)
+    assert {f for p in planned for f in p.families} | {o.family for o in omitted} == set(EdgeFamily)
+    kernel_tiles = {t for t in (*tiles, unit, block) if t > 1}
+    longest = min(context, SMALL_MAX_CONTEXT) if small else context
+    step = math.lcm(*kernel_tiles) if math.lcm(*kernel_tiles) <= longest else max(kernel_tiles)
+    for p in _with(planned, EdgeFamily.UNALIGNED_MAX_MODEL_LEN):
+        assert p.spec.max_model_len % step, f"{p.spec.name}: a multiple of the tiles' lcm {step}"
+
+
+# --------------------------------------------------------------------------- planted kernels
+
+def _planted(name: str) -> Contract:
+    from tests.gpu_broken_backends import TritonInt32BlockBase, TritonLastTileSpill
+
+    return {"spill": TritonLastTileSpill, "int32": TritonInt32BlockBase}[name].contract
+
+
+def test_the_planted_kernels_families_are_planned_in_the_production_envelope():
+    """scripts/h200_planted_edges.sh: the last-tile spill meets max_model_len ending inside a block (the
+    kernel's tile), the int32 block base a used block starting past 2^31 and past 2^32 bytes."""
+    spill = _by_name(_plan(_planted("spill"), H200)[0])
+    unaligned = [p.spec for p in spill.values() if EdgeFamily.UNALIGNED_MAX_MODEL_LEN in p.families]
+    assert any(s.block_size == 64 and s.max_model_len % 64 and s.max_model_len > 100_000 for s in unaligned), \
+        [(s.name, s.block_size) for s in unaligned]
+    int32 = _by_name(_plan(_planted("int32"), H200)[0])
+    for power in (31, 32):
+        spec = int32[f"block-base-past-2^{power}-bytes"].spec
+        assert min(_used_block_starts(spec, spec.block_size)) >= 2**power and spec.block_size == 64
+        assert spec.heads == 64 and spec.head_dim == 128, "the production shape"
+    top = max(_used_block_starts(int32["pool-over-2^31-bytes"].spec, 64))
+    assert top < TWO_31, "the old family crossed 2^31 only inside its top block, never at a block's start"
+
+
+SPILL_INTERPRETED = """
+import dataclasses
+from difftest.engine.comparison import compare
+from difftest.core.kernel_inputs import encode
+from difftest.oracles.reference import make_reference
+from difftest.generators import build_case
+from difftest.generators.envelope import EdgeFamily, Target, envelope_specs
+from tests.gpu_broken_backends import TritonGood, TritonLastTileSpill
+
+contract = dataclasses.replace(TritonLastTileSpill.contract, devices=("cpu", "cuda"))
+for p in envelope_specs(contract, Target.small_cpu())[0]:
+    if {EdgeFamily.UNALIGNED_MAX_MODEL_LEN, EdgeFamily.TILE_MULTIPLES} & set(p.families):
+        case = build_case(p.spec, 0)
+        ref = make_reference(case)
+        for kernel in (TritonGood(), TritonLastTileSpill()):
+            got = kernel(encode(case, kernel.contract), None)
+            verdict = compare(ref.logits, got, ref.row_lens, kernel.contract, ref.bound).verdict.value
+            print(p.spec.name, p.spec.max_model_len, p.spec.block_size, kernel.name, verdict)
+"""
+
+
+def test_the_last_tile_spill_is_caught_on_the_cpu_by_the_unaligned_family_alone():
+    """Under the Triton interpreter at toy scale (block 16): FAIL where max_model_len ends inside a block,
+    PASS where it is a multiple of 16 and on every tile-multiples case; the control passes everywhere."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run([sys.executable, "-c", SPILL_INTERPRETED], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    lines = [line.split() for line in done.stdout.splitlines()]
+    assert lines, done.stdout + done.stderr
+    for name, max_model_len, block, kernel, verdict in lines:
+        spills = kernel == "triton-last-tile-spill" and int(max_model_len) % int(block) != 0
+        assert verdict == ("FAIL(mask)" if spills else "PASS"), (name, kernel, verdict)
+    assert any(line[0].startswith("unaligned") and line[-1] == "FAIL(mask)" for line in lines)
+    assert all(line[-1] == "PASS" for line in lines if line[0].startswith("tile-")), "aligned cases cannot see it"

@@ -9,6 +9,7 @@ import torch
 
 from difftest.core.errors import SpecError
 from difftest.core.kinds import CaseKind, ExitStatus
+from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
 from difftest.engine.plan import Shard, SuiteRequest
 from difftest.generators.spec import CaseSpec, LengthDist
@@ -31,6 +32,39 @@ def test_the_default_suite_is_the_envelope_one_with_reach_and_what_was_left_out(
     assert "torch: pool-2^31-bytes left out: " in reach, "a CPU run says which families need scale"
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["run"]["cases_kind"] == "envelope" and report["run"]["plan"]["omitted"]["torch"], report["run"]
+
+
+def test_a_kernel_wrong_only_past_16_table_columns_is_caught_on_the_cpu_through_its_declared_context():
+    """It declares max_context 1024 at block 16: the small scale draws its max-context cases at 1024 tokens
+    (64 columns), and exactly the cases with a sequence past 256 tokens fail; the reach table's longest
+    and max-context come from those cases."""
+    outcome = execute(RunRequest(suite=SuiteRequest(), backends=("tests.user_backends:wrong_past_16_columns",)))
+    assert outcome.status == ExitStatus.FAILED, outcome.status
+    failing = {r.case for r in outcome.results if r.verdict != Verdict.PASS}
+    long = {r.case for r in outcome.results if r.reach.longest > 256}
+    assert failing == long and "max-model-len-s4000" in failing, (failing, long)
+    line = render_reach(outcome.results, outcome.plan).splitlines()[1].split()
+    assert line[0] == "wrong-past-16-columns" and line[3] == "1024" and "max-context," in line, line
+
+
+def test_the_reach_table_claims_for_each_backend_only_what_its_own_cases_reach():
+    """torch (no envelope) and a backend declaring block 16 and max_context 1024 share cases; each one's
+    families are those its own plan claims, and each claim holds for that backend's own contract."""
+    from difftest.backends import load_backend
+    from difftest.generators.envelope import EdgeFamily, Target, claim_reason
+    from difftest.generators.spec import CaseSpec
+
+    short = "tests.user_backends:wrong_past_16_columns"
+    outcome = execute(RunRequest(suite=SuiteRequest(), backends=("torch", short)))
+    contracts = {"torch": load_backend("torch").contract, "wrong-past-16-columns": load_backend(short).contract}
+    for result in outcome.results:
+        spec = CaseSpec.from_json(result.spec)
+        for family in result.reach.families:
+            why = claim_reason(EdgeFamily(family), spec, contracts[result.backend], Target.small_cpu())
+            assert why is None, (result.backend, result.case, family, why)
+    reached = {r.backend: {f for q in outcome.results if q.backend == r.backend for f in q.reach.families}
+               for r in outcome.results}
+    assert "partition-straddle" not in reached["torch"], "no partition declared, whoever else ran such a case"
 
 
 def test_a_budget_starts_no_case_past_it_and_lists_those_not_started():
