@@ -27,7 +27,6 @@ from difftest.workflows.shrink import shrink
 from tests import planted
 
 R = MetamorphicRelation
-INEXACT = {R.FLATTEN_NEXT_N, R.PERMUTE_HEADS}
 # Small cases with every structure the relations move: several requests, draft rows, empty and full ones,
 # shared and stale blocks, e4m3fnuz bytes, block size 1.
 SPECS = [CaseSpec(name="edges", batch=4, next_n=2, length_dist=LengthDist.EDGES, padding=1, max_model_len=96),
@@ -48,7 +47,8 @@ def _oracle_follows(case, relation) -> None:
     assert torch.equal(torch.isfinite(got), finite), f"{relation=}: the windows moved"
     error = float((got[finite] - want[finite]).abs().max()) if finite.any() else 0.0
     largest = float(want[finite].abs().max()) if finite.any() else 0.0
-    assert error <= (1e-12 * largest if relation in INEXACT else 0.0), f"{relation=}"
+    # The float64 oracle itself scores a batch in chunks: a relation that changes the batch moves its roundings.
+    assert error <= (0.0 if change.exact else 1e-12 * largest), f"{relation=}"
     others = torch.ones(related.shape[0], dtype=torch.bool)
     others[change.rows] = False
     assert not torch.isfinite(related[others]).any(), f"{relation=}: a padding row has a window"
@@ -128,7 +128,8 @@ def test_a_violation_where_the_oracle_passes_is_fail_metamorphic_and_round_trips
     result = run_one(backend, case, RunConfig(metamorphic=(R.PAD_REQUESTS, R.PERMUTE_PAGES)))
     assert result.verdict == Verdict.FAIL_METAMORPHIC and result.comparison.verdict == Verdict.PASS
     (violation,) = result.metamorphic
-    assert violation.relation == R.PAD_REQUESTS and violation.exact and violation.related == ("full-s2~pad-requests",)
+    assert violation.relation == R.PAD_REQUESTS and not violation.exact
+    assert violation.related == ("full-s2~pad-requests",)
     assert math.isinf(violation.related_value) and violation.original == violation.expected
     assert result_from_json(to_jsonable(result)) == result
 
