@@ -203,7 +203,9 @@ def _comparison_lines(r: CaseResult) -> list[str]:
         m = c.first_mismatch
         lines.append(f"first mismatch: row {m.row}, position {m.position}: expected {m.expected!r}, "
                      f"got {m.got!r} ({m.kind.value})")
-    return lines + _mask_lines(c)
+    # A judged result carries a reason only where no oracle judged it (consensus: against which peer, and whom
+    # the relations fault).
+    return lines + ([f"consensus: {r.reason}"] if r.reason else []) + _mask_lines(c)
 
 
 def _traceback_lines(r: CaseResult, whole: bool) -> list[str]:

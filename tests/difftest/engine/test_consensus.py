@@ -61,7 +61,9 @@ def test_run_without_an_oracle(tmp_path, capsys):
     report = tmp_path / "r.json"
     status = main(["run", "--backends", "torch,tests.planted:weights_of_next_head", "--oracle", "none", "--spec",
                    json.dumps({"name": "n", "batch": 2, "max_model_len": 64}), "--report", str(report)])
-    assert status == 1, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert status == 1, out
+    assert "    consensus: disagrees with torch on values (rows [0, 1]...): the relations fault " in out
     results = {r["backend"]: r for r in json.loads(report.read_text())["results"]}
     assert results["torch"]["verdict"] == "PASS" and results["planted-weights-of-next-head"]["verdict"] == "FAIL(value)"
     assert json.loads(report.read_text())["run"]["oracle"] == "none"
