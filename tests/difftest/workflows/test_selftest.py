@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
 from difftest.backends import mutants
 from difftest.backends.user import backend
 from difftest.cli import main
-from difftest.core.kinds import ExitStatus, MaskConvention
+from difftest.core.kinds import ExitStatus, MaskConvention, MetamorphicRelation, TopkRelation
 from difftest.core.schema import ReportModel, validate
 from difftest.generators.envelope import EdgeFamily
 from difftest.workflows import selftest
@@ -115,3 +116,9 @@ def test_the_command_line(tmp_path, capsys):
     assert main(["selftest", "--mutants", "nope"]) == ExitStatus.USAGE
     assert "--mutants='nope': expected catalogue keys among" in capsys.readouterr().err
     assert main(["selftest", "--repeat", "1"]) == ExitStatus.USAGE
+
+
+def test_the_selftest_page_names_every_mutant_and_relation():
+    text = (Path(__file__).resolve().parents[3] / "docs" / "selftest.md").read_text()
+    names = [spec.name for spec in mutants.CATALOGUE] + [r.value for r in (*MetamorphicRelation, *TopkRelation)]
+    assert not [name for name in names if f"`{name}`" not in text]
