@@ -945,8 +945,8 @@ def cmd_selftest(args: argparse.Namespace) -> int:
                                        template=args.backend_template, budget=args.budget, seed=args.seed,
                                        mutants=args.mutants, regime=regime, case_filter=tuple(args.case_filter),
                                        report=args.report, argv=tuple(args.argv))
-    outcome = selftest.selftest(request)
-    print(outcome.summary() if args.quiet else selftest.render_scores(outcome))
+    outcome = selftest.selftest(request, progress=None if args.quiet else lambda line: print(line, flush=True))
+    print(outcome.summary() if args.quiet else "\n" + selftest.render_scores(outcome))
     if args.verbose:
         print("\n" + selftest.render_left_out(outcome))
     if outcome.written:

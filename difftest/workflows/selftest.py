@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +41,9 @@ from difftest.records.report import config_info, environment_info, render_reach,
 from difftest.records.serialize import to_jsonable
 from difftest.workflows import fuzz
 from difftest.workflows.running import run
-from difftest.workflows.selftest_topk import TopkTally, run_topk
+from difftest.workflows.selftest_topk import TopkTally, first_failure, run_topk
 
+Progress = Callable[[str], None]  # hears one line as each mutant first fails
 FUZZ_SEED_OFFSET = 7_000_000  # the fuzz round's seeds start past the plan's (fuzz.ROUND_SEEDS apart per round)
 
 
@@ -126,8 +127,9 @@ class SelftestOutcome:
                 f"{self.seconds:.1f} s: {verdict}")
 
 
-def selftest(request: SelftestRequest) -> SelftestOutcome:
-    """Run the mutants under `request`: the envelope plan, then the fuzz round within its budget; the score."""
+def selftest(request: SelftestRequest, progress: Progress | None = None) -> SelftestOutcome:
+    """Run the mutants under `request`: the envelope plan, then the fuzz round within its budget; the score.
+    `progress` hears a line as each mutant first fails (a long GPU run says what it has found so far)."""
     start = time.monotonic()
     if request.report is not None:
         check_writable(request.report, "report")
@@ -138,12 +140,12 @@ def selftest(request: SelftestRequest) -> SelftestOutcome:
         target = Target.probe(Device(request.config.device))
         plan = envelope_plan(list(backends.values()), target, request.seed)
         cases = filtered(plan.cases, request.case_filter) if request.case_filter else plan.cases
-        tally = _Tally(specs, cases, start)
+        tally = _Tally(specs, cases, start, progress)
         results = run(list(backends.values()), _drawn(cases, request.config.device, tally), request.config,
                       on_result=tally.heard, takes=tally.takes) if backends else []
         fuzz_seconds = _fuzz_round(request, tally, backends) if request.budget and backends else None
     topk = run_topk([spec for spec in specs if spec.topk], target, request.config.device, request.config.repeat,
-                    request.seed, start)
+                    request.seed, start, progress)
     scores = [_topk_score(spec, topk) if spec.topk else
               _score(spec, tally, plan, cases, contract, target, request.budget is not None) for spec in specs]
     outcome = SelftestOutcome(scores, results + tally.fuzz_results, plan, contract, request.template,
@@ -183,7 +185,9 @@ def _drawn(cases: list[PlannedCase], device: str, tally: _Tally) -> Iterator[Any
 class _Tally:
     """What the selftest knows as results come: each mutant's cases run, failures, first failure and its time."""
 
-    def __init__(self, specs: list[catalogue.MutantSpec], cases: list[PlannedCase], start: float) -> None:
+    def __init__(self, specs: list[catalogue.MutantSpec], cases: list[PlannedCase], start: float,
+                 progress: Progress | None = None) -> None:
+        self.progress = progress
         self.specs = {spec.name: spec for spec in specs if not spec.topk}
         self.names = list(self.specs)
         self.start = start
@@ -227,7 +231,11 @@ class _Tally:
 
     def _failed(self, result: CaseResult, families: tuple[str, ...]) -> None:
         self.failures[result.backend].append((result, families))
-        self.first.setdefault(result.backend, time.monotonic() - self.start)
+        if result.backend not in self.first:
+            self.first[result.backend] = time.monotonic() - self.start
+            if self.progress is not None:
+                self.progress(first_failure(result.backend, result.verdict, result.case, families,
+                                            self.first[result.backend]))
 
     def fuzzed(self, results: list[CaseResult]) -> None:
         """The fuzz round's results: a failure counts as caught by 'fuzz' and its case's families."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 
 from difftest.backends import mutants as catalogue
 from difftest.backends.topk_mutants import TorchTopkMutant
@@ -51,8 +52,9 @@ class TopkTally:
 
 
 def run_topk(specs: list[catalogue.MutantSpec], target: Target, device: str, repeat: int, seed: int,
-             start: float) -> TopkTally:
-    """Every top-k mutant of `specs` on the plan's cases (seed `seed`), `repeat` launches each."""
+             start: float, progress: Callable[[str], None] | None = None) -> TopkTally:
+    """Every top-k mutant of `specs` on the plan's cases (seed `seed`), `repeat` launches each; `progress` hears
+    a line as each first fails."""
     kernels = {spec.name: catalogue.topk_mutant(spec.key) for spec in specs}
     # Every top-k mutant keeps torch top-k's contract: one plan serves them all.
     plan = topk_plan(next(iter(kernels.values())).contract, target) if kernels else []
@@ -66,9 +68,19 @@ def run_topk(specs: list[catalogue.MutantSpec], target: Target, device: str, rep
             tally.ran[spec.name] += 1
             failure = _judged(kernels[spec.name], case, repeat)
             if failure is not None:
-                tally.failures[spec.name].append((failure, tuple(f.value for f in planned.families)))
-                tally.first.setdefault(spec.name, time.monotonic() - start)
+                families = tuple(f.value for f in planned.families)
+                tally.failures[spec.name].append((failure, families))
+                if spec.name not in tally.first:
+                    tally.first[spec.name] = time.monotonic() - start
+                    if progress is not None:
+                        progress(first_failure(spec.name, failure.verdict, failure.case, families,
+                                               tally.first[spec.name]))
     return tally
+
+
+def first_failure(mutant: str, verdict: Verdict, case: str, families: tuple[str, ...], seconds: float) -> str:
+    """The progress line of a mutant's first failure: 'mutant-x: FAIL(mask) on case-s0 (short-lengths), 1.2 s'."""
+    return f"{mutant}: {verdict.value} on {case} ({', '.join(families) or 'no family'}), {seconds:.1f} s"
 
 
 def _wants(spec: catalogue.MutantSpec, tally: TopkTally, planned: TopkPlanned) -> bool:
