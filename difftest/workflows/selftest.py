@@ -174,11 +174,9 @@ def _loaded(spec: catalogue.MutantSpec, contract: Contract) -> Loaded:
 
 
 def _drawn(cases: list[PlannedCase], device: str, tally: _Tally) -> Iterator[Any]:
-    """The planned cases drawn in order, each remembered (its families) while it runs; those no mutant still
-    runs are not drawn at all."""
+    """The planned cases drawn in order; those no mutant still runs are not drawn at all."""
     for planned in cases:
         if any(tally.wants(name, planned.name) for name in tally.names):
-            tally.current = planned
             yield planned.build(device)
 
 
@@ -192,7 +190,6 @@ class _Tally:
         self.names = list(self.specs)
         self.start = start
         self.planned = {case.name: case for case in cases}
-        self.current: PlannedCase | None = None
         self.ran: dict[str, int] = dict.fromkeys(self.names, 0)
         self.failures: dict[str, list[tuple[CaseResult, tuple[str, ...]]]] = {name: [] for name in self.names}
         self.first: dict[str, float] = {}
@@ -226,7 +223,8 @@ class _Tally:
             return
         self.ran[result.backend] += 1
         if result.verdict.failed:
-            families = tuple(self.current.families) if self.current is not None else ()
+            planned = self.planned.get(result.case)
+            families = tuple(planned.families) if planned is not None else ()
             self._failed(result, families)
 
     def _failed(self, result: CaseResult, families: tuple[str, ...]) -> None:
