@@ -14,7 +14,9 @@ import importlib.util
 import io
 import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TextIO
@@ -477,8 +479,29 @@ def _words(action: argparse.Action, value: object) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """The `difftest` command: its exit status (difftest.core.kinds.ExitStatus). Everything it prints goes
     through difftest.core.text.printable (_PrintableStream)."""
-    with _printable_output():
+    with _printable_output(), _termination_interrupts():
         return _main(argv)
+
+
+@contextlib.contextmanager
+def _termination_interrupts() -> Iterator[None]:
+    """While the block runs, SIGTERM ends the command as Ctrl-C does: `timeout`, a CI job's cancel and a
+    batch scheduler send it, and the results so far must reach the report (marked incomplete) rather
+    than die with the process."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = signal.signal(signal.SIGTERM, _as_ctrl_c)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, saved)
+
+
+def _as_ctrl_c(_signum: int, _frame: object) -> None:
+    # SIGINT's handler in place decides, as for a Ctrl-C (a backend call's guard tells it from a
+    # KeyboardInterrupt the backend raised itself).
+    signal.raise_signal(signal.SIGINT)
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -66,7 +66,7 @@ def mirrored_mtp_window(q, kv_cache, weights, context_lens, block_table, max_mod
     row j behaves as row next_n - j, and row 0's extra position p = L holds the phantom 0.0."""
     batch, next_n = q.shape[:2]
     seq_lens = context_lens.long()[:batch]
-    mirrored = (seq_lens[:, None] - torch.arange(next_n) + 1).clamp(min=0, max=max_model_len)
+    mirrored = (seq_lens[:, None] - torch.arange(next_n, device=q.device) + 1).clamp(min=0, max=max_model_len)
     logits = logits_with_limits(q, kv_cache, weights, torch.minimum(mirrored, seq_lens[:, None]), block_table,
                                 max_model_len)
     phantom = mirrored.reshape(-1) > seq_lens.repeat_interleave(next_n)  # only row 0, only where p = L fits

@@ -159,7 +159,6 @@ def _run_case(backends: list[Loaded], executors: list[Executor], case: Case, con
     todo = [i for i, b in enumerate(backends) if (b.name, case.name) not in done]
     fresh: dict[int, CaseResult] = {}
     if todo:
-        case = case.validate().to(config.device)
         for index, result in _oracle_and_results(backends, executors, case, config, todo, rule):
             fresh[index] = amended(result, backends[index], case, executors[index], amend)
             if on_result:
@@ -169,11 +168,12 @@ def _run_case(backends: list[Loaded], executors: list[Executor], case: Case, con
 
 def _oracle_and_results(backends: list[Loaded], executors: list[Executor], case: Case, config: RunConfig,
                         todo: list[int], rule: memory.SideBySide) -> Iterator[tuple[int, CaseResult]]:
-    """The oracle's answer on `case`, then (index, result) of each backend in `todo`; when the oracle runs
-    out of memory (a large case on a GPU other campaigns share), no backend runs and each result is a
-    SKIP that says why, with the bytes the oracle needs and those free: there is nothing to judge an
-    output against, and the run goes on."""
+    """The oracle's answer on `case` (checked and moved to the run's device first), then (index, result) of
+    each backend in `todo`; when checking the case or the oracle runs out of memory (a large case on a GPU
+    other campaigns share), no backend runs and each result is a SKIP that says why, with the bytes the
+    oracle needs and those free: there is nothing to judge an output against, and the run goes on."""
     try:
+        case = case.validate().to(config.device)
         ref = make_reference(case, config.oracle_kind)
     except Exception as exc:
         if not memory.ran_out(exc):
@@ -191,7 +191,8 @@ def _oracle_out_of_memory(case: Case, config: RunConfig, exc: BaseException) -> 
     need = memory.oracle_bytes(memory.Shape.of_case(case), Device(config.device))
     free = hardware.available_memory(config.device)
     shown = "not known" if free is None else memory.size_text(free)
-    return (f"the oracle ran out of memory on this case, so no backend ran: {first_line(exc)}; it needs about "
+    return (f"checking the case or its oracle ran out of memory, so no backend ran: {first_line(exc)}; the "
+            f"oracle needs about "
             f"{memory.size_text(need)}, {shown} free on {config.device} now")
 
 

@@ -42,9 +42,9 @@ def decode_fp8(raw, FNUZ: tl.constexpr, FIX_NAN: tl.constexpr):
 # The table's width and the pool's size change from case to case and only feed scalar index arithmetic:
 # not specialised on (Triton otherwise compiles a variant per divisible-by-16 pattern of them, ~0.5 s
 # each, a new one every few cases of a fuzz campaign).
-@triton.jit(do_not_specialize=["table_stride", "num_blocks"])
+@triton.jit(do_not_specialize=["table_stride", "num_blocks", "chunks"])
 def logits_kernel(q_ptr, k_src, s_src, w_ptr, table_ptr, lens_ptr, out_ptr, peak_ptr,
-                  table_stride, max_model_len, num_blocks, chunk,
+                  table_stride, max_model_len, num_blocks, chunk, chunks,
                   NEXT_N: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                   NEXT_N_PAD: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, NF: tl.constexpr,
                   BLOCK_P: tl.constexpr, TMA: tl.constexpr, FNUZ: tl.constexpr, FIX_NAN: tl.constexpr,
@@ -56,11 +56,13 @@ def logits_kernel(q_ptr, k_src, s_src, w_ptr, table_ptr, lens_ptr, out_ptr, peak
     peak_ptr (rows,) holds the bits of a float32 (>= 0), raised by atomic max to this chunk's largest
     (folded . |k_p|) * s_p over p < limit of each row (computed from folded rounded up, see _fold).
     IDS: a power of two >= the tiles of a chunk (the TMA sweep holds the chunk's block ids in registers).
+    The grid is one-dimensional, `chunks` programs per sequence in a row: a second grid axis would cap the
+    batch at 65535 sequences, which the 2^32-byte q cases pass.
     """
-    seq = tl.program_id(1)
+    seq = tl.program_id(0) // chunks
     seq_len = tl.load(lens_ptr + seq).to(tl.int32)
     visible = tl.minimum(seq_len, max_model_len)
-    start = tl.program_id(0) * chunk
+    start = (tl.program_id(0) % chunks) * chunk
     stop = tl.minimum(start + chunk, max_model_len)
     compute_stop = tl.minimum(stop, visible)
 

@@ -302,8 +302,8 @@ class _Launch:
 
     def run(self) -> None:
         tiles = self.tiles()
-        grid = (triton.cdiv(self.case.max_model_len, tiles * self.config.block_p), self.case.batch)
-        self.kernels.logits_kernel[grid](*self._arguments(tiles), **self._constants(tiles))
+        chunks = triton.cdiv(self.case.max_model_len, tiles * self.config.block_p)
+        self.kernels.logits_kernel[(chunks * self.case.batch,)](*self._arguments(tiles), **self._constants(tiles))
 
     def tiles(self) -> int:
         return _chunk_tiles(self.case, self.config, self.interpret, self.resident)
@@ -330,9 +330,10 @@ class _Launch:
         case, config = self.case, self.config
         table = case.block_table.contiguous()
         keys, scales = _pool_sources(case, config.block_p, config.uses_tma(case))
+        chunk = tiles * config.block_p
         return (case.q.contiguous(), keys, scales, case.weights.contiguous(), table, case.seq_lens.contiguous(),
                 self.logits, self.peaks, table.shape[1], case.max_model_len, case.k_pool.shape[0],
-                tiles * config.block_p)
+                chunk, triton.cdiv(case.max_model_len, chunk))
 
     def _constants(self, tiles: int) -> dict[str, object]:
         case, config, shape = self.case, self.config, _Shape.of(self.case)

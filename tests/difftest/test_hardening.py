@@ -322,7 +322,8 @@ def _wait_for(condition, process: subprocess.Popen, seconds: float = 120, log: P
         time.sleep(0.05)
 
 
-def test_ctrl_c_keeps_what_finished_and_resume_completes_it_with_nothing_lost_or_repeated(tmp_path, capsys):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm-from-timeout"])
+def test_ctrl_c_keeps_what_finished_and_resume_completes_it_with_nothing_lost_or_repeated(tmp_path, capsys, signum):
     stream, report = tmp_path / "s.jsonl", tmp_path / "r.json"
     args = ["run", "--no-progress", "--cases", "edges", "--backends", "torch",
             "--backend-module", "tests.broken_backends:slow", "--stream", str(stream), "--report", str(report)]
@@ -330,7 +331,7 @@ def test_ctrl_c_keeps_what_finished_and_resume_completes_it_with_nothing_lost_or
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(lambda: _stream_results(stream) >= 5, child)
-        child.send_signal(signal.SIGINT)
+        child.send_signal(signum)
         out, err = child.communicate(timeout=60)
     finally:
         child.kill()

@@ -12,6 +12,7 @@ import torch
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend, backend
 from difftest.core import memory
+from difftest.core.case import Case
 from difftest.core.hardware import describe_gpu, gpu_description
 from difftest.core.kinds import Isolation, LengthEncoding
 from difftest.core.verdict import Verdict
@@ -283,9 +284,27 @@ def test_an_oracle_out_of_memory_skips_the_case_with_why_and_the_run_goes_on(mon
     streamed = []
     results = run([TorchBackend()], [big, small], RunConfig(), on_result=streamed.append)
     assert [(r.case, r.verdict) for r in results] == [(big.name, Verdict.SKIP), (small.name, Verdict.PASS)]
-    assert "oracle ran out of memory" in results[0].reason and "5.82 GiB" in results[0].reason
-    assert "it needs about" in results[0].reason and "free on cpu" in results[0].reason, results[0].reason
+    assert "its oracle ran out of memory" in results[0].reason and "5.82 GiB" in results[0].reason
+    assert "needs about" in results[0].reason and "free on cpu" in results[0].reason, results[0].reason
     assert streamed == results, "the skip is reported as it happens, like any result"
+
+
+def test_checking_a_case_out_of_memory_skips_it_with_why_and_the_run_goes_on(monkeypatch):
+    """The value checks of a production case allocate gigabytes on the device (an H200 fuzz campaign beside
+    other runs met it): a SKIP with the numbers, never a run that dies."""
+    checked = Case.validate
+
+    def validate(case):
+        if case.rows > TINY.batch * TINY.next_n:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB.")
+        return checked(case)
+
+    big, small = build_case(TINY.replace(name="big", batch=4), 0), build_case(TINY, 1)
+    monkeypatch.setattr(Case, "validate", validate)
+    results = run([TorchBackend()], [big, small], RunConfig())
+    assert [(r.case, r.verdict) for r in results] == [(big.name, Verdict.SKIP), (small.name, Verdict.PASS)]
+    assert "checking the case or its oracle ran out of memory" in results[0].reason, results[0].reason
+    assert "4.00 GiB" in results[0].reason, results[0].reason
 
 
 def test_a_batch_whose_merged_oracle_runs_out_of_memory_runs_its_members_alone(monkeypatch):
