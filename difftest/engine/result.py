@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from difftest.core.kinds import CacheLayout, Isolation, LengthEncoding
+from difftest.core.kinds import CacheLayout, Isolation, LengthEncoding, MetamorphicRelation
 from difftest.core.verdict import Verdict
 from difftest.engine.comparison import Comparison
 from difftest.engine.sanitize import SanitizerReport
@@ -33,6 +33,32 @@ class CallMemory:
     # its first try's out-of-memory error, beside other calls: this result is its try alone
     retried: str | None = None
     ran_out: bool = False  # it ran out of memory with no other call beside it: this result is that SKIP
+
+
+@dataclasses.dataclass(frozen=True)
+class Violation:
+    """A metamorphic relation that does not hold for a backend on a case (difftest.engine.metamorphic): the
+    related cases it ran (derived from the case by `relation`, so the case's own spec and seed draw them
+    again), the rows where its logits do not follow from its logits on the case, and the first position."""
+
+    relation: MetamorphicRelation
+    related: tuple[str, ...]  # the related cases' names: '<case>~<relation>'
+    rows: tuple[int, ...]  # rows of the case (or padding rows of the related case) where it does not hold
+    row: int  # the first such row, of the case
+    position: int
+    original: float  # the backend's logit there on the case
+    related_value: float  # and on the related case, at the row and position it moved to
+    expected: float  # what the relation makes of `original`
+    exact: bool  # compared bit for bit (else within the contract's rtol)
+    note: str = ""  # how the related case was made, and why so (scale-q: which tensor was scaled)
+
+    def describe(self) -> str:
+        """'scale-q (q x 2): 3 rows, first row 1, position 7: x on the case, y on the related case, z expected'."""
+        how = "bit for bit" if self.exact else "within rtol"
+        note = f" ({self.note})" if self.note else ""
+        return (f"{self.relation.value}{note} does not hold {how} on {len(self.rows)} rows; first row {self.row}, "
+                f"position {self.position}: {self.original!r} on the case, {self.related_value!r} on "
+                f"{', '.join(self.related)}, {self.expected!r} expected")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,3 +92,4 @@ class CaseResult:
     # process under isolation): the backend's frames, innermost last (difftest.engine.guards.formatted_traceback).
     traceback: str | None = None
     memory: CallMemory | None = None  # set where memory shaped the call: measured, run alone, retried or skipped
+    metamorphic: tuple[Violation, ...] = ()  # the relations it violated, when the run checked them
