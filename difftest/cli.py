@@ -1,4 +1,5 @@
-"""`difftest run`, `backends`, `replay` and `shrink`: parse the options, call the library, print.
+"""`difftest run`, `fuzz`, `selftest`, `backends`, `replay`, `shrink` and `matrix`: parse the options, call the
+library, print.
 
 Nothing heavy is imported until a command runs, so `difftest --help` costs no torch import. The
 library's errors name its parameters; FLAGS maps them to the options that set them.
@@ -30,6 +31,7 @@ from difftest.core.kinds import (
     Device,
     ExitStatus,
     LengthEncoding,
+    MetamorphicRelation,
     OperationKind,
     OracleKind,
     SanitizerTool,
@@ -60,7 +62,8 @@ FLAGS = {"backends": "--backends", "cases": "--cases", "count": "--count", "seed
          "max_batch": "--max-batch", "max_context": "--max-context", "block_size": "--block-size",
          "batching": "--batching", "junit": "--junit",
          "matrix_file": "--file", "cell": "CELL", "out": "--out", "reports": "REPORTS", "baseline": "--baseline",
-         "ledger": "--ledger", "output": "--output", "budget_seconds": "--seconds"}
+         "ledger": "--ledger", "output": "--output", "budget_seconds": "--seconds",
+         "backend_template": "--backend-template", "mutants": "--mutants", "metamorphic": "--metamorphic"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -107,6 +110,18 @@ def _path(text: str) -> Path:
     return Path(text)
 
 
+def _relations(text: str) -> tuple[MetamorphicRelation, ...]:
+    """The relations of 'all' or of comma-separated relation names, in MetamorphicRelation's order."""
+    names = set(_names(text))
+    if names == {"all"}:
+        return tuple(MetamorphicRelation)
+    unknown = sorted(names - {r.value for r in MetamorphicRelation})
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 'all' or comma-separated relations among "
+                                         f"{[r.value for r in MetamorphicRelation]}")
+    return tuple(r for r in MetamorphicRelation if r.value in names)
+
+
 def _enum(kind: type[enum.Enum]) -> Callable[[str], enum.Enum]:
     """An argparse type for `kind`: its member of a value, or one line naming the values allowed."""
 
@@ -134,7 +149,8 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
                      help="start no case after this many seconds; the report lists those not started")
     run.add_argument("--oracle", type=_enum(OracleKind),
                      help="exact (float64 torch) or fast (the fused Triton oracle) (default: fast on cuda, "
-                          "exact on cpu)")
+                          "exact on cpu); none: no oracle: masks judged against the true windows, values against "
+                          "the other backends (consensus), a disagreement settled by the metamorphic relations")
     run.add_argument("--count", type=int, help="seeds per random spec (default: 1 for envelope suites, 6 for "
                      "random and all; 1 with --spec)")
     run.add_argument("--seed", type=int, default=0)
@@ -167,6 +183,7 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
                           "case (CUDA events, L2 flushed, after warm-up; perf_counter on the CPU) and report the "
                           "median; siblings (DeepGEMM native/flattened/varlen, AITER stage1/fused) are compared "
                           "in a performance section")
+    _add_metamorphic(run)
     run.add_argument("--fail-slow", action="store_true",
                      help="with --time: exit 1 when a backend is slower than its fastest sibling on a case by "
                           "more than the factor its contract allows")
@@ -219,8 +236,9 @@ def _add_backend_choice(command: argparse.ArgumentParser) -> None:
                               "(repeatable)")
 
 
-def _add_feeding(command: argparse.ArgumentParser) -> None:
-    """The options that say how backends are fed and guarded (RunConfig), as `run` and `fuzz` take them."""
+def _add_feeding(command: argparse.ArgumentParser, repeat: int = 1) -> None:
+    """The options that say how backends are fed and guarded (RunConfig), as `run`, `fuzz` and `selftest` take
+    them (`repeat`: the command's default launches per case)."""
     command.add_argument("--encoding", type=_enum(LengthEncoding),
                          help="what-if: hand every backend this length encoding instead")
     command.add_argument("--layout", type=_enum(CacheLayout),
@@ -234,9 +252,18 @@ def _add_feeding(command: argparse.ArgumentParser) -> None:
     command.add_argument("--startup-timeout", type=float, default=600.0, metavar="SECONDS",
                          help="seconds a worker may take to import and build its backend before it is killed: "
                               "TIMEOUT (default 600)")
-    command.add_argument("--repeat", type=int, default=1, metavar="K",
+    command.add_argument("--repeat", type=int, default=repeat, metavar="K",
                          help="launch each backend K times per case: bitwise-stable, stable within tolerance, "
-                              "or unstable = FAIL(nondeterministic) (default: 1)")
+                              f"or unstable = FAIL(nondeterministic) (default: {repeat})")
+
+
+def _add_metamorphic(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--metamorphic", type=_relations, nargs="?", const=tuple(MetamorphicRelation), default=(),
+                         metavar="RELATIONS",
+                         help="after each result that ran, check these metamorphic relations on its case (all when "
+                              "none are named; comma-separated among "
+                              f"{', '.join(r.value for r in MetamorphicRelation)}): one more launch of the case and "
+                              "one of each related case; a relation that does not hold is FAIL(metamorphic)")
 
 
 def _add_loudness(command: argparse.ArgumentParser) -> None:
@@ -309,12 +336,7 @@ def _add_fuzz(commands: argparse._SubParsersAction) -> None:
     fuzz.add_argument("--shrink-seconds", type=float, metavar="S",
                       help="the budget's share for bundling and shrinking: drawing stops this long before the "
                       "budget's end once a failure is found (default: a quarter of --budget; 0: no shrinking)")
-    regime = fuzz.add_argument_group("regime", "bounds on the drawn cases (default: the whole envelope)")
-    regime.add_argument("--max-batch", type=int, metavar="B", help="at most B requests per case")
-    regime.add_argument("--max-context", type=int, metavar="N", help="max_model_len at most N")
-    regime.add_argument("--heads", type=int, help="only cases with this many heads")
-    regime.add_argument("--head-dim", type=int, help="only cases of this head dim")
-    regime.add_argument("--block-size", type=int, help="only cases of this block size")
+    _add_regime(fuzz, "bounds on the drawn cases (default: the whole envelope)")
     fuzz.add_argument("--jobs", type=int, default=1, metavar="N",
                       help="N campaigns side by side, each in its own process with its own workers and its own "
                       "share of the plan, their results joined (default: 1)")
@@ -323,6 +345,42 @@ def _add_fuzz(commands: argparse._SubParsersAction) -> None:
                       "is tried again, with the batch's other failures, then alone (default: on)")
     fuzz.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     _add_loudness(fuzz)
+
+
+def _add_regime(command: argparse.ArgumentParser, description: str) -> None:
+    """The regime's bounds (difftest.generators.regime.Regime), as `fuzz` and `selftest` take them."""
+    regime = command.add_argument_group("regime", description)
+    regime.add_argument("--max-batch", type=int, metavar="B", help="at most B requests per case")
+    regime.add_argument("--max-context", type=int, metavar="N", help="max_model_len at most N")
+    regime.add_argument("--heads", type=int, help="only cases with this many heads")
+    regime.add_argument("--head-dim", type=int, help="only cases of this head dim")
+    regime.add_argument("--block-size", type=int, help="only cases of this block size")
+
+
+def _add_selftest(commands: argparse._SubParsersAction) -> None:
+    selftest = commands.add_parser("selftest", help="how strong is this configuration: mutants of a correct kernel, "
+                                   "one per bug class, run as `difftest run` would run them; the mutation score",
+                                   allow_abbrev=False)
+    selftest.add_argument("--device", type=_enum(Device), default=Device.CPU, help="cpu or cuda (default: cpu)")
+    selftest.add_argument("--budget", type=_duration, help="after the plan, a fuzz round this long (90s, 10m) for the "
+                          "mutants not caught yet and those that must pass (default: none)")
+    selftest.add_argument("--backend-template", metavar="PKG.MOD:OBJ", help="a backend (registered name or "
+                          "package.module:object) whose envelope the mutants take (heads, head dims, block sizes, "
+                          "next_n, longest context, tiles, partition, mask, tolerance): the score is for it")
+    selftest.add_argument("--mutants", type=_names, help="comma-separated mutants to run (names or keys; default: "
+                          "all of difftest.backends.mutants.CATALOGUE, the top-k ones included)")
+    selftest.add_argument("--seed", type=int, default=0)
+    selftest.add_argument("--oracle", type=_enum(OracleKind),
+                          help="exact or fast (default: fast on cuda, exact on cpu)")
+    selftest.add_argument("--case-filter", action="append", default=[], metavar="GLOB",
+                          help="run only the planned paged-logits cases whose name matches (fnmatch); "
+                          "repeatable (the top-k mutants run their whole plan)")
+    selftest.add_argument("--report", type=Path, metavar="PATH", help="write every result and the score (its "
+                          "`selftest` section) as JSON here")
+    _add_feeding(selftest, repeat=2)  # the nondeterministic mutants' launches are compared
+    _add_metamorphic(selftest)
+    _add_regime(selftest, "bounds on the fuzz round's cases (default: the whole envelope)")
+    _add_loudness(selftest)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -347,6 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     shrink.add_argument("--trust-bundle", action="store_true",
                         help="import the module the bundle names as its backend (that runs its code)")
     _add_fuzz(commands)
+    _add_selftest(commands)
     backends = commands.add_parser("backends", help="list backends and whether each can run here")
     backends.add_argument("--device", type=_enum(Device), default=Device.CPU)
     _add_matrix(commands)
@@ -475,7 +534,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except SystemExit as exc:  # --help, --version, or a usage error argparse already printed
         return int(exc.code or 0)
     commands = {"run": cmd_run, "backends": cmd_backends, "replay": cmd_replay, "shrink": cmd_shrink,
-                "fuzz": cmd_fuzz, "matrix": cmd_matrix}
+                "fuzz": cmd_fuzz, "selftest": cmd_selftest, "matrix": cmd_matrix}
     try:
         with _working_folder_unimportable(_untrusted_bundle(args)):
             status = commands[args.command](args)
@@ -717,7 +776,8 @@ def _run_request(args: argparse.Namespace) -> RunRequest:
                          heads=args.heads, head_dim=args.head_dim, spec=spec,
                          case_filter=tuple(args.case_filter), shard=Shard.parse(args.shard) if args.shard else None)
     names = (args.backends or ()) + tuple(args.backend_module)
-    config = _run_config(args, sanitize=args.sanitize, sanitize_all=args.sanitize_all, time=args.time)
+    config = _run_config(args, sanitize=args.sanitize, sanitize_all=args.sanitize_all, time=args.time,
+                         metamorphic=args.metamorphic)
     return RunRequest(suite=suite, backends=names or None, config=config, report=args.report, stream=args.stream,
                       junit=args.junit, resume=args.resume, repro_dir=args.repro_dir, gpus=args.gpus,
                       budget=args.budget, argv=tuple(args.argv), overwrite=args.overwrite, fail_slow=args.fail_slow,
@@ -1003,6 +1063,26 @@ def _fuzz_operation(args: argparse.Namespace) -> int:
     if args.report:
         print(f"report: {args.report}")
     return ExitStatus.FAILED if outcome.failed else ExitStatus.OK
+
+
+def cmd_selftest(args: argparse.Namespace) -> int:
+    """`difftest selftest`: exit 1 unless every expected catch happened and the mutants that must pass passed."""
+    from difftest.generators.regime import Regime  # deferred: with the selftest, below
+    from difftest.workflows import selftest  # deferred: loads torch, triton and the runner
+
+    regime = Regime(max_batch=args.max_batch, max_context=args.max_context, heads=args.heads,
+                    head_dim=args.head_dim, block_size=args.block_size)
+    request = selftest.SelftestRequest(config=_run_config(args, metamorphic=args.metamorphic),
+                                       template=args.backend_template, budget=args.budget, seed=args.seed,
+                                       mutants=args.mutants, regime=regime, case_filter=tuple(args.case_filter),
+                                       report=args.report, argv=tuple(args.argv))
+    outcome = selftest.selftest(request, progress=None if args.quiet else lambda line: print(line, flush=True))
+    print(outcome.summary() if args.quiet else "\n" + selftest.render_scores(outcome))
+    if args.verbose:
+        print("\n" + selftest.render_left_out(outcome))
+    if outcome.written:
+        print(f"report: {outcome.written}")
+    return outcome.status
 
 
 def _run_config(args: argparse.Namespace, **more: object) -> RunConfig:

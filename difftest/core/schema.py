@@ -45,6 +45,7 @@ from difftest.core.kinds import (
     Fp8Flavour,
     Isolation,
     LengthEncoding,
+    MetamorphicRelation,
     OperationKind,
     OracleKind,
     SanitizerTool,
@@ -103,6 +104,7 @@ MASK_PATTERNS = ("no-window", "constant-offset", "per-sequence-length", "reverse
 LEGACY_MASK_PATTERNS = ("shifted-by-one-request",)  # difftest.engine.explain.LEGACY_PATTERNS: older reports' values
 ROUNDINGS = ("down", "up")  # difftest.engine.explain.Rounding
 DIFFERENCES_KEPT = 8  # difftest.engine.explain.DIFFERENCES_KEPT
+SELFTEST_STATUSES = ("caught", "missed", "passed", "false positive")  # difftest.workflows.selftest.Status
 MASK_LIMITS = 256  # difftest.engine.comparison.MASK_LIMITS: wrong-mask rows whose limits a comparison records
 MAX_TRACEBACK = 1 << 14  # difftest.engine.guards.MAX_TRACEBACK_CHARS: characters of a result's traceback
 DEFAULT_TOPK = 2048  # difftest.core.contract.DEFAULT_TOPK: a comparison's top-k before it recorded its k
@@ -539,6 +541,22 @@ class SelectionModel(Model):
     first: Text() | None = None
 
 
+class ViolationModel(Model):
+    """difftest.engine.result.Violation: a metamorphic relation that does not hold."""
+
+    what: ClassVar[str] = "a JSON object of Violation fields"
+    relation: OneOf(MetamorphicRelation)
+    related: ListOf(Name, 16, "a list of related case names")
+    rows: ListOf(Int(0, MAX_ROWS), MAX_ROWS, "a list of row indices")
+    row: Int(0, MAX_ROWS)
+    position: Int(0, MAX_MODEL_LEN)
+    original: JsonFloat
+    related_value: JsonFloat
+    expected: JsonFloat
+    exact: Bool
+    note: Text() = ""
+
+
 class ResultModel(Model):
     """difftest.engine.result.CaseResult as serialize.to_jsonable writes it."""
 
@@ -571,6 +589,8 @@ class ResultModel(Model):
     operation: OneOf(OperationKind) = OperationKind.PAGED_LOGITS.value  # reports written before it: paged logits
     selection: SelectionModel | None = None
     headline: Text() | None = None
+
+    metamorphic: ListOf(ViolationModel, 64, "a list of violated relations") = []
 
     @model_validator(mode="before")
     @classmethod
@@ -779,6 +799,38 @@ class SiblingRaceModel(Model):
     times: ListOf(SiblingTimeModel, MAX_ITEMS, "a list of sibling times, fastest first", low=2)
 
 
+class MutantScoreModel(Model):
+    """One mutant's row of a selftest's score (difftest.workflows.selftest.MutantScore)."""
+
+    what: ClassVar[str] = "a JSON object of MutantScore fields"
+    mutant: Name
+    bug_class: Name
+    expected: Name
+    production_only: Bool
+    status: OneOf(SELFTEST_STATUSES)
+    expected_here: Bool
+    ok: Bool
+    caught_by: ListOf(Name, MAX_ITEMS, "a list of edge families") = []
+    first_case: Name | None = None
+    first_verdict: Verdicts | None = None
+    seconds: Number(0.0, math.inf) | None = None
+    cases: Count = 0
+    why: Text() = ""
+
+
+class SelftestModel(Model):
+    """The `selftest` section of a selftest's report (difftest.workflows.selftest.score_section)."""
+
+    what: ClassVar[str] = "a JSON object {summary, status, template, envelope, seconds, fuzz_seconds, mutants}"
+    summary: Text()
+    status: OneOf(("OK", "FAILED"))
+    template: Name | None = None
+    envelope: Text() = ""
+    seconds: Number(0.0, math.inf)
+    fuzz_seconds: Number(0.0, math.inf) | None = None
+    mutants: ListOf(MutantScoreModel, MAX_ITEMS, "a list of mutant scores")
+
+
 class ReportModel(Model):
     """A JSON report (difftest.records.report.write_json)."""
 
@@ -787,6 +839,7 @@ class ReportModel(Model):
     summaries: ListOf(SummaryModel, MAX_ITEMS, "a list of backend summaries") = []
     results: ListOf(ResultModel, 1 << 30, "a list of results")
     performance: ListOf(SiblingRaceModel, 1 << 30, "a list of sibling races (--time)") = []
+    selftest: SelftestModel | None = None  # `difftest selftest`'s score
 
 
 class StreamLineModel(Model):
@@ -839,6 +892,7 @@ class BundleInfoModel(Model):
     startup_timeout: Number(0.0, 86400.0) | None = None
     oracle: OneOf(OracleKind) | None = None
     repeat: Int(1, MAX_REPEAT) = 1
+    metamorphic: ListOf(OneOf(MetamorphicRelation), 64, "a list of metamorphic relations") = []
     verdict: Verdicts
     reason: Text() | None = None
     comparison: ComparisonModel | None = None
@@ -1071,6 +1125,7 @@ class MatrixSuiteModel(Model):
     case_filter: ListOf(Pattern, MAX_MATRIX_ITEMS, "a list of fnmatch patterns") = []
     fuzz: Bool = False  # a `difftest fuzz` campaign of `budget` seconds instead of a run
     isolate: Bool | None = None
+    selftest: Bool = False  # also `difftest selftest` in the envelope of the cell's first backend: its score
     op: OneOf(OperationKind) = OperationKind.PAGED_LOGITS.value  # the operation whose backends it runs
 
     @model_validator(mode="after")

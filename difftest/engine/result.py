@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from difftest.core.kinds import CacheLayout, Isolation, LengthEncoding, OperationKind
+from difftest.core.kinds import CacheLayout, Isolation, LengthEncoding, MetamorphicRelation, OperationKind
 from difftest.core.verdict import Verdict
 from difftest.engine.comparison import Comparison
 from difftest.engine.sanitize import SanitizerReport
@@ -57,6 +57,32 @@ class Judgement:
 
 
 @dataclasses.dataclass(frozen=True)
+class Violation:
+    """A metamorphic relation that does not hold for a backend on a case (difftest.engine.metamorphic): the
+    related cases it ran (derived from the case by `relation`, so the case's own spec and seed draw them
+    again), the rows where its logits do not follow from its logits on the case, and the first position."""
+
+    relation: MetamorphicRelation
+    related: tuple[str, ...]  # the related cases' names: '<case>~<relation>'
+    rows: tuple[int, ...]  # rows of the case (or padding rows of the related case) where it does not hold
+    row: int  # the first such row, of the case
+    position: int
+    original: float  # the backend's logit there on the case
+    related_value: float  # and on the related case, at the row and position it moved to
+    expected: float  # what the relation makes of `original`
+    exact: bool  # compared bit for bit (else within the contract's rtol)
+    note: str = ""  # how the related case was made, and why so (scale-q: which tensor was scaled)
+
+    def describe(self) -> str:
+        """'scale-q (q x 2): 3 rows, first row 1, position 7: x on the case, y on the related case, z expected'."""
+        how = "bit for bit" if self.exact else "within rtol"
+        note = f" ({self.note})" if self.note else ""
+        return (f"{self.relation.value}{note} does not hold {how} on {len(self.rows)} rows; first row {self.row}, "
+                f"position {self.position}: {self.original!r} on the case, {self.related_value!r} on "
+                f"{', '.join(self.related)}, {self.expected!r} expected")
+
+
+@dataclasses.dataclass(frozen=True)
 class CaseResult:
     """One backend on one case."""
 
@@ -90,3 +116,4 @@ class CaseResult:
     operation: OperationKind = OperationKind.PAGED_LOGITS  # what was tested; reports written before it: paged
     selection: Selection | None = None  # a top-k stage's selected set against the oracle's
     headline: str | None = None  # an operation's one-line judgement (paged logits: None, the comparison says it)
+    metamorphic: tuple[Violation, ...] = ()  # the relations it violated, when the run checked them

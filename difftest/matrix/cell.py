@@ -35,7 +35,8 @@ from difftest.operations import operation
 from difftest.records import junit
 from difftest.records.ledger import load_ledger
 from difftest.records.report import write_json
-from difftest.workflows import fuzz, session
+from difftest.records.serialize import to_jsonable
+from difftest.workflows import fuzz, selftest, session
 from difftest.workflows.operation_session import (
     OperationCampaign,
     OperationRequest,
@@ -82,10 +83,11 @@ def run_cell(file: str | Path | None, name: str, out: str | Path | None = None) 
         _check_machine(cell)
         out = Path(out) if out is not None else Path(CELLS_DIR) / cell.slug
         results, info = _run_suite(cell, out)
+        scored = _selftest(cell) if cell.suite.selftest else {}
     info = {**info, "matrix": {"cell": cell.name, "device": cell.runner.kind.value, "version": cell.version.name,
                                "library": cell.version.describe(), "suite": cell.suite.name}}
     ledger = load_ledger(matrix.resolve(matrix.ledger)) if matrix.ledger else None
-    report = write_json(out / REPORT, results, info)
+    report = write_json(out / REPORT, results, info, scored)
     suite = junit.suite(cell.name, results, ledger.known if ledger is not None else None)
     written = junit.write(out / JUNIT, [suite], field="out")
     return CellRun(cell, results, report, written)
@@ -142,6 +144,16 @@ def _check_machine(cell: Cell) -> None:
     reason = hardware.cuda_unavailable_reason()
     require(reason is None, "cell", cell.name, f"a {kind.value} GPU ({reason})")
     require(hardware.arch() == kind.arch, "cell", cell.name, f"a {kind.value} GPU, this one is {hardware.arch()}")
+
+
+def _selftest(cell: Cell) -> dict[str, Any]:
+    """The report's `selftest` section: the mutants scored in the envelope of the cell's first backend, under
+    the cell's device and isolation, their plan narrowed by the suite's case_filter (their results stay out of
+    the cell's: the mutants are meant to fail)."""
+    config = RunConfig(device=cell.runner.kind.device, isolate=cell.suite.isolate, repeat=2)
+    outcome = selftest.selftest(selftest.SelftestRequest(config=config, template=cell.backends[0],
+                                                         seed=cell.suite.seed, case_filter=cell.suite.case_filter))
+    return {"selftest": to_jsonable(selftest.score_section(outcome))}
 
 
 def _run_suite(cell: Cell, out: Path) -> tuple[list[CaseResult], dict[str, Any]]:

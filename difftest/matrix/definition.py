@@ -111,6 +111,7 @@ class Suite:
     case_filter: tuple[str, ...] = ()
     fuzz: bool = False
     isolate: bool | None = None
+    selftest: bool = False  # the cell also scores the mutants in its first backend's envelope (difftest selftest)
     op: OperationKind = OperationKind.PAGED_LOGITS  # the operation whose backends the suite runs
 
 
@@ -304,7 +305,7 @@ def _version(name: str, model: MatrixVersionModel) -> Version:
 def _suite(name: str, model: MatrixSuiteModel) -> Suite:
     spec = model.spec.model_dump(exclude_unset=True) if model.spec is not None else None
     return Suite(name, CaseKind(model.cases), model.count, model.seed, model.budget, spec,
-                 tuple(model.case_filter), model.fuzz, model.isolate, OperationKind(model.op))
+                 tuple(model.case_filter), model.fuzz, model.isolate, model.selftest, OperationKind(model.op))
 
 
 # --------------------------------------------------------------------------- planning

@@ -24,6 +24,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from difftest import __version__
 from difftest.core.errors import SpecError, require
@@ -81,10 +82,12 @@ class Entry:
 
 @dataclasses.dataclass(frozen=True)
 class CellReport:
-    """One cell's report: its name and its results (for the merged JUnit file)."""
+    """One cell's report: its name and its results (for the merged JUnit file), and its mutation score
+    where the cell's suite also ran `difftest selftest` (the report's `selftest` section)."""
 
     cell: str
     results: tuple[CaseResult, ...]
+    selftest: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +143,7 @@ def _cell_entries(path: Path, ledger: Ledger | None) -> tuple[CellReport, list[E
     require(matrix is not None, f"{path} run.matrix", None, "a report of `difftest matrix run` (it names its cell)")
     results = tuple(result_from_json(data) for data in document["results"])
     entries = [_entry(matrix, result, ledger) for result in results]
-    return CellReport(matrix["cell"], results), entries
+    return CellReport(matrix["cell"], results, document.get("selftest")), entries
 
 
 def _parse_report(path: Path) -> dict:
@@ -254,11 +257,23 @@ def _sections(merged: Merged) -> list[tuple[str, list[str]]]:
     sections = [("New failures (these fail the merge)", [e.describe() for e in merged.new_failures]),
                 ("Known divergences (ledgered)", [f"{e.describe()}: {e.known}" for e in merged.entries
                                                   if e.verdict.failed and e.known])]
+    scored = [cell for cell in merged.cells if cell.selftest is not None]
+    if scored:
+        lines = [line for cell in scored for line in _score_lines(cell)]
+        sections.append(("Mutation scores (difftest selftest)", lines))
     if diff is not None:
         sections += [("Fixed since the baseline", [e.describe() for e in diff.fixed]),
                      ("Changed since the baseline", [f"{new.describe()} (was {old.verdict.value}, {old.mask_rows}/"
                                                      f"{old.rows} mask rows)" for old, new in diff.changed])]
     return sections
+
+
+def _score_lines(cell: CellReport) -> list[str]:
+    """A cell's mutation score, then each mutant that did not do what was expected, and why."""
+    score = cell.selftest or {}
+    off = [m for m in score.get("mutants", []) if not m.get("ok", True)]
+    return [f"{cell.cell}: {score.get('summary', '')}"] + [
+        f"{cell.cell} {m['mutant']}: {m['status']}, expected {m['expected']}: {m.get('why', '')}" for m in off]
 
 
 def _headline(merged: Merged) -> str:

@@ -24,7 +24,7 @@ from difftest.backends import Origin
 from difftest.core.case import Case
 from difftest.core.errors import OutputError, SpecError, require
 from difftest.core.files import atomic_write, sync_folder
-from difftest.core.kinds import CacheLayout, LengthEncoding, OperationKind, OracleKind
+from difftest.core.kinds import CacheLayout, LengthEncoding, MetamorphicRelation, OperationKind, OracleKind
 from difftest.core.schema import BundleInfoModel, one_line, parse_json, read_text, shown, validate
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
@@ -82,6 +82,7 @@ def write_bundle(directory: str | Path, case: Case, result: CaseResult, config: 
         "layout_override": config.layout.value if config.layout else None,
         "isolate": config.isolate, "timeout": config.timeout, "startup_timeout": config.startup_timeout,
         "oracle": config.oracle_kind.value, "repeat": config.repeat,
+        "metamorphic": [relation.value for relation in config.metamorphic],
         "verdict": result.verdict.value, "reason": result.reason,
         "comparison": to_jsonable(result.comparison), "case": case.name, "description": case.describe(),
         "torch": torch.__version__, "difftest": __version__, "python": platform.python_version(),
@@ -145,6 +146,7 @@ def load_bundle(path: str | Path) -> Bundle:
                        layout=CacheLayout(layout) if layout else None, isolate=info.get("isolate"),
                        timeout=info.get("timeout"), oracle=OracleKind(oracle) if oracle else None,
                        repeat=info.get("repeat", 1),
+                       metamorphic=tuple(MetamorphicRelation(r) for r in info.get("metamorphic", ())),
                        startup_timeout=info.get("startup_timeout", RunConfig().startup_timeout))
     return Bundle(path=folder, case=case, backend=info["backend"],
                   origin=Origin(**info["origin"]), config=config, verdict=Verdict(info["verdict"]), info=info,

@@ -247,7 +247,9 @@ def _comparison_lines(r: CaseResult) -> list[str]:
         m = c.first_mismatch
         lines.append(f"first mismatch: row {m.row}, position {m.position}: expected {m.expected!r}, "
                      f"got {m.got!r} ({m.kind.value})")
-    return lines + _mask_lines(c)
+    # A judged result carries a reason only where no oracle judged it (consensus: against which peer, and whom
+    # the relations fault).
+    return lines + ([f"consensus: {r.reason}"] if r.reason else []) + _mask_lines(c)
 
 
 def _traceback_lines(r: CaseResult, whole: bool) -> list[str]:
@@ -376,6 +378,7 @@ def _guard_lines(r: CaseResult) -> list[str]:
                      f"{_few(s.unstable_rows)} past the tolerance (max |diff| {s.max_abs_diff:.3g})")
     if r.sanitizer is not None:
         lines.append(r.sanitizer.summary())
+    lines += [f"metamorphic: {violation.describe()}" for violation in r.metamorphic]
     return lines
 
 
@@ -401,12 +404,14 @@ def environment_info(started: float) -> dict[str, Any]:
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))}
 
 
-def write_json(path: str | Path, results: list[CaseResult], run_info: dict[str, Any]) -> Path:
+def write_json(path: str | Path, results: list[CaseResult], run_info: dict[str, Any],
+               sections: Mapping[str, Any] | None = None) -> Path:
     """The whole run: how it was made, the summaries, every result and the sibling races of a --time run
-    (difftest.engine.performance). Written atomically (a crash leaves the old report or the new one, never a
-    part); OutputError (field 'report') when it cannot be."""
+    (difftest.engine.performance), then a workflow's own `sections` (a selftest's score), already plain JSON.
+    Written atomically (a crash leaves the old report or the new one, never a part); OutputError (field
+    'report') when it cannot be."""
     doc = {"run": run_info, "summaries": to_jsonable(summarize(results)), "results": to_jsonable(results),
-           "performance": to_jsonable(races(results))}
+           "performance": to_jsonable(races(results)), **(sections or {})}
     return atomic_write(Path(path), json.dumps(doc, indent=1) + "\n", "report")
 
 

@@ -24,6 +24,7 @@ from difftest.core.kinds import (
     CacheLayout,
     Isolation,
     LengthEncoding,
+    MetamorphicRelation,
     OperationKind,
     SanitizerTool,
     TimedRegion,
@@ -42,7 +43,7 @@ from difftest.core.schema import (
 from difftest.core.verdict import Mismatch, Verdict
 from difftest.engine.comparison import Comparison
 from difftest.engine.explain import LEGACY_PATTERNS, Example, Explanation, Pattern, Relation, Rounding
-from difftest.engine.result import CallMemory, CaseResult, Reach, Selection
+from difftest.engine.result import CallMemory, CaseResult, Reach, Selection, Violation
 from difftest.engine.sanitize import Finding, SanitizerReport
 from difftest.engine.stability import Stability, StabilityKind
 from difftest.engine.timing import Timing
@@ -87,6 +88,7 @@ def _built(data: dict[str, Any]) -> CaseResult:
         "reach": _maybe(lambda r: Reach(**{**r, "families": tuple(r["families"])}), data.get("reach")),
         "timing": _maybe(_timing, data.get("timing")),
         "memory": _maybe(lambda m: CallMemory(**m), data.get("memory")),
+        "metamorphic": tuple(_violation(v) for v in data.get("metamorphic", ())),
     }
     return CaseResult(**{**data, **nested})
 
@@ -125,6 +127,13 @@ def _explanation(data: dict[str, Any]) -> Explanation:
 
 def _relation(data: dict[str, Any]) -> Relation:
     return Relation(**{**data, "pattern": Pattern(data["pattern"]), "rounding": _maybe(Rounding, data.get("rounding"))})
+
+
+def _violation(data: dict[str, Any]) -> Violation:
+    floats = {k: float(data[k]) for k in ("original", "related_value", "expected")}
+    return Violation(**{**data, **floats, "relation": MetamorphicRelation(data["relation"]),
+                        "related": tuple(data["related"]),
+                        "rows": tuple(data["rows"])})
 
 
 def _stability(data: dict[str, Any]) -> Stability:
