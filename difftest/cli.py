@@ -1,4 +1,5 @@
-"""`difftest run`, `backends`, `replay` and `shrink`: parse the options, call the library, print.
+"""`difftest run`, `fuzz`, `selftest`, `backends`, `replay`, `shrink` and `matrix`: parse the options, call the
+library, print.
 
 Nothing heavy is imported until a command runs, so `difftest --help` costs no torch import. The
 library's errors name its parameters; FLAGS maps them to the options that set them.
@@ -31,6 +32,8 @@ from difftest.core.kinds import (
     Device,
     ExitStatus,
     LengthEncoding,
+    MetamorphicRelation,
+    OperationKind,
     OracleKind,
     SanitizerTool,
 )
@@ -60,7 +63,8 @@ FLAGS = {"backends": "--backends", "cases": "--cases", "count": "--count", "seed
          "max_batch": "--max-batch", "max_context": "--max-context", "block_size": "--block-size",
          "batching": "--batching", "junit": "--junit",
          "matrix_file": "--file", "cell": "CELL", "out": "--out", "reports": "REPORTS", "baseline": "--baseline",
-         "ledger": "--ledger", "output": "--output", "budget_seconds": "--seconds"}
+         "ledger": "--ledger", "output": "--output", "budget_seconds": "--seconds",
+         "backend_template": "--backend-template", "mutants": "--mutants", "metamorphic": "--metamorphic"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -107,6 +111,18 @@ def _path(text: str) -> Path:
     return Path(text)
 
 
+def _relations(text: str) -> tuple[MetamorphicRelation, ...]:
+    """The relations of 'all' or of comma-separated relation names, in MetamorphicRelation's order."""
+    names = set(_names(text))
+    if names == {"all"}:
+        return tuple(MetamorphicRelation)
+    unknown = sorted(names - {r.value for r in MetamorphicRelation})
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 'all' or comma-separated relations among "
+                                         f"{[r.value for r in MetamorphicRelation]}")
+    return tuple(r for r in MetamorphicRelation if r.value in names)
+
+
 def _enum(kind: type[enum.Enum]) -> Callable[[str], enum.Enum]:
     """An argparse type for `kind`: its member of a value, or one line naming the values allowed."""
 
@@ -124,6 +140,7 @@ def _enum(kind: type[enum.Enum]) -> Callable[[str], enum.Enum]:
 def _add_run(commands: argparse._SubParsersAction) -> None:
     # No abbreviated options: a --gpus run hands its command line to its children less a few options.
     run = commands.add_parser("run", help="run cases through backends and compare with the oracle", allow_abbrev=False)
+    _add_operation(run)
     _add_backend_choice(run)
     run.add_argument("--cases", type=_enum(CaseKind), default=CaseKind.ENVELOPE,
                      help="envelope: cases inside each backend's declared envelope at this device's scale "
@@ -133,7 +150,8 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
                      help="start no case after this many seconds; the report lists those not started")
     run.add_argument("--oracle", type=_enum(OracleKind),
                      help="exact (float64 torch) or fast (the fused Triton oracle) (default: fast on cuda, "
-                          "exact on cpu)")
+                          "exact on cpu); none: no oracle: masks judged against the true windows, values against "
+                          "the other backends (consensus), a disagreement settled by the metamorphic relations")
     run.add_argument("--count", type=int, help="seeds per random spec (default: 1 for envelope suites, 6 for "
                      "random and all; 1 with --spec)")
     run.add_argument("--seed", type=int, default=0)
@@ -166,6 +184,7 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
                           "case (CUDA events, L2 flushed, after warm-up; perf_counter on the CPU) and report the "
                           "median; siblings (DeepGEMM native/flattened/varlen, AITER stage1/fused) are compared "
                           "in a performance section")
+    _add_metamorphic(run)
     run.add_argument("--fail-slow", action="store_true",
                      help="with --time: exit 1 when a backend is slower than its fastest sibling on a case by "
                           "more than the factor its contract allows")
@@ -188,6 +207,27 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
                           "--stream (written when the children end); --device cuda only; not with --resume or --shard")
 
 
+def _add_operation(command: argparse.ArgumentParser) -> None:
+    """--op, as `run` and `fuzz` take it."""
+    command.add_argument("--op", type=_enum(OperationKind), default=OperationKind.PAGED_LOGITS,
+                         help="the indexer stage to test: paged-logits (decode), ragged-logits (prefill), topk, "
+                              "indexer (a logits backend then a top-k backend) (default: paged-logits)")
+
+
+# Options of `run` and `fuzz` that only the paged-logits operation takes (its own engine's), by destination.
+PAGED_ONLY = ("spec", "next_n", "block_sizes", "batch", "max_model_len", "heads", "head_dim", "junit", "ledger",
+              "resume", "shard", "gpus", "time", "fail_slow", "sanitize", "encoding", "layout", "backend_module",
+              "case_filter", "max_batch", "max_context", "block_size", "shrink_seconds")
+
+
+def _paged_only(args: argparse.Namespace, also: tuple[str, ...] = ()) -> None:
+    """SpecError naming the first option given that an operation other than paged logits does not take."""
+    for dest in PAGED_ONLY + also:
+        if getattr(args, dest, None) not in (None, False, [], ()):
+            raise SpecError("--" + dest.replace("_", "-"), getattr(args, dest),
+                            f"an option of --op paged-logits only, not of --op {args.op.value}")
+
+
 def _add_backend_choice(command: argparse.ArgumentParser) -> None:
     """The options that choose backends, as `run` and `fuzz` take them."""
     command.add_argument("--backends", type=_names, help="comma-separated registered names, package.module:object "
@@ -197,8 +237,9 @@ def _add_backend_choice(command: argparse.ArgumentParser) -> None:
                               "(repeatable)")
 
 
-def _add_feeding(command: argparse.ArgumentParser) -> None:
-    """The options that say how backends are fed and guarded (RunConfig), as `run` and `fuzz` take them."""
+def _add_feeding(command: argparse.ArgumentParser, repeat: int = 1) -> None:
+    """The options that say how backends are fed and guarded (RunConfig), as `run`, `fuzz` and `selftest` take
+    them (`repeat`: the command's default launches per case)."""
     command.add_argument("--encoding", type=_enum(LengthEncoding),
                          help="what-if: hand every backend this length encoding instead")
     command.add_argument("--layout", type=_enum(CacheLayout),
@@ -212,9 +253,18 @@ def _add_feeding(command: argparse.ArgumentParser) -> None:
     command.add_argument("--startup-timeout", type=float, default=600.0, metavar="SECONDS",
                          help="seconds a worker may take to import and build its backend before it is killed: "
                               "TIMEOUT (default 600)")
-    command.add_argument("--repeat", type=int, default=1, metavar="K",
+    command.add_argument("--repeat", type=int, default=repeat, metavar="K",
                          help="launch each backend K times per case: bitwise-stable, stable within tolerance, "
-                              "or unstable = FAIL(nondeterministic) (default: 1)")
+                              f"or unstable = FAIL(nondeterministic) (default: {repeat})")
+
+
+def _add_metamorphic(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--metamorphic", type=_relations, nargs="?", const=tuple(MetamorphicRelation), default=(),
+                         metavar="RELATIONS",
+                         help="after each result that ran, check these metamorphic relations on its case (all when "
+                              "none are named; comma-separated among "
+                              f"{', '.join(r.value for r in MetamorphicRelation)}): one more launch of the case and "
+                              "one of each related case; a relation that does not hold is FAIL(metamorphic)")
 
 
 def _add_loudness(command: argparse.ArgumentParser) -> None:
@@ -272,6 +322,7 @@ def _add_fuzz(commands: argparse._SubParsersAction) -> None:
     fuzz.add_argument("--budget", type=_duration, required=True,
                       help="how long the whole campaign takes, shrinking included: 90s, 10m, 1h")
     fuzz.add_argument("--until-failures", type=int, metavar="N", help="stop drawing at N distinct failure signatures")
+    _add_operation(fuzz)
     _add_backend_choice(fuzz)
     fuzz.add_argument("--device", type=_enum(Device), default=Device.CPU, help="cpu or cuda (default: cpu)")
     fuzz.add_argument("--seed", type=int, default=0)
@@ -286,12 +337,7 @@ def _add_fuzz(commands: argparse._SubParsersAction) -> None:
     fuzz.add_argument("--shrink-seconds", type=float, metavar="S",
                       help="the budget's share for bundling and shrinking: drawing stops this long before the "
                       "budget's end once a failure is found (default: a quarter of --budget; 0: no shrinking)")
-    regime = fuzz.add_argument_group("regime", "bounds on the drawn cases (default: the whole envelope)")
-    regime.add_argument("--max-batch", type=int, metavar="B", help="at most B requests per case")
-    regime.add_argument("--max-context", type=int, metavar="N", help="max_model_len at most N")
-    regime.add_argument("--heads", type=int, help="only cases with this many heads")
-    regime.add_argument("--head-dim", type=int, help="only cases of this head dim")
-    regime.add_argument("--block-size", type=int, help="only cases of this block size")
+    _add_regime(fuzz, "bounds on the drawn cases (default: the whole envelope)")
     fuzz.add_argument("--jobs", type=int, default=1, metavar="N",
                       help="N campaigns side by side, each in its own process with its own workers and its own "
                       "share of the plan, their results joined (default: 1)")
@@ -300,6 +346,42 @@ def _add_fuzz(commands: argparse._SubParsersAction) -> None:
                       "is tried again, with the batch's other failures, then alone (default: on)")
     fuzz.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     _add_loudness(fuzz)
+
+
+def _add_regime(command: argparse.ArgumentParser, description: str) -> None:
+    """The regime's bounds (difftest.generators.regime.Regime), as `fuzz` and `selftest` take them."""
+    regime = command.add_argument_group("regime", description)
+    regime.add_argument("--max-batch", type=int, metavar="B", help="at most B requests per case")
+    regime.add_argument("--max-context", type=int, metavar="N", help="max_model_len at most N")
+    regime.add_argument("--heads", type=int, help="only cases with this many heads")
+    regime.add_argument("--head-dim", type=int, help="only cases of this head dim")
+    regime.add_argument("--block-size", type=int, help="only cases of this block size")
+
+
+def _add_selftest(commands: argparse._SubParsersAction) -> None:
+    selftest = commands.add_parser("selftest", help="how strong is this configuration: mutants of a correct kernel, "
+                                   "one per bug class, run as `difftest run` would run them; the mutation score",
+                                   allow_abbrev=False)
+    selftest.add_argument("--device", type=_enum(Device), default=Device.CPU, help="cpu or cuda (default: cpu)")
+    selftest.add_argument("--budget", type=_duration, help="after the plan, a fuzz round this long (90s, 10m) for the "
+                          "mutants not caught yet and those that must pass (default: none)")
+    selftest.add_argument("--backend-template", metavar="PKG.MOD:OBJ", help="a backend (registered name or "
+                          "package.module:object) whose envelope the mutants take (heads, head dims, block sizes, "
+                          "next_n, longest context, tiles, partition, mask, tolerance): the score is for it")
+    selftest.add_argument("--mutants", type=_names, help="comma-separated mutants to run (names or keys; default: "
+                          "all of difftest.backends.mutants.CATALOGUE, the top-k ones included)")
+    selftest.add_argument("--seed", type=int, default=0)
+    selftest.add_argument("--oracle", type=_enum(OracleKind),
+                          help="exact or fast (default: fast on cuda, exact on cpu)")
+    selftest.add_argument("--case-filter", action="append", default=[], metavar="GLOB",
+                          help="run only the planned paged-logits cases whose name matches (fnmatch); "
+                          "repeatable (the top-k mutants run their whole plan)")
+    selftest.add_argument("--report", type=Path, metavar="PATH", help="write every result and the score (its "
+                          "`selftest` section) as JSON here")
+    _add_feeding(selftest, repeat=2)  # the nondeterministic mutants' launches are compared
+    _add_metamorphic(selftest)
+    _add_regime(selftest, "bounds on the fuzz round's cases (default: the whole envelope)")
+    _add_loudness(selftest)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -324,6 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     shrink.add_argument("--trust-bundle", action="store_true",
                         help="import the module the bundle names as its backend (that runs its code)")
     _add_fuzz(commands)
+    _add_selftest(commands)
     backends = commands.add_parser("backends", help="list backends and whether each can run here")
     backends.add_argument("--device", type=_enum(Device), default=Device.CPU)
     _add_matrix(commands)
@@ -479,7 +562,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except SystemExit as exc:  # --help, --version, or a usage error argparse already printed
         return int(exc.code or 0)
     commands = {"run": cmd_run, "backends": cmd_backends, "replay": cmd_replay, "shrink": cmd_shrink,
-                "fuzz": cmd_fuzz, "matrix": cmd_matrix}
+                "fuzz": cmd_fuzz, "selftest": cmd_selftest, "matrix": cmd_matrix}
     try:
         with _working_folder_unimportable(_untrusted_bundle(args)):
             status = commands[args.command](args)
@@ -586,9 +669,11 @@ def _reader_left(status: int) -> int:
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
-    """`difftest backends`: every registered backend and whether it runs here."""
+    """`difftest backends`: every backend, grouped by operation, and whether it runs here."""
     from difftest.backends import available_names, get_backends  # deferred: loads torch
+    from difftest.operations import OPERATIONS  # deferred: loads torch
 
+    print(f"{OperationKind.PAGED_LOGITS.value}: {OPERATIONS[OperationKind.PAGED_LOGITS].summary}")
     for name in available_names():
         try:
             backend = get_backends([name])[0]
@@ -599,7 +684,15 @@ def cmd_backends(args: argparse.Namespace) -> int:
         except SpecError as exc:
             reason, detail = str(exc), ""
         status = "available" if reason is None else f"unavailable: {reason}"
-        print(f"{name:<28} {status}" + (f"  [{detail}]" if detail else ""))
+        print(f"  {name:<40} {status}" + (f"  [{detail}]" if detail else ""))
+    for kind, op in OPERATIONS.items():
+        if kind != OperationKind.PAGED_LOGITS:
+            print(f"\n{kind.value}: {op.summary}")
+            for name, make in op.backends().items():
+                backend = make()
+                reason = backend.unavailable_reason(args.device.value)
+                status = "available" if reason is None else f"unavailable: {reason}"
+                print(f"  {name:<40} {status}" + (f"  [{backend.contract.library}]" if reason is None else ""))
     return ExitStatus.OK
 
 
@@ -607,8 +700,41 @@ def cmd_run(args: argparse.Namespace, shard_envs: list[dict[str, str]] | None = 
     """`difftest run`. With --gpus, or with `shard_envs` (what each child's environment adds; how the
     tests spread a CPU run), the cases are spread over child processes, one shard each."""
     args = _with_project_defaults(args)
+    if args.op != OperationKind.PAGED_LOGITS:
+        return _run_operation(args)
     with _claimed(args.junit, "junit"):
         return _run_and_print(args, shard_envs)
+
+
+def _run_operation(args: argparse.Namespace) -> int:
+    """`difftest run --op X` for an operation other than paged logits."""
+    from difftest.workflows.operation_session import OperationRequest, execute_operation  # deferred: loads torch
+
+    _paged_only(args)
+    request = OperationRequest(operation=args.op, cases=args.cases, seed=args.seed, count=args.count or 1,
+                               backends=args.backends, config=_run_config(args), report=args.report,
+                               stream=args.stream, repro_dir=args.repro_dir, budget=args.budget, argv=tuple(args.argv))
+    outcome = execute_operation(request)
+    _print_operation(outcome.results, args.verbose)
+    if outcome.not_started:
+        print(f"\nbudget spent: {len(outcome.not_started)} planned cases not started (listed in the report)")
+    if args.report:
+        print(f"\nreport: {args.report}")
+    if outcome.bundles:
+        print(f"\nreproducers: {outcome.bundles} bundle(s) under {args.repro_dir} (difftest replay BUNDLE)")
+    return ExitStatus.FAILED if outcome.failed else ExitStatus.OK
+
+
+def _print_operation(results: list[CaseResult], verbose: bool) -> None:
+    """The table, every result when `verbose`, the failures."""
+    from difftest.records import report  # deferred: loads torch
+
+    print(report.render_table(report.summarize(results)))
+    if verbose:
+        print("\n" + report.render_results(results))
+    failures = report.render_failures(results, limit=len(results) if verbose else 20)
+    if failures:
+        print("\n" + failures)
 
 
 @contextlib.contextmanager
@@ -678,7 +804,8 @@ def _run_request(args: argparse.Namespace) -> RunRequest:
                          heads=args.heads, head_dim=args.head_dim, spec=spec,
                          case_filter=tuple(args.case_filter), shard=Shard.parse(args.shard) if args.shard else None)
     names = (args.backends or ()) + tuple(args.backend_module)
-    config = _run_config(args, sanitize=args.sanitize, sanitize_all=args.sanitize_all, time=args.time)
+    config = _run_config(args, sanitize=args.sanitize, sanitize_all=args.sanitize_all, time=args.time,
+                         metamorphic=args.metamorphic)
     return RunRequest(suite=suite, backends=names or None, config=config, report=args.report, stream=args.stream,
                       junit=args.junit, resume=args.resume, repro_dir=args.repro_dir, gpus=args.gpus,
                       budget=args.budget, argv=tuple(args.argv), overwrite=args.overwrite, fail_slow=args.fail_slow,
@@ -793,7 +920,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from difftest.workflows.replay import render_replay, replay  # deferred: loads torch
 
     bundle = _bundle_here(args.bundle)
-    result = replay(bundle, _bundle_backend(args, bundle), isolate=args.isolate)  # type: ignore[arg-type]
+    if bundle.operation != OperationKind.PAGED_LOGITS:
+        from difftest.workflows.operation_session import replay_operation  # deferred: loads torch
+
+        result = replay_operation(bundle, args.backends[0] if args.backends else None)
+    else:
+        result = replay(bundle, _bundle_backend(args, bundle), isolate=args.isolate)  # type: ignore[arg-type]
     print(render_replay(bundle, result))
     if result.verdict == Verdict.SKIP:
         print(f"difftest: error: the replay tested nothing: {result.backend} skipped the case here: {result.reason}",
@@ -818,11 +950,28 @@ def cmd_shrink(args: argparse.Namespace) -> int:
     from difftest.workflows.shrink import shrink  # deferred: loads torch
 
     bundle = _bundle_here(args.bundle)
+    if bundle.operation != OperationKind.PAGED_LOGITS:
+        return _shrink_operation(args, bundle)
     backend = as_loaded(_bundle_backend(args, bundle))
     found = shrink(bundle, backend, bundle.config, args.seconds)
     folder = write_bundle(args.out or bundle.path.parent, found.case, found.result, bundle.config, backend.origin,
                           backend.contract.library, field="--out" if args.out else "bundle")
     print(f"{found.summary(backend.origin.target or backend.name, bundle.config)}\nbundle: {folder}")
+    return ExitStatus.OK
+
+
+def _shrink_operation(args: argparse.Namespace, bundle: Bundle) -> int:
+    """`difftest shrink` of a bundle of an operation other than paged logits."""
+    from difftest.backends import Origin  # deferred: loads torch
+    from difftest.records.bundle import write_bundle  # deferred: loads torch
+    from difftest.workflows.operation_session import shrink_operation  # deferred: loads torch
+
+    found = shrink_operation(bundle, args.seconds, args.backends[0] if args.backends else None)
+    folder = write_bundle(args.out or bundle.path.parent, found.case, found.result, bundle.config,
+                          Origin(found.result.backend, registered=True), found.result.library,
+                          field="--out" if args.out else "bundle")
+    print(f"shrunk {bundle.case.describe()}\n    to {found.case.describe()}: {found.result.verdict.value}: "
+          f"{found.result.headline}\nbundle: {folder}")
     return ExitStatus.OK
 
 
@@ -896,6 +1045,8 @@ def _matrix_merge(args: argparse.Namespace) -> int:
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
     """`difftest fuzz`: exit 1 when the campaign found a failure."""
+    if args.op != OperationKind.PAGED_LOGITS:
+        return _fuzz_operation(args)
     from difftest.generators.regime import Regime  # deferred: with the campaign, below
     from difftest.records import report  # deferred: loads torch and the runner
     from difftest.workflows import fuzz  # deferred: loads torch and the runner
@@ -923,6 +1074,43 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     for field, path in outcome.written.items():
         print(f"{field}: {path}")
     return ExitStatus.FAILED if outcome.found or outcome.lost_jobs else ExitStatus.OK
+
+
+def _fuzz_operation(args: argparse.Namespace) -> int:
+    """`difftest fuzz --op X` for an operation other than paged logits: exit 1 when it found a failure."""
+    from difftest.workflows.operation_session import OperationCampaign, fuzz_operation  # deferred: loads torch
+
+    _paged_only(args, also=("stream", "junit"))
+    campaign = OperationCampaign(operation=args.op, budget=args.budget, seed=args.seed, backends=args.backends,
+                                 config=_run_config(args), repro_dir=args.repro_dir, report=args.report,
+                                 until_failures=args.until_failures, argv=tuple(args.argv))
+    outcome = fuzz_operation(campaign)
+    _print_operation(outcome.results, args.verbose)
+    print(f"\n{args.op.value} fuzz: {len(outcome.results)} results, {sum(r.verdict.failed for r in outcome.results)} "
+          f"failing" + (f", {outcome.bundles} bundle(s) under {args.repro_dir}" if outcome.bundles else ""))
+    if args.report:
+        print(f"report: {args.report}")
+    return ExitStatus.FAILED if outcome.failed else ExitStatus.OK
+
+
+def cmd_selftest(args: argparse.Namespace) -> int:
+    """`difftest selftest`: exit 1 unless every expected catch happened and the mutants that must pass passed."""
+    from difftest.generators.regime import Regime  # deferred: with the selftest, below
+    from difftest.workflows import selftest  # deferred: loads torch, triton and the runner
+
+    regime = Regime(max_batch=args.max_batch, max_context=args.max_context, heads=args.heads,
+                    head_dim=args.head_dim, block_size=args.block_size)
+    request = selftest.SelftestRequest(config=_run_config(args, metamorphic=args.metamorphic),
+                                       template=args.backend_template, budget=args.budget, seed=args.seed,
+                                       mutants=args.mutants, regime=regime, case_filter=tuple(args.case_filter),
+                                       report=args.report, argv=tuple(args.argv))
+    outcome = selftest.selftest(request, progress=None if args.quiet else lambda line: print(line, flush=True))
+    print(outcome.summary() if args.quiet else "\n" + selftest.render_scores(outcome))
+    if args.verbose:
+        print("\n" + selftest.render_left_out(outcome))
+    if outcome.written:
+        print(f"report: {outcome.written}")
+    return outcome.status
 
 
 def _run_config(args: argparse.Namespace, **more: object) -> RunConfig:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from difftest.core import hardware
+from difftest.core.kinds import OperationKind
 
 BACKENDS = "--difftest-backends"
 SEED = "--difftest-seed"
@@ -22,14 +23,16 @@ REPORT = "--difftest-report"
 REPRO_DIR = "--difftest-repro-dir"
 SUITE = "--difftest-suite"
 LEDGER = "--difftest-ledger"
+OP = "--difftest-op"
 
 CASE_KINDS = ("random", "edges", "all")
 DEVICES = ("cpu", "cuda")
 DEFAULT_CASES = "edges"
 DEFAULT_COUNT = 2  # seeds per random spec when --difftest-cases names no count
 SEED_RANGE = 1_000_000  # a random seed is drawn below this, so case names stay short
-OPTIONS = (BACKENDS, SEED, CASES, DEVICE, REPORT, REPRO_DIR, SUITE, LEDGER)
-DEFAULTS: dict[str, object] = {CASES: DEFAULT_CASES, DEVICE: "cpu", SUITE: False}  # the others default to None
+OPTIONS = (BACKENDS, SEED, CASES, DEVICE, REPORT, REPRO_DIR, SUITE, LEDGER, OP)
+DEFAULTS: dict[str, object] = {CASES: DEFAULT_CASES, DEVICE: "cpu", SUITE: False,
+                               OP: OperationKind.PAGED_LOGITS.value}  # the others default to None
 WORKER_SEED = "difftest_seed"  # the workerinput key that carries the controller's seed to xdist workers
 
 
@@ -46,11 +49,13 @@ class Settings:
     repro_dir: Path | None
     suite: bool
     ledger: Path | None
+    op: OperationKind = OperationKind.PAGED_LOGITS  # the operation the suite's items test
 
     def header(self) -> str:
         """The options that repeat this run, for the report header."""
         backends = f"{BACKENDS}={','.join(self.backends)}" if self.backends else "(every registered backend)"
-        return f"difftest: {SEED}={self.seed} {CASES}={self.cases_text} {DEVICE}={self.device} {backends}"
+        op = "" if self.op == OperationKind.PAGED_LOGITS else f" {OP}={self.op.value}"
+        return f"difftest: {SEED}={self.seed} {CASES}={self.cases_text} {DEVICE}={self.device}{op} {backends}"
 
     @property
     def cases_text(self) -> str:
@@ -73,6 +78,9 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(REPRO_DIR, metavar="DIR", help="write a reproducer bundle of every failure here")
     group.addoption(SUITE, action="store_true", default=DEFAULTS[SUITE], help="collect the built-in differential suite")
     group.addoption(LEDGER, metavar="PATH", help="TOML ledger of known divergences (xfail, each citing its issue)")
+    group.addoption(OP, default=DEFAULTS[OP], metavar="NAME",
+                    help=f"the operation --difftest-suite tests: one of {', '.join(k.value for k in OperationKind)} "
+                         f"(default: {DEFAULTS[OP]})")
 
 
 def options_given(config: pytest.Config) -> bool:
@@ -86,7 +94,8 @@ def read_settings(config: pytest.Config) -> Settings:
     return Settings(backends=_backends(config.getoption(BACKENDS)), seed=_seed(config),
                     cases=cases, count=count, device=_device(config.getoption(DEVICE)),
                     report=_path(config, REPORT, want_dir=False), repro_dir=_path(config, REPRO_DIR, want_dir=True),
-                    suite=bool(config.getoption(SUITE)), ledger=_path(config, LEDGER, want_dir=False))
+                    suite=bool(config.getoption(SUITE)), ledger=_path(config, LEDGER, want_dir=False),
+                    op=_op(config.getoption(OP)))
 
 
 def usage_error(option: str, value: object, allowed: str) -> pytest.UsageError:
@@ -121,6 +130,13 @@ def _cases(text: str) -> tuple[str, int]:
     if kind not in CASE_KINDS or (colon and not (count.isdigit() and int(count) >= 1)):
         raise usage_error(CASES, text, f"one of {', '.join(CASE_KINDS)}, optionally with :COUNT >= 1 (e.g. random:4)")
     return kind, int(count) if colon else DEFAULT_COUNT
+
+
+def _op(name: str) -> OperationKind:
+    names = [kind.value for kind in OperationKind]
+    if name not in names:
+        raise usage_error(OP, name, f"one of {', '.join(names)}")
+    return OperationKind(name)
 
 
 def _device(name: str) -> str:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from difftest.core.kinds import CaseKind
+from difftest.core.kinds import CaseKind, OperationKind
 from difftest_pytest.options import BACKENDS, Settings, usage_error
 
 if TYPE_CHECKING:
@@ -37,6 +37,8 @@ class Selection:
         from difftest.backends import available_names, load_backend  # deferred: loads torch
         from difftest.core.errors import SpecError
 
+        if self.settings.op != OperationKind.PAGED_LOGITS:
+            return self._resolve_operation()
         known = available_names()
         if self.settings.backends is None:
             return {name: name for name in known}
@@ -49,6 +51,33 @@ class Selection:
             targets[backend.name] = token
             self._loaded[backend.name] = backend
         return targets
+
+    def _resolve_operation(self) -> dict[str, str]:
+        """The names of the operation's backends chosen (every one unless some are named)."""
+        from difftest.operations import operation  # deferred: loads torch
+
+        table = operation(self.settings.op).backends()
+        unknown = [name for name in self.settings.backends or () if name not in table]
+        if unknown:
+            raise usage_error(BACKENDS, ",".join(unknown), f"backends of the {self.settings.op.value} operation: "
+                                                          f"{', '.join(table)}")
+        return {name: name for name in self.settings.backends or table}
+
+    def operation_cases(self) -> list[tuple[str, Any, int]]:
+        """(test id, spec, seed) of every case of the operation's fixed suite: one seed for 'edges', COUNT
+        seeds otherwise; the id is the spec's name (and the seed's place among a spec's seeds)."""
+        from difftest.operations import operation  # deferred: loads torch
+
+        count = 1 if self.settings.cases == CaseKind.EDGES.value else self.settings.count
+        specs = operation(self.settings.op).suite()
+        total = Counter(spec.name for spec in specs)
+        cases, seen = [], Counter[str]()
+        for spec in specs:
+            for seed in range(self.settings.seed, self.settings.seed + count):
+                many = total[spec.name] * count > 1
+                cases.append((f"{spec.name}-{seen[spec.name]}" if many else spec.name, spec, seed))
+                seen[spec.name] += 1
+        return cases
 
     def backend_ids(self, only: Sequence[str] | None = None) -> list[str]:
         """The selected ids, restricted to `only` (a difftest marker's backends) when given."""

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from difftest.core.kinds import OperationKind
+from difftest.core.verdict import Verdict
 from difftest_pytest.selection import Selection, case_ids
 
 if TYPE_CHECKING:
@@ -37,6 +39,9 @@ class DifftestSuite(pytest.Collector):
     def collect(self) -> Iterator[SuiteItem]:
         """One item per (backend, case), backend-major, named 'suite[backend::case id]' (selection.case_ids:
         no seed in it)."""
+        if self.selection.settings.op != OperationKind.PAGED_LOGITS:
+            yield from self._operation_items()
+            return
         cases = self.selection.cases()
         ids = case_ids(cases)
         for backend_id in self.selection.targets():
@@ -46,6 +51,15 @@ class DifftestSuite(pytest.Collector):
                 # ids --lf reads back from the cache.
                 yield SuiteItem.from_parent(self, name=name, nodeid=f"{self.nodeid}::{name}",
                                             backend_id=backend_id, planned=planned)
+
+
+    def _operation_items(self) -> Iterator[OperationItem]:
+        """One item per (backend, case) of another operation (--difftest-op), named as collect() names them."""
+        for backend_id in self.selection.targets():
+            for case_id, spec, seed in self.selection.operation_cases():
+                name = f"suite[{backend_id}::{case_id}]"
+                yield OperationItem.from_parent(self, name=name, nodeid=f"{self.nodeid}::{name}",
+                                                backend_id=backend_id, spec=spec, seed=seed)
 
 
 class SuiteItem(pytest.Item):
@@ -72,6 +86,46 @@ class SuiteItem(pytest.Item):
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
                      style: Any = None) -> str | TerminalRepr:
         """The row table alone for a divergence; the usual traceback for anything else."""
+        if isinstance(excinfo.value, AssertionError):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        """Where the item comes from, as the failure headline shows it."""
+        return self.path, None, f"{COLLECTOR}::{self.name}"
+
+
+class OperationItem(pytest.Item):
+    """One backend of an operation other than paged logits on one case of its suite, through the operation
+    runner (difftest.engine.operation_run): a failure is its verdict and headline, a SKIP its reason."""
+
+    def __init__(self, *, backend_id: str, spec: Any, seed: int, **kwargs: Any) -> None:
+        """A pytest node (from_parent's keywords) for backend `backend_id` on the case (spec, seed) draws."""
+        super().__init__(**kwargs)
+        self.backend_id, self.spec, self.seed = backend_id, spec, seed
+        self.add_marker(pytest.mark.difftest)
+
+    def runtest(self) -> None:
+        """Run the backend on the drawn case; skip with the reason it could not run."""
+        from difftest.engine.config import RunConfig  # deferred: loads torch
+        from difftest.engine.operation_run import Named, run_one
+        from difftest.operations import operation
+
+        assert isinstance(self.parent, DifftestSuite)
+        settings = self.parent.selection.settings
+        op = operation(settings.op)
+        case = op.build(self.spec, self.seed, settings.device)
+        result = run_one(op, Named(self.backend_id, op.backends()[self.backend_id]()), case,
+                         RunConfig(device=settings.device))
+        if result.verdict == Verdict.SKIP:
+            pytest.skip(result.reason or "skipped")
+        if result.verdict.failed:
+            raise AssertionError(f"{self.backend_id} on {case.name} [{case.describe()}]: {result.verdict.value}: "
+                                 f"{result.headline or result.reason}")
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
+                     style: Any = None) -> str | TerminalRepr:
+        """The verdict and headline alone for a failure; the usual traceback for anything else."""
         if isinstance(excinfo.value, AssertionError):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style)

@@ -1,6 +1,10 @@
 # Sourced by the device scripts (scripts/h200_*.sh), from the repo root on the device:
 # unpacks the carried kernel libraries into /tmp/site and puts them and the repo on PYTHONPATH.
 # Once per machine: two scripts may run side by side, and must not unpack under each other's imports.
+# One script unpacks while any other waits for it: the flock (not the mkdir, which a second script would pass
+# while the first is still unpacking) keeps a script from importing a half-installed site.
+exec 9>/tmp/device_env.lock
+flock 9
 if mkdir /tmp/site 2>/dev/null; then
   tar xzf .device-deps/deep_gemm.tgz -C /tmp/site && cp -r .device-deps/aiter .device-deps/aiter-dist/* /tmp/site/
 fi
@@ -27,6 +31,8 @@ fi
 # The device image sets PYTHONDONTWRITEBYTECODE: every process, the workers' fork server included, then
 # compiles torch's Python from source on import (about 9 s of a campaign's start there). An installed
 # torch comes with its bytecode; caching it under /tmp gives the scripts' processes the same start.
+flock -u 9
+exec 9>&-
 unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX=/tmp/pycache
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTEST_PLUGINS=difftest_pytest.plugin

@@ -117,3 +117,54 @@ def slow_last_column(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Ten
     logits = logits_with_limits(q, kv_cache, weights, context_lens.to(torch.int64), block_table, max_model_len)
     logits[:, -1] = 0.0
     return logits
+
+
+# Planted bugs for the metamorphic relations (tests/difftest/engine/test_metamorphic.py): each is wrong on a
+# case the oracle judges (so the oracle catches it too), and wrong differently on the related case.
+
+@backend(contract=CONTRACT, name="planted-pages-in-id-order")
+def pages_in_id_order(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
+                      block_table: torch.Tensor, max_model_len: int) -> torch.Tensor:
+    """Reads each sequence's used blocks in the order of their physical ids, not the table's (as a kernel
+    that assumes its allocator hands out ascending blocks): wrong wherever a table is not ascending."""
+    block_size = kv_cache.shape[1]
+    used = (context_lens.to(torch.int64)[:, -1] + block_size - 1) // block_size  # (B,)
+    table = block_table.clone()
+    for b, width in enumerate(used.tolist()):
+        table[b, :width] = torch.sort(table[b, :width]).values
+    return logits_with_limits(q, kv_cache, weights, context_lens.to(torch.int64), table, max_model_len)
+
+
+@backend(contract=CONTRACT, name="planted-first-request-cap")
+def first_request_cap(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
+                      block_table: torch.Tensor, max_model_len: int) -> torch.Tensor:
+    """Caps every row's window at the first request's length (a schedule sized from request 0)."""
+    lens = context_lens.to(torch.int64)
+    return logits_with_limits(q, kv_cache, weights, lens.clamp(max=int(lens[0, -1])), block_table, max_model_len)
+
+
+@backend(contract=CONTRACT, name="planted-accumulator-at-one")
+def accumulator_at_one(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
+                       block_table: torch.Tensor, max_model_len: int) -> torch.Tensor:
+    """Starts every head sum at 1.0 instead of 0.0: each logit in a window is one too large, which no power of
+    two scales with it."""
+    return logits_with_limits(q, kv_cache, weights, context_lens.to(torch.int64), block_table, max_model_len) + 1.0
+
+
+@backend(contract=CONTRACT, name="planted-weights-of-next-head")
+def weights_of_next_head(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
+                         block_table: torch.Tensor, max_model_len: int) -> torch.Tensor:
+    """Weights head h with head h + 1's weight (an off-by-one head stride)."""
+    return logits_with_limits(q, kv_cache, weights.roll(-1, dims=1), context_lens.to(torch.int64), block_table,
+                              max_model_len)
+
+
+@backend(contract=CONTRACT, name="planted-one-key-past")
+def one_key_past(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
+                 block_table: torch.Tensor, max_model_len: int) -> torch.Tensor:
+    """Scores one key past every window (`<=` for `<`), where a sequence's slot past its last token holds
+    whatever the pool holds there (a NaN canary in the cases drawn)."""
+    lens = (context_lens.to(torch.int64) + 1).clamp(max=max_model_len)
+    block_size = kv_cache.shape[1]
+    width = block_table.shape[1] * block_size
+    return logits_with_limits(q, kv_cache, weights, lens.clamp(max=width), block_table, max_model_len)

@@ -214,6 +214,18 @@ class Case:
         return case.validate()
 
 
+def select_sequences(case: Case, keep: Sequence[int]) -> Case:
+    """The case made of sequences `keep` (in that order): q, weights, table and lengths sliced together.
+
+    The key pool is kept whole, so block ids (and stale entries) mean what they meant
+    (difftest.workflows.shrink.compact_pool drops the blocks nobody references).
+    """
+    index = torch.tensor(list(keep), dtype=torch.int64, device=case.device)
+    rows = (index[:, None] * case.next_n + torch.arange(case.next_n, device=case.device)).flatten()
+    return dataclasses.replace(case, q=case.q[index], weights=case.weights[rows],
+                               block_table=case.block_table[index], seq_lens=case.seq_lens[index])
+
+
 _TENSORS = ("q", "k_pool", "scale_pool", "weights", "block_table", "seq_lens")
 _INDEX_DTYPES = (torch.int32, torch.int64)
 

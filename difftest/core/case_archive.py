@@ -72,10 +72,10 @@ class ArchiveMeta(Record):
     """The base of a case archive's meta (a paged, top-k or ragged case's): the fields made with
     IN_CASE_META are what the case keeps in its `meta` dict, the others the case's own structure."""
 
-    def to_json(self) -> dict[str, Any]:
+    def dumped(self, out: dict[str, Any]) -> dict[str, Any]:
         """The meta as the case's save writes it: the case's meta fields only where it has them."""
         kept = self.case_meta_fields()
-        return {key: value for key, value in super().to_json().items() if value is not None or key not in kept}
+        return {key: value for key, value in out.items() if value is not None or key not in kept}
 
     @property
     def case_meta(self) -> dict[str, Any]:
@@ -102,6 +102,8 @@ class CaseMeta(ArchiveMeta):
     # the families each backend's own plan claims of it (difftest.engine.plan.PlannedCase.reach)
     reach: Reaches | None = dataclasses.field(default=None, metadata=IN_CASE_META)
     note: Text() | None = dataclasses.field(default=None, metadata=IN_CASE_META)
+    # an indexer case's top-k k (difftest.core.indexer)
+    topk_k: Int(1, MAX_MODEL_LEN) | None = dataclasses.field(default=None, metadata=IN_CASE_META)
     name: Text(MAX_NAME)
     B: Int(0, 2 * MAX_BATCH)
     next_n: Int(1, MAX_NEXT_N)

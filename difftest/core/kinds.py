@@ -89,6 +89,22 @@ class Isolation(str, enum.Enum):
     IN_PROCESS = "in-process"  # the run's own process (the result's isolation note says why, when isolation was asked)
 
 
+class OperationKind(str, enum.Enum):
+    """Which stage of the indexer a run tests (difftest.core.operation.Operation; docs/writing-an-operation.md)."""
+
+    PAGED_LOGITS = "paged-logits"  # decode: paged MQA logits (the engine's first operation)
+    RAGGED_LOGITS = "ragged-logits"  # prefill: MQA logits over each query's key window
+    TOPK = "topk"  # the k largest logits of each row's window, as indices
+    INDEXER = "indexer"  # a logits kernel followed by a top-k kernel: the token set the sparse attention reads
+
+
+class Headline(str, enum.Enum):
+    """A number a report leads with for an operation."""
+
+    MASK = "mask"  # rows whose -inf mask is wrong
+    SELECTION = "selection"  # rows whose selected token set is wrong, and by how many tokens
+
+
 class CaseKind(str, enum.Enum):
     """Which cases a suite draws."""
 
@@ -110,6 +126,31 @@ class OracleKind(str, enum.Enum):
 
     EXACT = "exact"  # the float64 torch oracle: the truth, to float64 rounding
     FAST = "fast"  # the fused Triton oracle: fp32 sums of exact products, with a rigorous per-row bound
+    # No oracle: masks judged against the true windows, values against the other backends (consensus), a
+    # disagreement settled by the metamorphic relations (difftest.engine.consensus)
+    NONE = "none"
+
+
+class MetamorphicRelation(str, enum.Enum):
+    """A metamorphic relation: a change of a case whose logits follow from the original's without an oracle
+    (difftest.engine.metamorphic)."""
+
+    PERMUTE_PAGES = "permute-pages"  # physical blocks renumbered, the table remapped: the same logits
+    REORDER_REQUESTS = "reorder-requests"  # requests shuffled: their rows move with them
+    PAD_REQUESTS = "pad-requests"  # an empty request before every request and after the last: rows unchanged
+    SPLIT_BATCH = "split-batch"  # the requests in two launches: their rows concatenated
+    FLATTEN_NEXT_N = "flatten-next-n"  # every draft row a request of next_n 1 (the flattened encoding)
+    SCALE_Q = "scale-q"  # q (or the weights) times 2: every logit times 2, exactly
+    PERMUTE_HEADS = "permute-heads"  # heads shuffled with their weights: the same head sum
+    APPEND_KEYS = "append-keys"  # every slot no window covers given finite keys: windows unchanged
+
+
+class TopkRelation(str, enum.Enum):
+    """A metamorphic relation of the top-k operation: a change of a case whose answer follows from the
+    original's without an oracle (difftest.engine.topk_metamorphic)."""
+
+    ADD_NEG_INF = "add-neg-inf"  # -inf entries inserted at the end of every window: the same candidates chosen
+    PERMUTE_COLUMNS = "permute-columns"  # each window's columns shuffled: the same values chosen
 
 
 class TimingMethod(str, enum.Enum):

@@ -308,20 +308,30 @@ class Record:
         fit, its path after `where` ('result.' reads 'result.verdict')."""
         return validate(cls, data, where)
 
+    def dumped(self, out: dict[str, Any]) -> dict[str, Any]:
+        """`out`, this record's fields as JSON, as the document writes them: a subclass may leave fields out
+        (those an older document did not have, at the value that means their absence)."""
+        return out
+
     def to_json(self) -> Any:
-        """This record as plain JSON: to_jsonable's dump, where a subclass writes no more than that."""
+        """This record as plain JSON (to_jsonable: its adapter's dump, through `dumped`)."""
         return to_jsonable(self)
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> core_schema.CoreSchema:
-        """The dataclass's schema, between `upgraded` and `checked` where the class overrides them."""
+        """The dataclass's schema, between `upgraded` and `checked` where the class overrides them, and
+        dumped through `dumped` where it overrides that (wherever it is: a spec inside another record too)."""
         schema = handler(source)
         # The outermost schema carries the class's reference, so every use of the class goes through both.
         ref = schema.pop("ref", None)
+        fields = schema
         if cls.checked is not Record.checked:
             schema = core_schema.no_info_after_validator_function(_checked, schema)
         if cls.upgraded.__func__ is not Record.upgraded.__func__:  # type: ignore[attr-defined]
             schema = core_schema.no_info_before_validator_function(cls.upgraded, schema)
+        if cls.dumped is not Record.dumped:
+            schema = {**schema, "serialization": core_schema.wrap_serializer_function_ser_schema(
+                _dumped, schema=fields)}
         if ref is not None:
             schema["ref"] = ref
         return schema
@@ -330,6 +340,11 @@ class Record:
 def _checked(record: Record) -> Record:
     record.checked()
     return record
+
+
+def _dumped(record: Record, handler: Any) -> Any:
+    out = handler(record)
+    return record.dumped(out) if isinstance(out, dict) else out
 
 
 @functools.cache

@@ -131,15 +131,11 @@ class CaseSpec(Record):
     def replace(self, **changes: object) -> CaseSpec:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
-    def to_json(self) -> dict[str, object]:
-        """Plain JSON values (the spec's dump, to_jsonable); CaseSpec.from_json inverts it."""
-        out = super().to_json()
-        # Pool fields at their defaults are left out, so every spec written before they existed
-        # (reports, bundles, --resume) has the same JSON; from_json fills them back in.
-        for key in _POOL_FIELDS:
-            if out[key] == _DEFAULTS[key]:
-                del out[key]
-        return out
+    def dumped(self, out: dict[str, object]) -> dict[str, object]:
+        """The spec's JSON (to_json; CaseSpec.from_json inverts it): pool fields at their defaults are left
+        out, so every spec written before they existed (reports, bundles, --resume) has the same JSON;
+        from_json fills them back in."""
+        return {key: value for key, value in out.items() if key not in _POOL_FIELDS or value != _DEFAULTS[key]}
 
     @classmethod
     def from_json(cls, data: object, where: str = "") -> CaseSpec:

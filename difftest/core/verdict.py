@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-
-from difftest.core.schema import MAX_MODEL_LEN, Int, JsonFloat, Member, Record, RowIndex
 
 
 class Verdict(str, enum.Enum):
@@ -29,6 +26,9 @@ class Verdict(str, enum.Enum):
     FAIL_PADDING = "FAIL(padding)"
     FAIL_MISSING = "FAIL(missing)"  # a value that belongs to the top k is left out and a smaller one taken
     FAIL_ORDER = "FAIL(order)"  # the right set in the wrong order, where descending order is promised
+    # A metamorphic relation does not hold: the backend's logits on a related case (pages permuted, requests
+    # reordered, ...) do not follow from its logits on the case (difftest.engine.metamorphic)
+    FAIL_METAMORPHIC = "FAIL(metamorphic)"
     ERROR = "ERROR"  # the backend raised
     SKIP = "SKIP"  # the backend cannot run this case here; the reason says why
 
@@ -48,23 +48,16 @@ class Verdict(str, enum.Enum):
 # where a candidate exists each takes a slot a candidate needed, so each explains the missing candidate it
 # causes; a wrong order is a right set. A missing candidate outranks launches that disagree, as a wrong mask
 # does: a wrong set is what the sparse attention reads.
+# A violated metamorphic relation ranks below every verdict of the oracle's comparison: it says that two
+# outputs are inconsistent, not which positions are wrong, so where the comparison found the wrong
+# positions its verdict is the headline (the violation stays in the result).
 SEVERITY = (Verdict.CRASH, Verdict.TIMEOUT, Verdict.ERROR, Verdict.FAIL_MUTATED_INPUT, Verdict.FAIL_SANITIZER,
             Verdict.FAIL_UNWRITTEN, Verdict.FAIL_NAN, Verdict.FAIL_MASK, Verdict.FAIL_GARBAGE,
             Verdict.FAIL_OUT_OF_WINDOW, Verdict.FAIL_DUPLICATE, Verdict.FAIL_PADDING, Verdict.FAIL_MISSING,
-            Verdict.FAIL_NONDETERMINISTIC, Verdict.FAIL_VALUE, Verdict.FAIL_ORDER, Verdict.PASS, Verdict.SKIP)
+            Verdict.FAIL_NONDETERMINISTIC, Verdict.FAIL_VALUE, Verdict.FAIL_ORDER, Verdict.FAIL_METAMORPHIC,
+            Verdict.PASS, Verdict.SKIP)
 
 
 def worst(verdicts: list[Verdict]) -> Verdict:
     """The most severe of `verdicts` (PASS for none)."""
     return min(verdicts, key=SEVERITY.index, default=Verdict.PASS)
-
-
-@dataclasses.dataclass(frozen=True)
-class Mismatch(Record):
-    """The first disagreeing position of a row, with both values (None stands for -inf/NaN text)."""
-
-    row: RowIndex
-    position: Int(0, MAX_MODEL_LEN)
-    expected: JsonFloat
-    got: JsonFloat
-    kind: Member(Verdict)

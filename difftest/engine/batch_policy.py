@@ -149,7 +149,8 @@ def _each_alone(backend: Loaded, executor: Executor, members: list[tuple[Case, R
     outcomes = list(_outcomes_in_turn(backend, executor, cases, bases, config))
     shares = [share for _member, share in members]
     compared = _compared_together(backend, cases, shares, outcomes)
-    return [amended(finished(outcome, share, backend, case, config, executor, base, comparison), backend, case, amend)
+    return [amended(finished(outcome, share, backend, case, config, executor, base, comparison), backend, case,
+                    executor, amend)
             for case, share, outcome, base, comparison in zip(cases, shares, outcomes, bases, compared, strict=True)]
 
 

@@ -31,9 +31,10 @@ from difftest.engine.result import CallMemory, CaseResult, Reach
 from difftest.engine.stability import StabilityKind, classify_stability
 from difftest.oracles.reference import Reference, make_reference
 
-# A step every fresh result goes through before it is reported: the compute-sanitizer replay of a failing
-# result (difftest.workflows.running), which needs a bundle, a record the engine does not write.
-Amend = Callable[[CaseResult, Loaded, Case], CaseResult]
+# A step every fresh result goes through before it is reported, with the executor its backend ran in: the
+# metamorphic relations (more launches of the backend, where it runs) and the compute-sanitizer replay of a
+# failing result, which needs a bundle, a record the engine does not write (difftest.workflows.running).
+Amend = Callable[[CaseResult, Loaded, Case, Executor], CaseResult]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,8 +65,31 @@ def run_one(backend: Backend, case: Case, config: RunConfig, executor: Executor 
     through `amend`. It runs alone: out of memory, it is a SKIP with the numbers."""
     case = case.to(config.device)
     loaded = as_loaded(backend)
-    result = start_backend(loaded, case, make_reference(case, config.oracle_kind), config, executor or InProcess())()
-    return amend(result, loaded, case) if amend else result
+    where = executor or InProcess()
+    result = start_backend(loaded, case, make_reference(case, config.oracle_kind), config, where)()
+    return amend(result, loaded, case, where) if amend else result
+
+
+def launch(backend: Loaded, case: Case, config: RunConfig, executor: Executor) -> Execution | CaseResult:
+    """One call of `backend` on `case` in `executor`, alone, encoded and guarded as every call is (config.repeat
+    launches), and not judged: its outputs, or the result that says why there are none (SKIP, ERROR, CRASH,
+    TIMEOUT). What a check that needs no oracle compares (difftest.engine.metamorphic, .consensus)."""
+    base = identity(backend, case, config)
+    outcome = submit(backend, case, config, executor, base)()
+    if isinstance(outcome, Execution):
+        return outcome
+    # No output, so nothing is judged: settle() reads no reference for a fault or a result made already.
+    return settled_alone(settle(outcome, None, backend.contract, config, executor, base),  # type: ignore[arg-type]
+                         backend, case, config)
+
+
+def judged(backend: Loaded, case: Case, config: RunConfig, execution: Execution, ref: Reference,
+           executor: Executor, contract: Contract | None = None) -> CaseResult:
+    """The result of `launch`'s execution of `backend` on `case`, judged against `ref` (an oracle's answer, or
+    another backend's: difftest.engine.consensus) under `contract` (default: the backend's)."""
+    base = identity(backend, case, config)
+    judged_here = settle(execution, ref, contract or backend.contract, config, executor, base)
+    return settled_alone(judged_here, backend, case, config)
 
 
 def start_backend(backend: Loaded, case: Case, ref: Reference, config: RunConfig,
@@ -218,6 +242,6 @@ def _judge(execution: Execution, ref: Reference, contract: Contract, base: dict[
     return CaseResult(verdict=worst(verdicts), comparison=result, stability=stability, **measured, **base)
 
 
-def amended(result: CaseResult, backend: Loaded, case: Case, amend: Amend | None) -> CaseResult:
+def amended(result: CaseResult, backend: Loaded, case: Case, executor: Executor, amend: Amend | None) -> CaseResult:
     """`result` through the caller's amend step, when there is one."""
-    return amend(result, backend, case) if amend else result
+    return amend(result, backend, case, executor) if amend else result

@@ -19,15 +19,17 @@ from difftest.core.schema import (
     MAX_ROWS,
     Count,
     Int,
+    JsonFloat,
     Member,
     NonNegative,
     Record,
+    RowIndex,
     Rows,
     Rule,
     Text,
     TupleOf,
 )
-from difftest.core.verdict import Mismatch, Verdict, worst
+from difftest.core.verdict import Verdict, worst
 from difftest.engine.explain import MASK_LIMITS, Explanation, MaskLimit, explain
 
 CHUNK_ELEMENTS = 1 << 25  # logits compared at once: a few float64 copies of this many stay under 2 GB
@@ -53,6 +55,17 @@ def _overlap(value: object) -> bool:
 MaskLimits = TupleOf(Rule(_mask_limit, "[row, oracle limit, apparent limit or null]", tuple).type(tuple), MASK_LIMITS,
                      f"a list of at most {MASK_LIMITS} [row, oracle limit, apparent limit or null]")
 Overlap = Rule(_overlap, "a number in [0, 1], or 'nan'", float).type(float, AS_JSON_FLOAT)
+
+
+@dataclasses.dataclass(frozen=True)
+class Mismatch(Record):
+    """The first disagreeing position of a row, with both values (None stands for -inf/NaN text)."""
+
+    row: RowIndex
+    position: Int(0, MAX_MODEL_LEN)
+    expected: JsonFloat
+    got: JsonFloat
+    kind: Member(Verdict)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,7 @@ import dataclasses
 import math
 
 from difftest.core.errors import require
-from difftest.core.kinds import CacheLayout, LengthEncoding, OracleKind, SanitizerTool
+from difftest.core.kinds import CacheLayout, LengthEncoding, MetamorphicRelation, OracleKind, SanitizerTool
 
 DEVICES = ("cpu", "cuda")
 MAX_REPEAT = 1000  # launches per case; more is a typo, not a stability study
@@ -29,6 +29,9 @@ class RunConfig:
     oracle: OracleKind | None = None  # None: FAST on cuda, EXACT on cpu
     startup_timeout: float = 600.0  # seconds a worker may take to import and build its backend (a JIT library)
     time: int | None = None  # launches timed per case after the checked ones (median; engine.timing); None: none
+    # Metamorphic relations checked on every result that ran (difftest.engine.metamorphic): a violated one is
+    # FAIL(metamorphic), each check one more launch of the case and one of each related case
+    metamorphic: tuple[MetamorphicRelation, ...] = ()
 
     def __post_init__(self) -> None:
         require(self.device in DEVICES, "device", self.device, f"one of {list(DEVICES)}")
@@ -53,6 +56,10 @@ class RunConfig:
                 f"None or a difftest.OracleKind {[o.value for o in OracleKind]}")
         require(self.time is None or (type(self.time) is int and 1 <= self.time <= MAX_TIME), "time", self.time,
                 f"an integer in [1, {MAX_TIME}]: launches timed per case (None: no timing)")
+        relations = self.metamorphic
+        require(isinstance(relations, tuple) and all(isinstance(r, MetamorphicRelation) for r in relations)
+                and len(set(relations)) == len(relations), "metamorphic", relations,
+                f"a tuple of distinct difftest.MetamorphicRelation {[r.value for r in MetamorphicRelation]}")
 
     @property
     def isolated(self) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from difftest.core.kinds import CacheLayout, Device, Isolation, LengthEncoding
+from difftest.core.kinds import CacheLayout, Device, Isolation, LengthEncoding, MetamorphicRelation, OperationKind
 from difftest.core.schema import (
     MAX_BATCH,
     MAX_ITEMS,
@@ -19,17 +19,21 @@ from difftest.core.schema import (
     MAX_POOL_BYTES,
     MAX_ROWS,
     Bool,
-    Checked,
     Count,
     Float,
     Int,
+    IntList,
+    JsonFloat,
     Member,
     Name,
     OneOf,
     Record,
+    Rule,
+    TableOf,
     Text,
     TupleOf,
     bound_text,
+    validate,
 )
 from difftest.core.spec import CaseSpec
 from difftest.core.verdict import Verdict
@@ -65,6 +69,63 @@ class CallMemory(Record):
     ran_out: Bool = False  # it ran out of memory with no other call beside it: this result is that SKIP
 
 
+RowTuple = IntList(0, MAX_ROWS, MAX_ROWS, f"a list of row indices in [0, {bound_text(MAX_ROWS)}]", as_tuple=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection(Record):
+    """What a top-k stage selected against the oracle's tie-aware top-k: the selected-set headline."""
+
+    rows: Int(0, MAX_ROWS)
+    wrong_rows: RowTuple  # rows whose selected set is wrong
+    wrong_tokens: Count  # over those rows: tokens the right set holds and the selection lacks
+    # verdict value -> the rows showing it (a row may show several)
+    symptoms: TableOf(OneOf(Verdict), RowTuple, "a table of verdict -> rows")
+    first: Text() | None = None  # the first wrong row, described
+
+
+@dataclasses.dataclass(frozen=True)
+class Judgement:
+    """An operation's judgement of one output (difftest.core.operation.Operation.judge)."""
+
+    verdict: Verdict
+    headline: str
+    comparison: Comparison | None = None  # the logits stage's row-by-row comparison (logits operations)
+    selection: Selection | None = None  # the top-k stage's (top-k operations)
+
+
+@dataclasses.dataclass(frozen=True)
+class Violation(Record):
+    """A metamorphic relation that does not hold for a backend on a case (difftest.engine.metamorphic): the
+    related cases it ran (derived from the case by `relation`, so the case's own spec and seed draw them
+    again), the rows where its logits do not follow from its logits on the case, and the first position."""
+
+    relation: Member(MetamorphicRelation)
+    related: TupleOf(Name, 16, "a list of related case names")  # the related cases' names: '<case>~<relation>'
+    # rows of the case (or padding rows of the related case) where it does not hold
+    rows: TupleOf(Int(0, MAX_ROWS), MAX_ROWS, "a list of row indices")
+    row: Int(0, MAX_ROWS)  # the first such row, of the case
+    position: Int(0, MAX_MODEL_LEN)
+    original: JsonFloat  # the backend's logit there on the case
+    related_value: JsonFloat  # and on the related case, at the row and position it moved to
+    expected: JsonFloat  # what the relation makes of `original`
+    exact: Bool  # compared bit for bit (else within the contract's rtol)
+    note: Text() = ""  # how the related case was made, and why so (scale-q: which tensor was scaled)
+
+    def describe(self) -> str:
+        """'scale-q (q x 2): 3 rows, first row 1, position 7: x on the case, y on the related case, z expected'."""
+        how = "bit for bit" if self.exact else "within rtol"
+        note = f" ({self.note})" if self.note else ""
+        return (f"{self.relation.value}{note} does not hold {how} on {len(self.rows)} rows; first row {self.row}, "
+                f"position {self.position}: {self.original!r} on the case, {self.related_value!r} on "
+                f"{', '.join(self.related)}, {self.expected!r} expected")
+
+
+# A paged-logits result's spec is a CaseSpec (checked as one: CaseResult.checked); another operation's is its own
+# spec's JSON, checked here as a JSON object only (its operation's from_json reads it).
+SpecJson = Rule(lambda v: type(v) is dict and len(v) <= 64, "a JSON object of at most 64 spec fields").type(dict)
+
+
 @dataclasses.dataclass(frozen=True)
 class CaseResult(Record):
     """One backend on one case."""
@@ -75,14 +136,15 @@ class CaseResult(Record):
     rows: Int(0, MAX_ROWS)
     verdict: Member(Verdict)
     device: OneOf(Device)
-    encoding: Member(LengthEncoding)  # the length encoding the backend was handed
-    layout: Member(CacheLayout)
+    # the length encoding the backend was handed (None: not a paged operation)
+    encoding: Member(LengthEncoding) | None
+    layout: Member(CacheLayout) | None
     overridden: Bool  # True when a what-if encoding/layout replaced the backend's declared one
     seconds: Float(0.0, math.inf)
     comparison: Comparison | None = None
     reason: Text() | None = None  # the exception of an ERROR, CRASH or TIMEOUT, the cause of a SKIP
     error_type: Name | None = None  # the exception's class name, for an ERROR or CRASH that raised one
-    spec: Checked(CaseSpec) | None = None  # the case's spec as its meta holds it (CaseSpec.to_json)
+    spec: SpecJson | None = None  # the case's spec as its meta holds it (its spec's to_json)
     mutated_inputs: TupleOf(Name, 64, "a list of at most 64 input names") = ()  # input tensors the backend wrote into
     stability: Stability | None = None  # how `repeat` launches agreed; None for one launch
     isolation: Member(Isolation) | None = None  # where the call ran, when the run asked for isolation
@@ -100,3 +162,13 @@ class CaseResult(Record):
     traceback: Text(MAX_TRACEBACK_CHARS) | None = None
     # set where memory shaped the call: measured, run alone, retried or skipped; reports written before it have none
     memory: CallMemory | None = None
+    # what was tested; reports written before it: paged
+    operation: Member(OperationKind) = OperationKind.PAGED_LOGITS
+    selection: Selection | None = None  # a top-k stage's selected set against the oracle's
+    headline: Text() | None = None  # an operation's one-line judgement (paged logits: None, the comparison says it)
+    metamorphic: TupleOf(Violation, 64, "a list of violated relations") = ()  # the relations it violated, if checked
+
+    def checked(self) -> None:
+        """A paged-logits result's spec is a CaseSpec."""
+        if self.operation == OperationKind.PAGED_LOGITS and self.spec is not None:
+            validate(CaseSpec, self.spec, "spec.")

@@ -160,7 +160,7 @@ def _run_case(backends: list[Loaded], executors: list[Executor], case: Case, con
     fresh: dict[int, CaseResult] = {}
     if todo:
         for index, result in _oracle_and_results(backends, executors, case, config, todo, rule):
-            fresh[index] = amended(result, backends[index], case, amend)
+            fresh[index] = amended(result, backends[index], case, executors[index], amend)
             if on_result:
                 on_result(fresh[index])
     return [fresh[i] if i in fresh else done[(b.name, case.name)] for i, b in enumerate(backends)]

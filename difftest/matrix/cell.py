@@ -24,16 +24,25 @@ from difftest.backends import get_backends
 from difftest.core import hardware
 from difftest.core.errors import require
 from difftest.core.hardware import DeviceKind
+from difftest.core.kinds import OperationKind
 from difftest.core.spec import CaseSpec
 from difftest.engine.config import RunConfig
 from difftest.engine.plan import SuiteRequest
 from difftest.engine.result import CaseResult
 from difftest.matrix.definition import Cell, Matrix, MatrixPlan, Source, Version, load_matrix, plan
 from difftest.matrix.emit import CELLS_DIR
+from difftest.operations import operation
 from difftest.records import junit
 from difftest.records.ledger import load_ledger
 from difftest.records.report import write_json
-from difftest.workflows import fuzz, session
+from difftest.records.score import SelftestScore
+from difftest.workflows import fuzz, selftest, session
+from difftest.workflows.operation_session import (
+    OperationCampaign,
+    OperationRequest,
+    execute_operation,
+    fuzz_operation,
+)
 
 REPORT = "report.json"
 JUNIT = "junit.xml"
@@ -51,9 +60,17 @@ class CellRun:
 
 
 def plan_matrix(matrix: Matrix) -> MatrixPlan:
-    """The cells of `matrix`, each backend's devices and archs read from its contract."""
-    loaded = get_backends(list(matrix.backends), field=f"{matrix.path} matrix.backends")
-    return plan(matrix, {name: backend.contract for name, backend in zip(matrix.backends, loaded, strict=True)})
+    """The cells of `matrix`, each backend's devices and archs read from its contract. A name that is a
+    backend of the operation a suite runs (other than paged logits) is that operation's; every other name
+    is a paged-logits backend of the registry."""
+    tables = {suite.op: operation(suite.op).backends() for suite in matrix.suites
+              if suite.op != OperationKind.PAGED_LOGITS}
+    operations = {name: kind for kind, table in tables.items() for name in matrix.backends if name in table}
+    paged = [name for name in matrix.backends if name not in operations]
+    loaded = get_backends(paged, field=f"{matrix.path} matrix.backends") if paged else []
+    contracts = {name: backend.contract for name, backend in zip(paged, loaded, strict=True)}
+    contracts |= {name: tables[kind][name]().contract for name, kind in operations.items()}
+    return plan(matrix, contracts, operations)
 
 
 def run_cell(file: str | Path | None, name: str, out: str | Path | None = None) -> CellRun:
@@ -66,10 +83,11 @@ def run_cell(file: str | Path | None, name: str, out: str | Path | None = None) 
         _check_machine(cell)
         out = Path(out) if out is not None else Path(CELLS_DIR) / cell.slug
         results, info = _run_suite(cell, out)
+        scored = _selftest(cell) if cell.suite.selftest else None
     info = {**info, "matrix": {"cell": cell.name, "device": cell.runner.kind.value, "version": cell.version.name,
                                "library": cell.version.describe(), "suite": cell.suite.name}}
     ledger = load_ledger(matrix.resolve(matrix.ledger)) if matrix.ledger else None
-    report = write_json(out / REPORT, results, info)
+    report = write_json(out / REPORT, results, info, scored)
     suite = junit.suite(cell.name, results, ledger.known if ledger is not None else None)
     written = junit.write(out / JUNIT, [suite], field="out")
     return CellRun(cell, results, report, written)
@@ -128,11 +146,23 @@ def _check_machine(cell: Cell) -> None:
     require(hardware.arch() == kind.arch, "cell", cell.name, f"a {kind.value} GPU, this one is {hardware.arch()}")
 
 
+def _selftest(cell: Cell) -> SelftestScore:
+    """The report's `selftest` section: the mutants scored in the envelope of the cell's first backend, under
+    the cell's device and isolation, their plan narrowed by the suite's case_filter (their results stay out of
+    the cell's: the mutants are meant to fail)."""
+    config = RunConfig(device=cell.runner.kind.device, isolate=cell.suite.isolate, repeat=2)
+    outcome = selftest.selftest(selftest.SelftestRequest(config=config, template=cell.backends[0],
+                                                         seed=cell.suite.seed, case_filter=cell.suite.case_filter))
+    return selftest.score_section(outcome)
+
+
 def _run_suite(cell: Cell, out: Path) -> tuple[list[CaseResult], dict[str, Any]]:
     """The cell's suite through `difftest run` (or `fuzz`): its results and the run's info."""
     suite, argv = cell.suite, ("matrix", "run", cell.name)
     config = RunConfig(device=cell.runner.kind.device, isolate=suite.isolate)
     stream = out / "report.jsonl"
+    if suite.op != OperationKind.PAGED_LOGITS:
+        return _run_operation_suite(cell, config, stream, argv)
     if suite.fuzz:
         assert suite.budget is not None, "the schema requires a fuzz suite's budget"
         campaign = fuzz.Campaign(budget=suite.budget, backends=cell.backends, config=config, seed=suite.seed,
@@ -145,4 +175,20 @@ def _run_suite(cell: Cell, out: Path) -> tuple[list[CaseResult], dict[str, Any]]
                            spec=CaseSpec.from_json(suite.spec) if suite.spec is not None else None),
         backends=cell.backends, config=config, stream=stream, budget=suite.budget, argv=argv, overwrite=True)
     outcome = session.execute(request)
+    return outcome.results, outcome.info
+
+
+def _run_operation_suite(cell: Cell, config: RunConfig, stream: Path, argv: tuple[str, ...]) -> tuple[
+        list[CaseResult], dict[str, Any]]:
+    """A suite of an operation other than paged logits through `difftest run --op` (or `fuzz --op`)."""
+    suite = cell.suite
+    if suite.fuzz:
+        assert suite.budget is not None, "the schema requires a fuzz suite's budget"
+        campaign = OperationCampaign(operation=suite.op, budget=suite.budget, seed=suite.seed, backends=cell.backends,
+                                     config=config, argv=argv)
+        found = fuzz_operation(campaign)
+        return found.results, found.info
+    request = OperationRequest(operation=suite.op, cases=suite.cases, seed=suite.seed, count=suite.count or 1,
+                               backends=cell.backends, config=config, stream=stream, budget=suite.budget, argv=argv)
+    outcome = execute_operation(request)
     return outcome.results, outcome.info

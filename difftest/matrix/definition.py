@@ -26,7 +26,7 @@ from pydantic import Field, model_validator
 
 from difftest.core.errors import SpecError, require
 from difftest.core.hardware import DeviceKind
-from difftest.core.kinds import CaseKind
+from difftest.core.kinds import CaseKind, OperationKind
 from difftest.core.schema import (
     MAX_NAME,
     MAX_TEXT,
@@ -149,6 +149,8 @@ class Suite(Record):
     case_filter: TupleOf(Pattern, MAX_MATRIX_ITEMS, "a list of fnmatch patterns") = ()
     fuzz: Bool = False  # a `difftest fuzz` campaign of `budget` seconds instead of a run
     isolate: Bool | None = None
+    selftest: Bool = False  # the cell also scores the mutants in its first backend's envelope (difftest selftest)
+    op: Member(OperationKind) = OperationKind.PAGED_LOGITS  # the operation whose backends the suite runs
 
     def named(self, name: str) -> Suite:
         """This suite, called `name` (its table's NAME)."""
@@ -447,9 +449,12 @@ def arch_reason(kind: DeviceKind, contract: Contract) -> str | None:
     return None
 
 
-def plan(matrix: Matrix, contracts: Mapping[str, Contract]) -> MatrixPlan:
-    """The cells of `matrix`, given each backend's contract (by its name in the matrix), and what is
-    left out. A (device, version, suite) with no backend left is no cell."""
+def plan(matrix: Matrix, contracts: Mapping[str, Contract],
+         operations: Mapping[str, OperationKind] | None = None) -> MatrixPlan:
+    """The cells of `matrix`, given each backend's contract (by its name in the matrix) and operation (paged
+    logits where `operations` does not say), and what is left out. A suite runs the backends of its own
+    operation only; a (device, version, suite) with no backend left is no cell."""
+    operations = operations or {}
     excluded: list[Exclusion] = []
     chosen: dict[tuple[Runner, Version, Suite], list[str]] = {}
     for runner, version, backend in itertools.product(matrix.runners, matrix.versions, matrix.backends):
@@ -458,7 +463,7 @@ def plan(matrix: Matrix, contracts: Mapping[str, Contract]) -> MatrixPlan:
         excluded += left
         gone = {suite for e in left for suite in e.suites or [s.name for s in matrix.suites]}
         for suite in matrix.suites:
-            if suite.name not in gone:
+            if suite.name not in gone and suite.op == operations.get(backend, OperationKind.PAGED_LOGITS):
                 chosen.setdefault((runner, version, suite), []).append(backend)
     cells = tuple(Cell(*where, tuple(backends)) for where, backends in chosen.items())
     _unique_slugs(cells)

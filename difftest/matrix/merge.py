@@ -55,6 +55,7 @@ from difftest.matrix.outputs import output_file, output_folder
 from difftest.records import junit
 from difftest.records.ledger import Ledger
 from difftest.records.report import Report
+from difftest.records.score import SelftestScore
 
 MAX_LISTED = 200  # failures listed per section of the summary and the page
 
@@ -110,10 +111,12 @@ class MergedFile(Record):
 
 @dataclasses.dataclass(frozen=True)
 class CellReport:
-    """One cell's report: its name and its results (for the merged JUnit file)."""
+    """One cell's report: its name and its results (for the merged JUnit file), and its mutation score
+    where the cell's suite also ran `difftest selftest` (the report's `selftest` section)."""
 
     cell: str
     results: tuple[CaseResult, ...]
+    selftest: SelftestScore | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,7 +172,7 @@ def _cell_entries(path: Path, ledger: Ledger | None) -> tuple[CellReport, list[E
     require(matrix is not None, f"{path} run.matrix", None, "a report of `difftest matrix run` (it names its cell)")
     results = tuple(report.results)
     entries = [_entry(matrix, result, ledger) for result in results]
-    return CellReport(matrix["cell"], results), entries
+    return CellReport(matrix["cell"], results, report.selftest), entries
 
 
 def _parse_report(path: Path) -> Report:
@@ -279,11 +282,23 @@ def _sections(merged: Merged) -> list[tuple[str, list[str]]]:
     sections = [("New failures (these fail the merge)", [e.describe() for e in merged.new_failures]),
                 ("Known divergences (ledgered)", [f"{e.describe()}: {e.known}" for e in merged.entries
                                                   if e.verdict.failed and e.known])]
+    scored = [cell for cell in merged.cells if cell.selftest is not None]
+    if scored:
+        lines = [line for cell in scored for line in _score_lines(cell)]
+        sections.append(("Mutation scores (difftest selftest)", lines))
     if diff is not None:
         sections += [("Fixed since the baseline", [e.describe() for e in diff.fixed]),
                      ("Changed since the baseline", [f"{new.describe()} (was {old.verdict.value}, {old.mask_rows}/"
                                                      f"{old.rows} mask rows)" for old, new in diff.changed])]
     return sections
+
+
+def _score_lines(cell: CellReport) -> list[str]:
+    """A cell's mutation score, then each mutant that did not do what was expected, and why."""
+    assert cell.selftest is not None, "only a cell with a score has its lines"
+    off = [m for m in cell.selftest.mutants if not m.ok]
+    return [f"{cell.cell}: {cell.selftest.summary}"] + [
+        f"{cell.cell} {m.mutant}: {m.status.value}, expected {m.expected}: {m.why}" for m in off]
 
 
 def _headline(merged: Merged) -> str:

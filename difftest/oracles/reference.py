@@ -13,6 +13,7 @@ import dataclasses
 import torch
 
 from difftest.core.case import Case
+from difftest.core.errors import require
 from difftest.core.kinds import OracleKind
 from difftest.oracles.fused import fused_reference
 from difftest.oracles.paged_mqa_logits import fp32_error_bound, reference
@@ -31,6 +32,8 @@ class Reference:
 
 def make_reference(case: Case, oracle: OracleKind = OracleKind.EXACT) -> Reference:
     """The oracle's logits on the case's device, the limits, and the fp32 error bound."""
+    require(oracle != OracleKind.NONE, "oracle", oracle.value,
+            "exact or fast here: without an oracle only a consensus run judges (difftest.engine.consensus)")
     row_lens = case.row_lens().reshape(-1)
     if oracle == OracleKind.FAST:
         fused = fused_reference(case)

@@ -121,3 +121,20 @@ def one_answer(case: TopkCase, nan: NanRanking = NanRanking.HIGHEST) -> torch.Te
     answer = torch.where(picked, order - case.starts[:, None], -1)
     missing = case.k - answer.shape[1]  # a row narrower than k: pad the slots it has no column for
     return torch.nn.functional.pad(answer, (0, missing), value=-1) if missing > 0 else answer
+
+
+def topk_within(logits: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, k: int, tolerance: torch.Tensor,
+                nan: NanRanking = NanRanking.HIGHEST) -> tuple[torch.Tensor, TopkTruth]:
+    """(ranked logits, truth) of a top-k over logits that a right logits stage computes only to within
+    `tolerance` [rows] of `logits` (the exact ones): a candidate whose exact value lies within the tolerance of
+    the row's exact k-th value may rank on either side of it in a right stage's output, so it is ranked as
+    equal to it (any of them may be picked); every other candidate keeps its place. The ranked logits are
+    float64 [rows, width], the values a comparison reads the picks' ranks from."""
+    exact = topk_of_logits(logits, starts, ends, k, nan)
+    values = logits.to(torch.float64)
+    columns = torch.arange(logits.shape[1], device=logits.device)
+    inside = (columns >= starts[:, None]) & (columns < ends[:, None])
+    kth = exact.kth[:, None]
+    near = inside & (kth.abs() < _ABOVE_INF) & ((values - kth).abs() <= tolerance.to(torch.float64)[:, None])
+    ranked = torch.where(near, kth, values)
+    return ranked, topk_of_logits(ranked, starts, ends, k, nan)

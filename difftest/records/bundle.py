@@ -17,6 +17,7 @@ import platform
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,7 +26,7 @@ from difftest.backends import Origin
 from difftest.core.case import Case
 from difftest.core.errors import OutputError, SpecError, require
 from difftest.core.files import atomic_write, sync_folder
-from difftest.core.kinds import CacheLayout, Device, LengthEncoding, OracleKind
+from difftest.core.kinds import CacheLayout, Device, LengthEncoding, MetamorphicRelation, OperationKind, OracleKind
 from difftest.core.schema import (
     MAX_COMMAND,
     MAX_NAME,
@@ -37,17 +38,18 @@ from difftest.core.schema import (
     OneOf,
     Record,
     Text,
+    TupleOf,
     one_line,
     parse_json,
     read_text,
     shown,
-    to_jsonable,
     validate,
 )
 from difftest.core.verdict import Verdict
 from difftest.engine.comparison import Comparison
 from difftest.engine.config import MAX_REPEAT, MAX_STARTUP_TIMEOUT, RunConfig
-from difftest.engine.result import CaseResult
+from difftest.engine.result import CaseResult, Selection
+from difftest.operations import operation
 from difftest.records.commands import replay_command
 
 CASE_FILE, INFO_FILE = "case.npz", "bundle.json"
@@ -64,6 +66,11 @@ class BundleInfo(Record):
     backend: Name
     origin: Origin  # where the backend was loaded from when the bundle was written
     library: Text(MAX_NAME) = ""  # the backend's Contract.library
+    # The operation it was tested in, its one-line judgement and a top-k stage's selection: written for an
+    # operation other than paged logits (bundles written before operations are paged logits).
+    operation: Member(OperationKind) = OperationKind.PAGED_LOGITS
+    headline: Text() | None = None
+    selection: Selection | None = None
     device: OneOf(Device)
     encoding_override: Member(LengthEncoding) | None = None
     layout_override: Member(CacheLayout) | None = None
@@ -72,6 +79,7 @@ class BundleInfo(Record):
     startup_timeout: Float(0.0, MAX_STARTUP_TIMEOUT) | None = None
     oracle: Member(OracleKind) | None = None
     repeat: Int(1, MAX_REPEAT) = 1
+    metamorphic: TupleOf(Member(MetamorphicRelation), 64, "a list of metamorphic relations") = ()
     verdict: Member(Verdict)
     reason: Text() | None = None
     comparison: Comparison | None = None
@@ -89,8 +97,14 @@ class BundleInfo(Record):
         default = RunConfig()
         return RunConfig(device=self.device, encoding=self.encoding_override, layout=self.layout_override,
                          isolate=self.isolate, timeout=self.timeout, oracle=self.oracle, repeat=self.repeat,
-                         startup_timeout=default.startup_timeout if self.startup_timeout is None
-                         else self.startup_timeout)
+                         metamorphic=self.metamorphic, startup_timeout=default.startup_timeout
+                         if self.startup_timeout is None else self.startup_timeout)
+
+    def dumped(self, out: dict[str, object]) -> dict[str, object]:
+        """bundle.json; a paged-logits bundle without the operation's fields, as bundles were before operations."""
+        if self.operation != OperationKind.PAGED_LOGITS:
+            return out
+        return {key: value for key, value in out.items() if key not in ("operation", "headline", "selection")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +112,7 @@ class Bundle:
     """A loaded bundle: the case, how it was run, and what it gave then."""
 
     path: Path
-    case: Case
+    case: Case | Any  # the operation's own case (a Case for paged logits)
     info: BundleInfo
 
     @property
@@ -120,6 +134,11 @@ class Bundle:
     def verdict(self) -> Verdict:
         """What the backend gave on the case then."""
         return self.info.verdict
+
+    @property
+    def operation(self) -> OperationKind:
+        """The operation its backend was tested in."""
+        return self.info.operation
 
 
 def bundle_name(result: CaseResult) -> str:
@@ -145,15 +164,16 @@ def write_bundle(directory: str | Path, case: Case, result: CaseResult, config: 
         shutil.rmtree(partial, ignore_errors=True)
         raise OutputError(field, folder, f"cannot write: {exc.strerror or exc}") from None
     info = BundleInfo(
-        backend=result.backend, origin=origin, library=library, device=config.device,
-        encoding_override=config.encoding, layout_override=config.layout, isolate=config.isolate,
-        timeout=config.timeout, startup_timeout=config.startup_timeout, oracle=config.oracle_kind,
-        repeat=config.repeat, verdict=result.verdict, reason=result.reason, comparison=result.comparison,
+        backend=result.backend, origin=origin, library=library, operation=result.operation, headline=result.headline,
+        selection=result.selection, device=config.device, encoding_override=config.encoding,
+        layout_override=config.layout, isolate=config.isolate, timeout=config.timeout,
+        startup_timeout=config.startup_timeout, oracle=config.oracle_kind, repeat=config.repeat,
+        metamorphic=config.metamorphic, verdict=result.verdict, reason=result.reason, comparison=result.comparison,
         case=case.name, description=case.describe(), torch=torch.__version__, difftest=__version__,
         python=platform.python_version(), gpu=result.gpu,  # where the result was computed, not where it is written
         replay=replay_command(folder, origin))
     try:
-        atomic_write(partial / INFO_FILE, json.dumps(to_jsonable(info), indent=1) + "\n", field)
+        atomic_write(partial / INFO_FILE, json.dumps(info.to_json(), indent=1) + "\n", field)
         _replace_folder(partial, folder)
     except OSError as exc:
         raise OutputError(field, folder, f"cannot write: {exc.strerror or exc}") from None
@@ -199,7 +219,7 @@ def load_bundle(path: str | Path) -> Bundle:
     except ValueError as exc:
         raise SpecError(one_line(str(info_path)), shown(text, 80), f"a JSON object of bundle fields ({exc})") from None
     bundle = validate(BundleInfo, info, f"{info_path} ")
-    case = Case.load(folder / CASE_FILE)
+    case = operation(bundle.operation).load_case(folder / CASE_FILE)
     require(case.name == bundle.case, one_line(f"{info_path} case"), bundle.case,
             f"the name of the case in {CASE_FILE}, {case.name!r}")
     return Bundle(path=folder, case=case, info=bundle)

@@ -4,9 +4,9 @@
 `difftest.check`'s message and a bundle's recorded command all come from here, so a line carries every
 option that shaped the case wherever it is printed: the backend (a registered name, or the
 'package.module:object' path that loads it), the spec and seed the case is drawn from, the device, the
-oracle, the what-if encoding and layout, the launches per case (repeat), where the backend ran
-(isolation, its timeouts) and the sanitizer replay. Options are written out even where they equal
-today's defaults (device, oracle, isolation), so a line means the same after a default changes.
+oracle, the what-if encoding and layout, the launches per case (repeat), the metamorphic relations checked,
+where the backend ran (isolation, its timeouts) and the sanitizer replay. Options are written out even where
+they equal today's defaults (device, oracle, isolation), so a line means the same after a default changes.
 Pasted, a line parses with `difftest`'s own parser back to the same options (a test checks it).
 """
 
@@ -49,6 +49,8 @@ def config_words(config: RunConfig) -> list[str]:
         words += ["--startup-timeout", _number(config.startup_timeout)]
     if config.repeat != _CONFIG_DEFAULTS.repeat:
         words += ["--repeat", str(config.repeat)]
+    if config.metamorphic:
+        words += ["--metamorphic", ",".join(relation.value for relation in config.metamorphic)]
     return words
 
 

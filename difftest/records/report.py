@@ -21,7 +21,7 @@ import torch
 
 from difftest import __version__
 from difftest.core.files import atomic_write
-from difftest.core.kinds import TimedRegion
+from difftest.core.kinds import Headline, OperationKind, TimedRegion
 from difftest.core.schema import (
     MAX_ITEMS,
     MAX_NAME,
@@ -37,7 +37,6 @@ from difftest.core.schema import (
     Record,
     TableOf,
     Text,
-    to_jsonable,
 )
 from difftest.core.verdict import Verdict, worst
 from difftest.engine.comparison import STRIP_LEGEND, Comparison
@@ -47,7 +46,9 @@ from difftest.engine.performance import SiblingRace, format_seconds, races
 from difftest.engine.plan import EnvelopePlan
 from difftest.engine.result import CaseResult
 from difftest.engine.stability import Stability, StabilityKind
+from difftest.operations import operation
 from difftest.records.run_info import RunInfoModel
+from difftest.records.score import SelftestScore
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,12 +76,17 @@ class BackendSummary(Record):
     # What it loaded (Contract.library), as its results name it; '; '-joined where they name several (a
     # resumed run whose earlier part loaded another version). Reports written before it have none.
     library: Text() = ""
+    # Reports written before operations have none of these (paged logits).
+    operation: Member(OperationKind) = OperationKind.PAGED_LOGITS
+    selected_rows: Count = 0  # rows a top-k stage selected for (the selected-set headline's denominator)
+    set_rows: Count = 0  # rows whose selected set is wrong: the top-k headline's numerator
+    wrong_tokens: Count = 0  # tokens the right sets hold and the selections lack, over those rows
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Report(Record):
     """A JSON report (write_json): how the run was made (run info, kept as written), the summaries, every
-    result and the sibling races of a --time run."""
+    result, the sibling races of a --time run and, from `difftest selftest`, its score."""
 
     what = "a JSON report {run, summaries, results}"
     run: Checked(RunInfoModel) = dataclasses.field(default_factory=dict)
@@ -89,6 +95,11 @@ class Report(Record):
     results: ListOf(CaseResult, 1 << 30, "a list of results")
     performance: ListOf(SiblingRace, 1 << 30, "a list of sibling races (--time)") = dataclasses.field(
         default_factory=list)
+    selftest: SelftestScore | None = None  # `difftest selftest`'s score (a report of anything else has none)
+
+    def dumped(self, out: dict[str, object]) -> dict[str, object]:
+        """The report as write_json writes it: a `selftest` section only where there is a score."""
+        return out if self.selftest is not None else {key: value for key, value in out.items() if key != "selftest"}
 
 
 def summarize(results: list[CaseResult]) -> list[BackendSummary]:
@@ -111,7 +122,15 @@ def _summary(name: str, results: list[CaseResult]) -> BackendSummary:
         verdict=overall, counts=counts,
         skip_reasons=sorted({r.reason or "" for r in results if r.verdict == Verdict.SKIP}),
         stability=_least_stable([r.stability for r in results if r.stability is not None]),
-        library="; ".join(dict.fromkeys(r.library for r in results if r.library)), **_times(ran))
+        library="; ".join(dict.fromkeys(r.library for r in results if r.library)), **_times(ran),
+        operation=results[0].operation, **_selected(results))
+
+
+def _selected(results: list[CaseResult]) -> dict[str, int]:
+    """The selected-set columns of a backend's summary, over the results a top-k stage judged."""
+    selections = [r.selection for r in results if r.selection is not None]
+    return dict(selected_rows=sum(s.rows for s in selections), set_rows=sum(len(s.wrong_rows) for s in selections),
+                wrong_tokens=sum(s.wrong_tokens for s in selections))
 
 
 def _times(ran: list[CaseResult]) -> dict[str, Any]:
@@ -138,7 +157,11 @@ def headline(summary: BackendSummary) -> str:
 
 def render_table(summaries: list[BackendSummary]) -> str:
     """The fixed-width table `difftest run` ends with: the time columns are each backend's calls,
-    total and per case, and under --time the median kernel launch; then what each backend loaded."""
+    total and per case, and under --time the median kernel launch; then what each backend loaded. The
+    headline columns are those of the operations tested (Operation.headlines): the -inf-mask mismatch of a
+    logits stage, the wrong selected sets (and tokens off) of a top-k stage."""
+    if any(s.operation != OperationKind.PAGED_LOGITS for s in summaries):
+        return _operation_table(summaries)
     timed = any(s.kernel_seconds is not None for s in summaries)
     header = (f"{'backend':<28} {'cases':>5} {'rows':>6}  {'-inf-mask mismatch':<18}  "
               f"{'max rel err':>11}  {'top-k overlap':>13}  {'time':>8} {'per case':>8}  "
@@ -159,6 +182,30 @@ def render_table(summaries: list[BackendSummary]) -> str:
         lines.append(WHOLE_CALL_NOTE)
     if any(s.rows and s.topk_overlap is None for s in summaries):
         lines.append(TOPK_NA_NOTE)
+    return "\n".join(lines + _library_lines(summaries))
+
+
+def headlines(kind: OperationKind) -> tuple[Headline, ...]:
+    """The headline columns an operation declares (difftest.operations)."""
+    return operation(kind).headlines
+
+
+def _operation_table(summaries: list[BackendSummary]) -> str:
+    """The table of a run of operations other than paged logits: the operation, its headline columns ('-' where
+    an operation has no such stage), the largest relative error of a logits stage, the verdict."""
+    lines = [f"{'backend':<30} {'operation':<13} {'cases':>5} {'rows':>6}  {'-inf-mask mismatch':<18}  "
+             f"{'wrong set (tokens)':<20}  {'max rel err':>11}  verdict"]
+    for s in summaries:
+        heads = headlines(s.operation)
+        mask = f"{s.mask_rows}/{s.rows}" if s.cases and Headline.MASK in heads else "-"
+        chosen = f"{s.set_rows}/{s.selected_rows} ({s.wrong_tokens})" if s.cases and Headline.SELECTION in heads \
+            else "-"
+        err = "-" if not s.rows else f"{s.max_rel_err:.2e}" if s.max_rel_err else "0"
+        verdict = s.verdict.value if s.verdict != Verdict.PASS or not s.skipped else f"PASS ({s.skipped} skipped)"
+        if s.verdict == Verdict.SKIP:
+            verdict = f"SKIP: {s.skip_reasons[0] if s.skip_reasons else ''}"
+        lines.append(f"{s.backend:<30} {s.operation.value:<13} {s.cases:>5} {max(s.rows, s.selected_rows):>6}  "
+                     f"{mask:<18}  {chosen:<20}  {err:>11}  {verdict}")
     return "\n".join(lines + _library_lines(summaries))
 
 
@@ -208,8 +255,9 @@ def render_failures(results: list[CaseResult], limit: int = 20,
     it again, where `repro` (by backend and case) has one (difftest.records.commands)."""
     lines = []
     for r in [r for r in results if r.verdict.failed][:limit]:
-        lines.append(f"{r.backend} on {r.case} [{r.description}]: {r.verdict.value} "
-                     f"(encoding {r.encoding.value}{', overridden' if r.overridden else ''})")
+        fed = f"encoding {r.encoding.value}{', overridden' if r.overridden else ''}" if r.encoding else \
+            r.operation.value
+        lines.append(f"{r.backend} on {r.case} [{r.description}]: {r.verdict.value} ({fed})")
         again = (repro or {}).get((r.backend, r.case))
         repro_lines = [f"repro: {again}"] if again else []
         lines += [f"    {line}" for line in _comparison_lines(r) + _traceback_lines(r, whole_tracebacks)
@@ -228,6 +276,8 @@ def render_results(results: list[CaseResult]) -> str:
 
 
 def _comparison_lines(r: CaseResult) -> list[str]:
+    if r.headline is not None:  # an operation's own judgement, in one line
+        return [r.headline] + ([f"selection: {r.selection.first}"] if r.selection and r.selection.first else [])
     if r.comparison is None:
         return [r.reason or ""]
     c = r.comparison
@@ -238,7 +288,9 @@ def _comparison_lines(r: CaseResult) -> list[str]:
         m = c.first_mismatch
         lines.append(f"first mismatch: row {m.row}, position {m.position}: expected {m.expected!r}, "
                      f"got {m.got!r} ({m.kind.value})")
-    return lines + _mask_lines(c)
+    # A judged result carries a reason only where no oracle judged it (consensus: against which peer, and whom
+    # the relations fault).
+    return lines + ([f"consensus: {r.reason}"] if r.reason else []) + _mask_lines(c)
 
 
 def _traceback_lines(r: CaseResult, whole: bool) -> list[str]:
@@ -367,6 +419,7 @@ def _guard_lines(r: CaseResult) -> list[str]:
                      f"{_few(s.unstable_rows)} past the tolerance (max |diff| {s.max_abs_diff:.3g})")
     if r.sanitizer is not None:
         lines.append(r.sanitizer.summary())
+    lines += [f"metamorphic: {violation.describe()}" for violation in r.metamorphic]
     return lines
 
 
@@ -392,12 +445,14 @@ def environment_info(started: float) -> dict[str, Any]:
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))}
 
 
-def write_json(path: str | Path, results: list[CaseResult], run_info: dict[str, Any]) -> Path:
+def write_json(path: str | Path, results: list[CaseResult], run_info: dict[str, Any],
+               selftest: SelftestScore | None = None) -> Path:
     """The whole run: how it was made, the summaries, every result and the sibling races of a --time run
-    (difftest.engine.performance). Written atomically (a crash leaves the old report or the new one, never a
-    part); OutputError (field 'report') when it cannot be."""
-    report = Report(run=run_info, summaries=summarize(results), results=list(results), performance=races(results))
-    return atomic_write(Path(path), json.dumps(to_jsonable(report), indent=1) + "\n", "report")
+    (difftest.engine.performance), then the score of a selftest. Written atomically (a crash leaves the old report
+    or the new one, never a part); OutputError (field 'report') when it cannot be."""
+    report = Report(run=run_info, summaries=summarize(results), results=list(results), performance=races(results),
+                    selftest=selftest)
+    return atomic_write(Path(path), json.dumps(report.to_json(), indent=1) + "\n", "report")
 
 
 def render_reach(results: list[CaseResult], plan: EnvelopePlan | None = None) -> str:

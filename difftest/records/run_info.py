@@ -14,7 +14,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from difftest.core.hardware import DeviceKind
-from difftest.core.kinds import CacheLayout, CaseKind, Device, LengthEncoding, OracleKind, SanitizerTool
+from difftest.core.kinds import CacheLayout, CaseKind, Device, LengthEncoding, OperationKind, OracleKind, SanitizerTool
 from difftest.core.schema import (
     MAX_COMMAND,
     MAX_ITEMS,
@@ -174,6 +174,7 @@ class RunInfoModel(Model):
     oracle: OneOf(OracleKind) | None = None
     cases_kind: OneOf(CaseKind) | None = None
     budget: Number(0.0, math.inf) | None = None
+    operation: OneOf(OperationKind) | None = None  # runs of paged logits (and those before operations) have none
     case_filter: ListOf(Text(MAX_NAME), MAX_ITEMS, "a list of fnmatch patterns") | None = None
     shard: Text(64) | None = None
     resumed_from: Text(MAX_TEXT) | None = None

@@ -62,7 +62,7 @@ from difftest.core import hardware
 from difftest.core.case import Case
 from difftest.core.errors import SpecError, first_line, require
 from difftest.core.files import check_writable
-from difftest.core.kinds import Device
+from difftest.core.kinds import Device, OracleKind
 from difftest.core.lifetime import die_with_parent
 from difftest.core.memory import (
     BATCH_LOGITS,
@@ -146,6 +146,10 @@ class Campaign:
         require(self.batching in (True, False), "batching", self.batching, "True or False")
         require(type(self.jobs) is int and 1 <= self.jobs <= MAX_JOBS, "jobs", self.jobs,
                 f"an integer in [1, {MAX_JOBS}]")
+        require(not (self.batching and self.config.metamorphic), "batching", self.batching,
+                "False when metamorphic relations are checked (a batch's passing members are judged on its rows alone)")
+        require(self.config.oracle_kind != OracleKind.NONE, "oracle", self.config.oracle_kind.value,
+                "exact or fast: a campaign judges every case against an oracle")
         require(self.jobs == 1 or self.config.time is None, "jobs", self.jobs,
                 "1 when launches are timed (jobs side by side share the GPU: each would time the others too)")
 

@@ -10,6 +10,7 @@ import dataclasses
 
 from difftest.backends import Backend, as_loaded, load_backend, load_registered
 from difftest.core.errors import SpecError
+from difftest.core.kinds import OperationKind
 from difftest.engine.result import CaseResult
 from difftest.engine.runner import executors_for
 from difftest.records.bundle import Bundle
@@ -55,5 +56,7 @@ def render_replay(bundle: Bundle, result: CaseResult) -> str:
              render_table(summarize([result]))]
     failures = render_failures([result], whole_tracebacks=True)
     # The recorded backend's target: a --backends override is a name the user already has at hand.
-    drawn = case_command(backend_target(bundle.origin, bundle.backend), bundle.case, bundle.config)
+    # A case of another operation is drawn again by `difftest run --op` from the spec its report keeps.
+    drawn = case_command(backend_target(bundle.origin, bundle.backend), bundle.case, bundle.config) \
+        if bundle.operation == OperationKind.PAGED_LOGITS else None
     return "\n".join([*lines, *(["", failures] if failures else []), *([f"repro: {drawn}"] if drawn else [])])

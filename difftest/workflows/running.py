@@ -1,6 +1,8 @@
-"""The engine's run with what a run adds above the engine: the compute-sanitizer replay of failing
-results (`RunConfig.sanitize`), which replays a bundle of the case (difftest.records.bundle) under
-compute-sanitizer (difftest.engine.sanitize). Workflows and the `difftest.run` facade call these."""
+"""The engine's run with what a run adds above the engine, as steps each fresh result goes through: the
+metamorphic relations (`RunConfig.metamorphic`, difftest.engine.metamorphic), checked where the backend runs,
+then the compute-sanitizer replay of failing results (`RunConfig.sanitize`), which replays a bundle of the
+case (difftest.records.bundle) under compute-sanitizer (difftest.engine.sanitize). Workflows and the
+`difftest.run` facade call these."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ from pathlib import Path
 
 from difftest.backends import Backend, Loaded
 from difftest.core.case import Case
+from difftest.core.errors import require
+from difftest.core.kinds import OracleKind
 from difftest.core.lifetime import scratch
 from difftest.core.verdict import Verdict, worst
-from difftest.engine import runner
+from difftest.engine import consensus, metamorphic, runner
 from difftest.engine.batch import Batch
 from difftest.engine.config import RunConfig
 from difftest.engine.isolate import Executor
@@ -24,20 +28,56 @@ from difftest.records.bundle import write_bundle
 def run(backends: list[Backend], cases: Iterable[Case | Batch], config: RunConfig,
         on_result: Callable[[CaseResult], None] | None = None, done: runner.Done | None = None,
         takes: runner.Takes | None = None, on_done: Callable[[Case | Batch], None] | None = None) -> list[CaseResult]:
-    """difftest.engine.runner.run, each failing result replayed under config.sanitize when it is set."""
-    return runner.run(backends, cases, config, on_result, done, takes, on_done, amend=sanitizer_step(config))
+    """difftest.engine.runner.run, each fresh result through the run's steps (its relations, its sanitizer
+    replay); without an oracle (config.oracle_kind NONE), difftest.engine.consensus.run, which takes no batches."""
+    if config.oracle_kind == OracleKind.NONE:
+        require(on_done is None, "on_done", on_done, "None: a consensus run hears each case's results, no item")
+        return consensus.run(backends, cases, config, on_result, done, takes, amend=steps(config))  # type: ignore[arg-type]
+    return runner.run(backends, cases, config, on_result, done, takes, on_done, amend=steps(config))
 
 
 def run_one(backend: Backend, case: Case, config: RunConfig, executor: Executor | None = None) -> CaseResult:
-    """difftest.engine.runner.run_one, the result replayed under config.sanitize when it fails and that is set."""
-    return runner.run_one(backend, case, config, executor, amend=sanitizer_step(config))
+    """difftest.engine.runner.run_one, the result through the run's steps (the relations, the sanitizer)."""
+    return runner.run_one(backend, case, config, executor, amend=steps(config))
+
+
+def steps(config: RunConfig) -> runner.Amend | None:
+    """What each fresh result goes through: its metamorphic relations, then its compute-sanitizer replay,
+    those the run asks for; None for neither."""
+    chosen = [step for step in (metamorphic_step(config), sanitizer_step(config)) if step is not None]
+    if not chosen:
+        return None
+
+    def amend(result: CaseResult, backend: Loaded, case: Case, executor: Executor) -> CaseResult:
+        for step in chosen:
+            result = step(result, backend, case, executor)
+        return result
+    return amend
+
+
+def metamorphic_step(config: RunConfig) -> runner.Amend | None:
+    """The step that checks the run's relations on a result that ran: a violated one is FAIL(metamorphic)
+    (unless a worse verdict stands) and the violations go into the result."""
+    if not config.metamorphic:
+        return None
+    return lambda result, backend, case, executor: _related(result, backend, case, executor, config)
+
+
+def _related(result: CaseResult, backend: Loaded, case: Case, executor: Executor, config: RunConfig) -> CaseResult:
+    if result.verdict in (Verdict.SKIP, Verdict.ERROR, Verdict.CRASH, Verdict.TIMEOUT):
+        return result  # no output to relate
+    violations = metamorphic.check(backend, case, config.metamorphic, config, executor)
+    if not violations:
+        return result
+    return dataclasses.replace(result, metamorphic=violations, verdict=worst([result.verdict,
+                                                                              Verdict.FAIL_METAMORPHIC]))
 
 
 def sanitizer_step(config: RunConfig) -> runner.Amend | None:
     """The step that attaches a result's compute-sanitizer replay, when the run asks for one."""
     if config.sanitize is None:
         return None
-    return lambda result, backend, case: _sanitized(result, backend, case, config)
+    return lambda result, backend, case, executor: _sanitized(result, backend, case, config)
 
 
 def _sanitized(result: CaseResult, backend: Loaded, case: Case, config: RunConfig) -> CaseResult:

@@ -2,7 +2,8 @@
 
 A probe rebuilds a smaller candidate, runs the oracle and the backend (runner.run_one) and
 keeps the candidate only when the backend still fails the same way: the same verdict (and, for an
-ERROR, the same exception type). The backend runs where the config runs it: in one worker process for
+ERROR, the same exception type; for a FAIL(metamorphic), the same relation still violated, each probe
+checking that relation alone). The backend runs where the config runs it: in one worker process for
 the whole shrink under isolation (RunConfig.isolated; a probe that crashes costs only the worker, which
 the next probe replaces, so a CRASH shrinks too), else in this process. A case that carries its spec
 and seed (every generated case and every bundle written from one) is reduced on the spec, each probe
@@ -33,9 +34,9 @@ from typing import Any, Protocol
 import torch
 
 from difftest.backends import Backend, as_loaded
-from difftest.core.case import Case
+from difftest.core.case import Case, select_sequences
 from difftest.core.errors import SpecError, require
-from difftest.core.kinds import Fp8Flavour
+from difftest.core.kinds import Fp8Flavour, MetamorphicRelation
 from difftest.core.spec import CaseSpec, Stale, Values, case_name
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
@@ -57,6 +58,7 @@ class Failure:
 
     verdict: Verdict
     error_type: str | None = None  # the exception class of an ERROR
+    relation: MetamorphicRelation | None = None  # the first metamorphic relation a FAIL(metamorphic) violated
 
     @classmethod
     def of(cls, result: CaseResult) -> Failure | None:
@@ -64,7 +66,16 @@ class Failure:
         if not result.verdict.failed:
             return None
         error = result.error_type if result.verdict == Verdict.ERROR else None
-        return cls(result.verdict, error)
+        violated = result.metamorphic[0].relation if result.verdict == Verdict.FAIL_METAMORPHIC else None
+        return cls(result.verdict, error, violated)
+
+    def matches(self, result: CaseResult) -> bool:
+        """Whether `result` fails this way: the same verdict (and exception type); for a FAIL(metamorphic), the
+        same relation still violated."""
+        found = Failure.of(result)
+        if found is None or (found.verdict, found.error_type) != (self.verdict, self.error_type):
+            return False
+        return self.relation is None or self.relation in {v.relation for v in result.metamorphic}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +140,9 @@ def shrink(target: Bundle | Case, backend: Backend, config: RunConfig | None = N
         failure = Failure.of(first)
         if failure is None:
             raise SpecError("case", original.name, f"a case {backend.name} fails on; it gives {first.verdict.value}")
+        # Each probe checks the one relation a FAIL(metamorphic) must still violate, and none for other failures:
+        # the oracle's verdict ranks above a violation, so relations cannot change whether they fail alike.
+        config = dataclasses.replace(config, metamorphic=(failure.relation,) if failure.relation else ())
         search = _Search(loaded, executor, config, failure, _moves_for(original, config.device),
                          start + budget_seconds, original, first)
         finished = search.run()
@@ -137,21 +151,16 @@ def shrink(target: Bundle | Case, backend: Backend, config: RunConfig | None = N
         spec = spec.replace(name=f"{spec.name}-min")
     name = case_name(spec, seed) if spec is not None and seed is not None else f"{original.name}-min"
     case = dataclasses.replace(search.case, name=name)
-    return ShrinkResult(original=original, case=case, result=dataclasses.replace(search.result, case=case.name),
+    return ShrinkResult(original=original, case=case, result=_renamed(search.result, search.case.name, case.name),
                         spec=spec, seed=seed, probes=search.probes, seconds=time.perf_counter() - start,
                         finished=finished)
 
 
-def select_sequences(case: Case, keep: Sequence[int]) -> Case:
-    """The case made of sequences `keep` (in that order): q, weights, table and lengths sliced together.
-
-    The key pool is kept whole, so block ids (and stale entries) mean what they meant; compact_pool
-    drops the blocks nobody references.
-    """
-    index = torch.tensor(list(keep), dtype=torch.int64, device=case.device)
-    rows = (index[:, None] * case.next_n + torch.arange(case.next_n, device=case.device)).flatten()
-    return dataclasses.replace(case, q=case.q[index], weights=case.weights[rows],
-                               block_table=case.block_table[index], seq_lens=case.seq_lens[index])
+def _renamed(result: CaseResult, old: str, new: str) -> CaseResult:
+    """`result` of the case once named `old`, now `new`: its violations' related cases renamed with it."""
+    violations = tuple(dataclasses.replace(v, related=tuple(new + name.removeprefix(old) for name in v.related))
+                       for v in result.metamorphic)
+    return dataclasses.replace(result, case=new, metamorphic=violations)
 
 
 def compact_pool(case: Case) -> Case:
@@ -339,7 +348,7 @@ class _Search:
             self.seen[state] = False
             return False
         result = run_one(self.backend, case, self.config, self.executor)
-        self.seen[state] = same = Failure.of(result) == self.failure
+        self.seen[state] = same = self.failure.matches(result)
         if same:
             self.state, self.case, self.result, self.accepted = state, case, result, self.accepted + 1
         return same

@@ -68,7 +68,7 @@ def test_argparse_errors_exit_2(capsys):
 def test_backends_lists_torch_as_available(capsys):
     assert main(["backends"]) == ExitStatus.OK
     out = capsys.readouterr().out
-    assert re.search(r"^torch\s+available\b", out, re.MULTILINE), f"{out=}"
+    assert re.search(r"^  torch\s+available\b", out, re.MULTILINE), f"{out=}"  # indented under paged-logits:
 
 
 def test_report_json_has_summaries_and_results(capsys, tmp_path):

@@ -45,16 +45,17 @@ from difftest.core.ragged import RaggedMeta
 from difftest.core.schema import to_jsonable
 from difftest.core.spec import Stale, Values
 from difftest.core.topk import TopkMeta
-from difftest.core.verdict import Mismatch, Verdict
-from difftest.engine.comparison import Comparison
+from difftest.core.verdict import Verdict
+from difftest.engine.comparison import Comparison, Mismatch
 from difftest.engine.config import RunConfig
 from difftest.engine.explain import Example, Explanation, Pattern, Relation, Rounding
 from difftest.engine.performance import SiblingRace, SiblingTime
-from difftest.engine.result import CallMemory, CaseResult, Reach
+from difftest.engine.result import CallMemory, CaseResult, Reach, Selection, Violation
 from difftest.engine.sanitize import Finding, SanitizerReport
 from difftest.engine.stability import Stability, StabilityKind
 from difftest.engine.timing import Timing
 from difftest.generators import CaseSpec, build_case
+from difftest.generators.indexer import IndexerSpec
 from difftest.generators.ragged import RaggedSpec
 from difftest.generators.topk import TopkSpec
 from difftest.matrix.definition import Exclude, Include, Suite, load_matrix
@@ -63,6 +64,7 @@ from difftest.records.bundle import CASE_FILE, INFO_FILE, BundleInfo, load_bundl
 from difftest.records.ledger import Divergence, LedgerSpecModel, load_ledger
 from difftest.records.report import BackendSummary, Report, write_json
 from difftest.records.run_info import Phases
+from difftest.records.score import MutantScore, SelftestScore
 from difftest.records.serialize import ResultStream, load_results
 from tests import planted
 from tests.support import TINY, run_cli
@@ -241,7 +243,7 @@ def _folder() -> Path:
 RECORDS = [CaseResult, Comparison, Mismatch, Explanation, Relation, Example, Stability, SanitizerReport, Finding, Reach,
            Origin, Timing, Siblings, BackendSummary, SiblingRace, SiblingTime, CallMemory, CaseSpec, BundleInfo, Report,
            Entry, MergedFile, Divergence, ArchiveMeta, CaseMeta, TopkSpec, TopkMeta, RaggedSpec,
-           RaggedMeta, Suite, Include, Exclude, Phases]
+           RaggedMeta, Suite, Include, Exclude, Phases, Selection, Violation, MutantScore, SelftestScore, IndexerSpec]
 
 
 def _bounded(annotation: Any) -> bool:

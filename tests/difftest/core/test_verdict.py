@@ -10,7 +10,7 @@ def test_severity_order():
                         Verdict.FAIL_SANITIZER, Verdict.FAIL_UNWRITTEN, Verdict.FAIL_NAN, Verdict.FAIL_MASK,
                         Verdict.FAIL_GARBAGE, Verdict.FAIL_OUT_OF_WINDOW, Verdict.FAIL_DUPLICATE, Verdict.FAIL_PADDING,
                         Verdict.FAIL_MISSING, Verdict.FAIL_NONDETERMINISTIC, Verdict.FAIL_VALUE, Verdict.FAIL_ORDER,
-                        Verdict.PASS, Verdict.SKIP), f"{SEVERITY=}"
+                        Verdict.FAIL_METAMORPHIC, Verdict.PASS, Verdict.SKIP), f"{SEVERITY=}"
     assert set(SEVERITY) == set(Verdict), "every verdict has a rank"
     for i, worse in enumerate(SEVERITY):
         for better in SEVERITY[i + 1:]:

@@ -12,8 +12,8 @@ from difftest.core.contract import DEFAULT_TOPK, Contract
 from difftest.core.errors import SpecError
 from difftest.core.kinds import CacheLayout, LengthEncoding, MaskConvention
 from difftest.core.poison import is_poison, poisoned
-from difftest.core.verdict import Mismatch, Verdict
-from difftest.engine.comparison import compare, compare_spans, topk_overlap
+from difftest.core.verdict import Verdict
+from difftest.engine.comparison import Mismatch, compare, compare_spans, topk_overlap
 from difftest.generators import build_case
 from difftest.oracles.paged_mqa_logits import reference
 from tests.support import TINY

@@ -93,7 +93,7 @@ BAD = [
     ('[matrix.suites.s]\nspec = { next_n = 0 }', "matrix.suites['s'].spec.next_n=0: expected an integer in [1, 16]"),
     ('[matrix.suites.s]\nbudget = -1', "matrix.suites['s'].budget=-1: expected a number in [1.0, 604800]"),
     ('[matrix.suites.s]\nname = "t"', "matrix.suites['s']=['name']: expected fields among ['budget', 'case_filter', "
-     "'cases', 'count', 'fuzz', 'isolate', 'seed', 'spec']"),  # a suite's name is its table's
+     "'cases', 'count', 'fuzz', 'isolate', 'op', 'seed', 'selftest', 'spec']"),  # a suite's name is its table's
     ('[matrix.difftest]\nversion = ">=0.1"', "matrix.difftest.version='>=0.1': expected a difftest release"),
     ('[matrix.difftest]\nversion = "0.1.0"\nwheel = "d.whl"', "matrix.difftest.wheel='d.whl': expected nothing "
      "beside version"),

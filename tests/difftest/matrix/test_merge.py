@@ -175,3 +175,35 @@ def test_a_bad_baseline_is_one_line(reports, tmp_path):
     code, _, err = run_cli(["matrix", "merge", "--out", str(tmp_path / "o"), "--baseline", str(bad),
                             str(reports["good"])])
     assert code == ExitStatus.USAGE and err.count("\n") == 1 and "results[0]" in err, err
+
+
+SCORED = '''
+[matrix]
+backends = ["torch"]
+
+[matrix.devices.cpu]
+runner = "ubuntu-latest"
+
+[matrix.versions.installed]
+
+[matrix.suites.scored]
+case_filter = ["shorter-than-next-n-*"]
+selftest = true
+'''
+
+
+def test_a_cell_that_scores_the_mutants_shows_its_score_in_the_summary(tmp_path):
+    """selftest = true: the cell's report carries the mutants' score in the torch backend's envelope (their
+    results stay out of the cell's), and the merged summary lists it."""
+    matrix = tmp_path / "scored.toml"
+    matrix.write_text(SCORED)
+    code, out, err = run_cli(["matrix", "run", "cpu/installed/scored", "--file", str(matrix), "--out",
+                              str(tmp_path / "cell")])
+    assert code == ExitStatus.OK, f"{out}\n{err}"
+    report = json.loads((tmp_path / "cell" / "report.json").read_text())
+    assert {r["backend"] for r in report["results"]} == {"torch"}
+    assert report["selftest"]["status"] == "OK" and report["selftest"]["template"] == "torch"
+    code, out = _merge(str(tmp_path / "cell" / "report.json"), "--out", str(tmp_path / "merged"))
+    summary = (tmp_path / "merged" / "summary.md").read_text()
+    assert code == ExitStatus.OK and "## Mutation scores (difftest selftest) (1)" in summary
+    assert f"- cpu/installed/scored: {report['selftest']['summary']}" in summary

@@ -75,3 +75,15 @@ def test_a_row_narrower_than_k_is_padded():
     answer = one_answer(case)
     assert answer.shape == (2, 8) and (answer[:, 5:] == -1).all(), answer
     assert torch.equal(reference(case).need, torch.tensor([5, 5]))
+
+
+def test_topk_within_ranks_the_candidates_near_the_kth_value_as_ties_and_no_others():
+    from difftest.oracles.topk import topk_within
+
+    logits = torch.tensor([[4.0, 2.0, 2.0 + 1e-7, 1.0, 2.0 - 1e-3, -math.inf]], dtype=torch.float64)
+    starts, ends = torch.tensor([0]), torch.tensor([6])
+    ranked, truth = topk_within(logits, starts, ends, 2, torch.tensor([1e-6]))
+    assert ranked[0, 1] == ranked[0, 2] == 2.0 + 1e-7 and ranked[0, 4] == 2.0 - 1e-3  # 1e-3 off: not near
+    assert truth.above.tolist() == [1] and truth.equal.tolist() == [2]  # 4.0, then either near-tie
+    _, exact = topk_within(logits, starts, ends, 2, torch.tensor([0.0]))
+    assert exact.equal.tolist() == [1]  # no tolerance: only 2.0 + 1e-7 is the second

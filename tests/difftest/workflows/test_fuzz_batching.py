@@ -65,7 +65,7 @@ def test_a_batch_splits_rows_and_columns_back_exactly():
         assert (table == case.block_table + offset).all()
 
 
-@pytest.mark.parametrize("oracle", list(OracleKind))
+@pytest.mark.parametrize("oracle", [OracleKind.EXACT, OracleKind.FAST])
 def test_a_members_share_of_the_batch_oracle_is_its_own_oracle_answer(oracle):
     """What lets a member's re-run alone reuse its rows of the batch's answer instead of asking again."""
     cases = _members(3)

@@ -1,0 +1,69 @@
+"""The backends of each operation other than paged logits, by operation: the RAGGED_BACKENDS tables of the
+ragged (prefill) logits modules, the TOPK_BACKENDS tables of the top-k modules, and the compositions the
+indexer operation runs (a paged logits backend followed by a top-k backend, named by their names: data, not
+classes; difftest.operations.indexer builds them). The paged-logits backends are the registry's
+(difftest.backends.registry). Building a table imports no kernel library: each backend loads its library when
+it is first asked whether it runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from difftest.backends import (
+    aiter_ragged,
+    deep_gemm_ragged,
+    flaggems_topk,
+    flashinfer_topk,
+    sglang_ragged,
+    sglang_topk,
+    torch_topk,
+    vllm_ragged,
+    vllm_topk,
+)
+
+RAGGED_TABLES = (deep_gemm_ragged.RAGGED_BACKENDS, vllm_ragged.RAGGED_BACKENDS, sglang_ragged.RAGGED_BACKENDS,
+                 aiter_ragged.RAGGED_BACKENDS)
+TOPK_TABLES = (torch_topk.TOPK_BACKENDS, flaggems_topk.TOPK_BACKENDS, vllm_topk.TOPK_BACKENDS,
+               sglang_topk.TOPK_BACKENDS, flashinfer_topk.TOPK_BACKENDS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Composition:
+    """An indexer decode step as a serving engine composes it: the paged logits backend `logits` (a name of
+    the registry's), then the top-k backend `topk` (a name of TOPK_TABLES) on the logits it wrote."""
+
+    logits: str
+    topk: str
+
+    @property
+    def name(self) -> str:
+        """'deepgemm+vllm-persistent-topk': the composition's backend name."""
+        return f"{self.logits}+{self.topk}"
+
+
+# vLLM 0.33.0's decode paths on the H200 (DeepGEMM's paged logits, then cooperative_topk up to 64 rows,
+# persistent_topk beyond, top_k_per_row_decode as the last resort, or its torch debug reference), DeepGEMM
+# with SGLang's torch top-k, and the torch references end to end (the compositions the CPU runs).
+COMPOSITIONS = (
+    Composition("deepgemm", "vllm-cooperative-topk"),
+    Composition("deepgemm", "vllm-persistent-topk"),
+    Composition("deepgemm", "vllm-top-k-per-row-decode"),
+    Composition("deepgemm", "torch-topk-vllm"),
+    Composition("deepgemm", "torch-topk"),
+    Composition("deepgemm-flattened", "vllm-persistent-topk"),
+    Composition("torch", "torch-topk"),
+    Composition("torch", "torch-topk-vllm"),
+)
+
+
+def ragged_backends() -> dict[str, Callable[[], Any]]:
+    """name -> factory of every ragged logits backend."""
+    return {name: make for table in RAGGED_TABLES for name, make in table.items()}
+
+
+def topk_backends() -> dict[str, Callable[[], Any]]:
+    """name -> factory of every top-k backend."""
+    return {name: make for table in TOPK_TABLES for name, make in table.items()}

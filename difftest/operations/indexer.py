@@ -1,0 +1,176 @@
+"""The indexer operation: a decode step end to end, a paged logits backend followed by a top-k backend on the
+logits it wrote (a composition, difftest.backends.stages.COMPOSITIONS), as a serving engine composes them.
+
+The oracle is the tie-aware top-k of the exact logits. A right logits stage is only within its fp32 rounding
+bound of them, so a candidate within twice the row's bound of the exact k-th value may land on either side
+of it in a right pipeline: the oracle ranks those as ties (difftest.oracles.topk.topk_within). The judgement
+has two parts, both in the headline: the rows whose selected set differs (and by how many tokens), and the
+rows whose -inf mask the logits stage got wrong (the paged comparison). The verdict is the selection's when
+the selected set is wrong (what the pipeline gets wrong first: shrinking keeps it), else the logits stage's;
+the order of a row's indices is not judged (the pipeline's product is a set).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from difftest.backends import Backend, get_backends, stages
+from difftest.backends.stages import Composition, topk_backends
+from difftest.backends.topk_base import TopkBackend
+from difftest.core.indexer import IndexerCase, IndexerContract
+from difftest.core.kinds import Headline, OperationKind, OracleKind
+from difftest.core.operation import Operation, Planned
+from difftest.core.topk import TopkContract
+from difftest.core.verdict import worst
+from difftest.engine.result import Judgement
+from difftest.engine.topk_comparison import compare_topk
+from difftest.generators.indexer import (
+    MAX_LOGITS_ELEMENTS,
+    PRODUCTION_K,
+    TOY_K,
+    IndexerSpec,
+    build_indexer_case,
+    indexer_case_name,
+    random_indexer_spec,
+    shrink_indexer,
+)
+from difftest.operations import paged, topk
+from difftest.oracles.reference import Reference
+from difftest.oracles.topk import TopkTruth, topk_within
+
+
+@dataclasses.dataclass
+class Composed:
+    """A logits backend and a top-k backend run one after the other: one backend of the indexer operation."""
+
+    name: str
+    logits: Backend
+    topk: TopkBackend
+
+    @functools.cached_property
+    def contract(self) -> IndexerContract:
+        """Both stages' contracts."""
+        return IndexerContract(self.logits.contract, self.topk.contract)
+
+    def unavailable_reason(self, device: str) -> str | None:
+        """Why either stage cannot run on `device` (the stage named), or None when both can."""
+        for stage, backend in (("logits", self.logits), ("top-k", self.topk)):
+            reason = backend.unavailable_reason(device)
+            if reason:
+                return f"{stage} stage {backend.name}: {reason}"
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Staged:
+    """What a composition computed: its logits stage's logits and its top-k stage's indices."""
+
+    logits: torch.Tensor
+    indices: torch.Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexerTruth:
+    """The oracle's logits (paged reference) and what a right top-k of them selects."""
+
+    logits: Reference
+    ranked: torch.Tensor  # float64 [rows, max_model_len]: the exact logits, near-ties of the k-th value made ties
+    truth: TopkTruth
+
+
+def composed(composition: Composition) -> Composed:
+    """The backends a composition names, built (their libraries load when first asked whether they run)."""
+    return Composed(composition.name, get_backends([composition.logits])[0], topk_backends()[composition.topk]())
+
+
+def backends() -> dict[str, Callable[[], Composed]]:
+    """name -> factory of every composition of COMPOSITIONS."""
+    return {c.name: functools.partial(composed, c) for c in stages.COMPOSITIONS}
+
+
+def topk_k(contract: TopkContract, device: str) -> int:
+    """The k an envelope case is planned at: DeepSeek-V3.2's on a GPU, a toy one on the CPU, or the largest k
+    the top-k stage takes when it takes neither."""
+    k = PRODUCTION_K if device == "cuda" else TOY_K
+    return k if contract.ks is None or k in contract.ks else max(contract.ks)
+
+
+def envelope(contract: IndexerContract, device: str) -> list[Planned]:
+    """The logits stage's envelope (difftest.operations.paged.envelope) at the planned k, less the cases the top-k
+    stage refuses by shape and those past MAX_LOGITS_ELEMENTS (the paged-logits operation's to reach)."""
+    k, planned = topk_k(contract.topk, device), []
+    for item in paged.envelope(contract.logits, device):
+        spec = IndexerSpec(item.spec, k)
+        width, rows = item.spec.max_model_len, item.spec.total_batch * item.spec.next_n
+        if spec.elements <= MAX_LOGITS_ELEMENTS and contract.topk.shape_reason(rows, width, width, k) is None:
+            planned.append(Planned(spec, item.families))
+    return planned
+
+
+def suite() -> list[IndexerSpec]:
+    """The paged operation's toy suite at the toy k."""
+    return [IndexerSpec(spec, TOY_K) for spec in paged.suite()]
+
+
+def reference(case: IndexerCase, contract: IndexerContract, oracle: OracleKind) -> IndexerTruth:
+    """The paged oracle's logits, and the tie-aware top-k of them within twice each row's rounding bound."""
+    logits = paged.reference(case.logits, contract.logits, oracle)
+    starts, ends = case.windows()
+    ranked, truth = topk_within(logits.logits, starts, ends, case.k, 2 * logits.bound.to(starts.device),
+                                contract.topk.nan)
+    return IndexerTruth(logits, ranked, truth)
+
+
+def call(backend: Composed, case: IndexerCase) -> Staged:
+    """The logits stage on the paged case, then the top-k stage on the logits as written (their row stride
+    kept, as a serving engine hands them on), windowed by the decode rule."""
+    logits = paged.call(backend.logits, case.logits)
+    expected = (case.rows, case.logits.max_model_len)
+    if tuple(logits.shape) != expected:
+        raise ValueError(f"logits stage {backend.logits.name} returned logits of shape {tuple(logits.shape)}, "
+                         f"expected {expected}")
+    stage = case.topk_case(rows_in_memory(logits.float()))
+    reason = backend.topk.contract.accepts(stage, str(case.device.type))
+    if reason:
+        raise ValueError(f"top-k stage {backend.topk.name} cannot take the logits as written: {reason}")
+    return Staged(logits, topk.call(backend.topk, stage))
+
+
+def rows_in_memory(logits: torch.Tensor) -> torch.Tensor:
+    """float32 logits [rows, width] as the memory a top-k kernel walks: [rows, row_stride] over the same
+    storage when the rows are padded (DeepGEMM aligns its row stride), a contiguous copy when their
+    layout is anything else."""
+    rows, width = logits.shape
+    stride = logits.stride(0)
+    room = logits.untyped_storage().nbytes() // logits.element_size() - logits.storage_offset()
+    if rows and logits.stride(1) == 1 and stride >= width and rows * stride <= room:
+        return logits.as_strided((rows, stride), (stride, 1))
+    return logits.contiguous()
+
+
+def judge(truth: IndexerTruth, got: Staged, case: IndexerCase, contract: IndexerContract) -> Judgement:
+    """The selected set against the oracle's (order not judged) and the logits stage's -inf mask."""
+    stage = paged.judge(truth.logits, got.logits, case.logits, contract.logits)
+    ranked = case.topk_case(truth.ranked)  # the picks' values are read from the exact logits
+    chosen = compare_topk(truth.truth, got.indices, ranked, dataclasses.replace(contract.topk, sorted=False))
+    verdict = chosen.verdict if chosen.verdict.failed else worst([chosen.verdict, stage.verdict])
+    return Judgement(verdict, f"{chosen.headline()}; logits stage: {stage.headline}", comparison=stage.comparison,
+                     selection=topk.selection_of(chosen))
+
+
+def shrink(case: IndexerCase, still_fails: Any, contract: IndexerContract, seconds: float) -> IndexerCase:
+    """One request where one alone fails, then a smaller k (difftest.generators.indexer.shrink_indexer)."""
+    return shrink_indexer(case, still_fails, seconds)
+
+
+INDEXER = Operation(
+    kind=OperationKind.INDEXER, summary="decode end to end: paged logits, then top-k (the selected token set)",
+    headlines=(Headline.SELECTION, Headline.MASK), case_type=IndexerCase, spec_type=IndexerSpec,
+    contract_type=IndexerContract, backends=backends, suite=suite, envelope=envelope,
+    random_spec=random_indexer_spec, build=build_indexer_case, case_name=indexer_case_name,
+    load_case=IndexerCase.load, reference=reference, call=call, judge=judge, shrink=shrink)

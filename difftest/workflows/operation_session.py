@@ -1,0 +1,235 @@
+"""`difftest run --op X` (and `fuzz`, `replay`, `shrink`) for an operation other than paged logits, as library
+calls: plan the operation's cases (each backend's envelope, or the operation's fixed suite), run them through
+the operation runner (difftest.engine.operation_run), stream every result, write a bundle for every failure
+and the JSON report. Paged logits keeps its own session (difftest.workflows.session). Nothing here prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import shlex
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from difftest.backends import Origin
+from difftest.core.errors import SpecError, first_line, require
+from difftest.core.kinds import CaseKind, OperationKind
+from difftest.core.operation import Operation
+from difftest.engine.config import RunConfig
+from difftest.engine.operation_run import Drawn, Named, run_one, run_operation
+from difftest.engine.result import CaseResult
+from difftest.operations import operation
+from difftest.records.bundle import Bundle, write_bundle
+from difftest.records.report import config_info, environment_info, write_json
+from difftest.records.serialize import ResultStream
+
+Listener = Callable[[CaseResult], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class OperationRequest:
+    """One run of an operation. Errors name these fields."""
+
+    operation: OperationKind
+    cases: CaseKind = CaseKind.ENVELOPE
+    seed: int = 0
+    count: int = 1  # seeds per spec
+    backends: tuple[str, ...] | None = None  # names of the operation's backends; None: every one
+    config: RunConfig = dataclasses.field(default_factory=RunConfig)
+    report: Path | None = None
+    stream: Path | None = None  # default: beside the report, suffix .jsonl
+    repro_dir: Path | None = None  # a bundle for every failing result
+    budget: float | None = None  # seconds: no case is started after this much of the run has passed
+    argv: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        require(self.count >= 1, "count", self.count, "an integer >= 1")
+        require(self.budget is None or self.budget > 0, "budget", self.budget, "a number of seconds > 0")
+
+    @property
+    def stream_path(self) -> Path | None:
+        """Where results stream: `stream`, else beside `report`, else nowhere."""
+        return self.stream or (self.report.with_suffix(".jsonl") if self.report else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class OperationOutcome:
+    """What a run of an operation made: every result in plan order, the run's info, what was written."""
+
+    results: list[CaseResult]
+    info: dict[str, Any]
+    bundles: int = 0
+    not_started: tuple[str, ...] = ()
+
+    @property
+    def failed(self) -> bool:
+        """Whether a backend failed a case."""
+        return any(r.verdict.failed for r in self.results)
+
+
+def chosen_backends(op: Operation, names: tuple[str, ...] | None) -> list[Named]:
+    """The operation's backends named (every one for None), built; SpecError naming one it does not have."""
+    table = op.backends()
+    for name in names or ():
+        require(name in table, "backends", name, f"a backend of the {op.name} operation: {sorted(table)}")
+    return [Named(name, table[name]()) for name in (names or tuple(table))]
+
+
+def planned(op: Operation, backends: list[Named], request: OperationRequest) -> list[tuple[Any, int, tuple[str, ...]
+                                                                                         | None]]:
+    """(spec, seed, the backends that run it) in plan order: each available backend's envelope (a spec two
+    backends plan runs once, for both; an unavailable backend takes every case, to say why it ran none), or
+    the operation's fixed suite for every backend."""
+    seeds = range(request.seed, request.seed + request.count)
+    if request.cases != CaseKind.ENVELOPE:
+        return [(spec, seed, None) for spec in op.suite() for seed in seeds]
+    takers: dict[Any, list[str]] = {}
+    idle = [n.name for n in backends if n.backend.unavailable_reason(request.config.device)]
+    for named in backends:
+        if named.name not in idle:
+            for item in op.envelope(named.backend.contract, request.config.device):
+                takers.setdefault(item.spec, []).append(named.name)
+    return [(spec, seed, tuple(names + idle)) for spec, names in takers.items() for seed in seeds]
+
+
+def execute_operation(request: OperationRequest, on_result: Listener | None = None) -> OperationOutcome:
+    """Run `request`: plan, run, stream, bundle, report."""
+    op = operation(request.operation)
+    started = time.time()
+    backends = chosen_backends(op, request.backends)
+    plan = planned(op, backends, request)
+    not_started: list[str] = []
+    info = run_info(request, started, len(plan))
+    stream = ResultStream(request.stream_path) if request.stream_path else None
+    written: list[Path] = []
+
+    def heard(result: CaseResult) -> None:
+        if stream:
+            stream.write(result)
+        if request.repro_dir and result.verdict.failed:
+            written.append(write_bundle(request.repro_dir, current[0], result, request.config,
+                                        Origin(result.backend, registered=True), result.library))
+        if on_result:
+            on_result(result)
+
+    current: list[Any] = [None]
+    try:
+        if stream:
+            stream.header(info)
+        results = run_operation(op, backends, _drawn(op, plan, request, started, not_started, current),
+                                request.config, heard)
+    finally:
+        if stream:
+            stream.close()
+    info = {**run_info(request, started, len(plan)), "not_started": not_started}
+    if request.report:
+        write_json(request.report, results, info)
+    return OperationOutcome(results, info, bundles=len(written), not_started=tuple(not_started))
+
+
+def _drawn(op: Operation, plan: list[tuple[Any, int, tuple[str, ...] | None]], request: OperationRequest,
+           started: float, left: list[str], current: list[Any]) -> Iterator[Drawn]:
+    """The planned cases as tensors on the run's device, until the budget is spent (the names of those never
+    started go to `left`); `current` holds the case being run, for its bundles."""
+    for index, (spec, seed, takers) in enumerate(plan):
+        if request.budget is not None and time.time() - started > request.budget:
+            left.extend(op.case_name(s, d) for s, d, _ in plan[index:])
+            return
+        current[0] = op.build(spec, seed, request.config.device)
+        yield Drawn(current[0], spec.to_json(), takers)
+
+
+def run_info(request: OperationRequest, started: float, cases: int) -> dict[str, object]:
+    """How the run was made: the command, the operation, versions, device and options."""
+    return {"command": "difftest " + shlex.join(request.argv), "operation": request.operation.value,
+            "seed": request.seed, "cases": cases, "device": request.config.device, **environment_info(started),
+            "seconds": round(time.time() - started, 3), **config_info(request.config),
+            "cases_kind": request.cases.value, "budget": request.budget}
+
+
+def bundle_backend(bundle: Bundle, name: str | None = None) -> Named:
+    """The backend a bundle of an operation was recorded with (or `name`, another of the operation's)."""
+    op = operation(bundle.operation)
+    return chosen_backends(op, (name or bundle.backend,))[0]
+
+
+def replay_operation(bundle: Bundle, name: str | None = None) -> CaseResult:
+    """The bundle's case through its backend (or `name`), on the recorded device, in this process."""
+    return run_one(operation(bundle.operation), bundle_backend(bundle, name), bundle.case, bundle.config)
+
+
+@dataclasses.dataclass(frozen=True)
+class OperationShrink:
+    """The smallest case found that fails as the bundle's did, and its result."""
+
+    case: Any
+    result: CaseResult
+    original: Any
+
+
+def shrink_operation(bundle: Bundle, seconds: float, name: str | None = None) -> OperationShrink:
+    """Reduce a bundle's case with its operation's shrink moves while its backend still fails it with the
+    recorded verdict; SpecError when it does not fail so now."""
+    op = operation(bundle.operation)
+    require(op.shrink is not None, "operation", op.name, "an operation with shrink moves")
+    named = bundle_backend(bundle, name)
+
+    def still_fails(case: Any) -> bool:
+        return run_one(op, named, case, bundle.config).verdict == bundle.verdict
+
+    try:
+        smallest = op.shrink(bundle.case, still_fails, named.backend.contract, seconds)
+    except SpecError as exc:
+        raise SpecError("bundle", str(bundle.path), f"a case that still fails with {bundle.verdict.value} "
+                        f"({first_line(exc)})") from None
+    return OperationShrink(smallest, run_one(op, named, smallest, bundle.config), bundle.case)
+
+
+@dataclasses.dataclass(frozen=True)
+class OperationCampaign:
+    """A time-budgeted fuzz campaign of an operation: random specs with fresh seeds."""
+
+    operation: OperationKind
+    budget: float
+    seed: int = 0
+    backends: tuple[str, ...] | None = None
+    config: RunConfig = dataclasses.field(default_factory=RunConfig)
+    repro_dir: Path | None = None
+    report: Path | None = None
+    until_failures: int | None = None
+    argv: tuple[str, ...] = ()
+
+
+def fuzz_operation(campaign: OperationCampaign, on_result: Listener | None = None) -> OperationOutcome:
+    """Random specs of the operation (Operation.random_spec), each with a fresh seed, through every backend
+    until the budget is spent (or `until_failures` failing results); a bundle for every failure under
+    repro_dir."""
+    op = operation(campaign.operation)
+    require(op.random_spec is not None, "operation", op.name, "an operation that draws random specs")
+    backends = chosen_backends(op, campaign.backends)
+    rng, started, results, bundles = random.Random(campaign.seed), time.time(), [], 0
+    while time.time() - started < campaign.budget:
+        spec = op.random_spec(rng, campaign.config.device)
+        seed = rng.randrange(1 << 31)
+        try:
+            case = op.build(spec, seed, campaign.config.device)
+        except SpecError:  # a drawn spec the generator refuses (windows that cannot fit): draw again
+            continue
+        for result in run_operation(op, backends, [Drawn(case, spec.to_json())], campaign.config, on_result):
+            results.append(result)
+            if campaign.repro_dir and result.verdict.failed:
+                write_bundle(campaign.repro_dir, case, result, campaign.config, Origin(result.backend, True),
+                             result.library)
+                bundles += 1
+        if campaign.until_failures and sum(r.verdict.failed for r in results) >= campaign.until_failures:
+            break
+    info = {"command": "difftest " + shlex.join(campaign.argv), "operation": op.name, "seed": campaign.seed,
+            "device": campaign.config.device, "budget": campaign.budget, **environment_info(started),
+            "seconds": round(time.time() - started, 3), **config_info(campaign.config)}
+    if campaign.report:
+        write_json(campaign.report, results, info)
+    return OperationOutcome(results, info, bundles=bundles)
+

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Device visit (issue 33): the mutation score on the H200 and DeepGEMM's metamorphic relations at a context no
+# oracle is computed for. From the project root on the device, DeepGEMM importable (the lead's unpacked copy on
+# PYTHONPATH, or .device-deps carried: scripts/device_env.sh unpacks it):
+#   PYTHONPATH=/path/to/deep_gemm/parent:. bash scripts/h200_selftest.sh [OUTDIR]     (default reports/h200/selftest)
+# Wall time, under 8 minutes in all: each step runs under `timeout` (SELFTEST_LIMIT, RELATIONS_LIMIT seconds);
+# FUZZ_BUDGET is the selftest's fuzz round (a 5-minute one does not fit beside the rest: run
+# `ONLY=01 FUZZ_BUDGET=5m SELFTEST_LIMIT=580` in a device call of its own for that).
+# ONLY=regex runs a subset of the steps (00, 01, 02). Outputs: a .txt per step (the command, what it printed,
+# its exit status), small JSON summaries; no raw streams.
+set -uo pipefail
+out=${1:-reports/h200/selftest}
+mkdir -p "$out"
+if [ -d .device-deps ] && [ -f scripts/device_env.sh ]; then
+  source scripts/device_env.sh  # unpacks the carried libraries, puts them and the repo on PYTHONPATH
+else
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+fi
+dt="python3 -m difftest.cli"
+FUZZ_BUDGET=${FUZZ_BUDGET:-90s}
+SELFTEST_LIMIT=${SELFTEST_LIMIT:-330}
+RELATIONS_LIMIT=${RELATIONS_LIMIT:-100}
+
+step() {  # step NAME LIMIT COMMAND...: the command, its output and its exit status in $out/NAME.txt
+  local name=$1 limit=$2; shift 2
+  if ! [[ $name =~ ${ONLY:-.} ]]; then echo "SKIPPED $name: not matched by ONLY=$ONLY"; return 0; fi
+  local began=$SECONDS
+  { echo "\$ $*"; echo; timeout --signal=INT --kill-after=20 "$limit" "$@" 2>&1; local status=$?; echo
+    echo "exit status: $status$([ $status = 124 ] && echo " (killed after $limit s: raise the limit)")"
+    echo "wall: $((SECONDS - began)) s"; } > "$out/$name.txt"
+  tail -n 30 "$out/$name.txt"
+}
+
+step 00-environment 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+python3 -c "import torch, triton; print(\"torch\", torch.__version__, \"triton\", triton.__version__, torch.cuda.get_device_capability())"
+python3 -c "import deep_gemm; print(\"deep_gemm\", getattr(deep_gemm, \"__version__\", \"?\"), deep_gemm.__file__)" || echo "deep_gemm: not importable (step 02 will skip DeepGEMM)"'
+
+# 1. The score under `difftest run`'s defaults on cuda (the production-scale envelope plan, isolated workers,
+#    the fused oracle, --repeat 2), then a fuzz round of FUZZ_BUDGET for the mutants still uncaught and the four
+#    that must pass. The report's `selftest` section is the score; its results stay out (they are many MB).
+step 01-selftest "$SELFTEST_LIMIT" $dt selftest --device cuda --budget "$FUZZ_BUDGET" --report "$out/01-selftest.full.json"
+if [ -f "$out/01-selftest.full.json" ]; then
+  python3 - "$out/01-selftest.full.json" "$out/01-selftest-score.json" <<'EOF'
+import json, sys
+report = json.load(open(sys.argv[1]))
+score = dict(report["selftest"], run={k: report["run"].get(k) for k in ("command", "seconds", "device", "gpu", "budget")})
+json.dump(score, open(sys.argv[2], "w"), indent=1)
+EOF
+  rm -f "$out/01-selftest.full.json"
+fi
+
+# 2. DeepGEMM's relations at its declared longest context, 262144 tokens (the contract allows no more), with
+#    no oracle at all (--oracle none): native and flattened DeepGEMM judged against each other, every
+#    relation checked on both. Full requests, then one empty request inside the batch (the zero-length finding).
+if python3 -c "import deep_gemm" 2>/dev/null || python3 -c "import vllm.third_party.deep_gemm" 2>/dev/null; then
+  for spec in '{"name":"long-full","batch":4,"next_n":2,"heads":64,"head_dim":128,"block_size":64,"max_model_len":262144,"length_dist":"full"}' \
+              '{"name":"long-empty","lengths":[262144,0,131073,262144],"next_n":2,"heads":64,"head_dim":128,"block_size":64,"max_model_len":262144}'; do
+    name=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['name'])" "$spec")
+    step "02-relations-$name" "$RELATIONS_LIMIT" $dt run --device cuda --backends deepgemm,deepgemm-flattened \
+      --oracle none --metamorphic --spec "$spec" --report "$out/02-relations-$name.json" --verbose
+    rm -f "$out/02-relations-$name.jsonl"  # the stream repeats the report's two results
+  done
+else
+  echo "SKIPPED 02-relations: deep_gemm is not importable here (put the unpacked DeepGEMM on PYTHONPATH)" \
+    | tee "$out/02-relations-SKIPPED.txt"
+fi
+echo "outputs in $out"

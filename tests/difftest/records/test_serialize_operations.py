@@ -1,0 +1,26 @@
+"""Results of operations as JSON and back; a result written before operations existed reads as paged logits."""
+
+from __future__ import annotations
+
+from difftest.core.kinds import CacheLayout, LengthEncoding, OperationKind
+from difftest.core.schema import to_jsonable
+from difftest.core.verdict import Verdict
+from difftest.engine.result import CaseResult, Selection
+
+
+def _paged() -> CaseResult:
+    return CaseResult(backend="torch", case="c", description="d", rows=4, verdict=Verdict.PASS, device="cpu",
+                      encoding=LengthEncoding.PER_ROW, layout=CacheLayout.BLOCK_SPLIT, overridden=False, seconds=0.1)
+
+
+def test_a_result_written_before_operations_reads_as_paged_logits():
+    old = {k: v for k, v in to_jsonable(_paged()).items() if k not in ("operation", "selection", "headline")}
+    assert CaseResult.from_json(old, "result.") == _paged()
+
+
+def test_a_topk_result_round_trips_with_its_selection_and_its_own_spec():
+    result = CaseResult(backend="torch-topk", case="c", description="d", rows=4, verdict=Verdict.FAIL_MISSING,
+                        device="cpu", encoding=None, layout=None, overridden=False, seconds=0.1,
+                        spec={"name": "x", "k": 8, "width": 64}, operation=OperationKind.TOPK, headline="1/4 rows",
+                        selection=Selection(4, (2,), 3, {"FAIL(missing)": (2,)}, "row 2"))
+    assert CaseResult.from_json(to_jsonable(result), "result.") == result

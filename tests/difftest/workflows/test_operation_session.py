@@ -1,0 +1,100 @@
+"""`difftest run/fuzz/replay/shrink --op` end to end on the CPU for ragged logits and top-k: a planted bug
+caught (and bundled, replayed, shrunk), a right backend passing, the report's own headline, reports that load."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from difftest.backends import torch_topk, vllm_ragged
+from difftest.cli import main
+from difftest.core.kinds import ExitStatus, OperationKind
+from difftest.core.verdict import Verdict
+from difftest.records.bundle import load_bundle
+from difftest.records.serialize import load_results
+from tests.difftest.operations.planted import EarlyMaskRagged, OracleRagged, WholeRowTopk
+
+
+@pytest.fixture
+def planted(monkeypatch):
+    """The planted backends, registered in the operations' tables for the test."""
+    for backend in (OracleRagged, EarlyMaskRagged):
+        monkeypatch.setitem(vllm_ragged.RAGGED_BACKENDS, backend.name, backend)
+    monkeypatch.setitem(torch_topk.TOPK_BACKENDS, WholeRowTopk.name, WholeRowTopk)
+
+
+def _bundles(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if (p / "bundle.json").exists())
+
+
+def test_ragged_run_catches_the_early_mask_passes_the_right_one_and_bundles_replay_and_shrink(planted, tmp_path,
+                                                                                              capsys):
+    report, repro = tmp_path / "r.json", tmp_path / "repro"
+    code = main(["run", "--op", "ragged-logits", "--cases", "random", "--backends",
+                 "planted-right-ragged,planted-early-mask-ragged", "--report", str(report), "--repro-dir", str(repro)])
+    out = capsys.readouterr().out
+    assert code == ExitStatus.FAILED
+    assert "-inf-mask mismatch" in out and "FAIL(mask)" in out
+    results = load_results(report)
+    assert {r.operation for r in results} == {OperationKind.RAGGED_LOGITS}
+    by = {r.backend: {x.verdict for x in results if x.backend == r.backend} for r in results}
+    assert by == {"planted-right-ragged": {Verdict.PASS}, "planted-early-mask-ragged": {Verdict.FAIL_MASK}}
+    bundle = _bundles(repro)[0]
+    assert load_bundle(bundle).operation == OperationKind.RAGGED_LOGITS
+    assert main(["replay", str(bundle)]) == ExitStatus.FAILED
+    assert "FAIL(mask)" in capsys.readouterr().out
+    assert main(["shrink", str(bundle), "--seconds", "5", "--out", str(tmp_path / "small")]) == ExitStatus.OK
+    small = load_bundle(_bundles(tmp_path / "small")[0])
+    assert small.verdict == Verdict.FAIL_MASK and small.case.rows * small.case.keys < load_bundle(bundle).case.rows \
+        * load_bundle(bundle).case.keys
+
+
+def test_topk_run_catches_out_of_window_indices_with_the_selected_set_headline(planted, tmp_path, capsys):
+    report, repro = tmp_path / "t.json", tmp_path / "repro"
+    code = main(["run", "--op", "topk", "--cases", "random", "--backends", "torch-topk,planted-whole-row-topk",
+                 "--report", str(report), "--repro-dir", str(repro)])
+    out = capsys.readouterr().out
+    assert code == ExitStatus.FAILED
+    assert "wrong set (tokens)" in out and "rows select a wrong set" in out
+    results = load_results(report)
+    assert {r.verdict for r in results if r.backend == "torch-topk"} == {Verdict.PASS}
+    wrong = [r for r in results if r.backend == "planted-whole-row-topk" and r.verdict.failed]
+    assert wrong and all(r.selection.wrong_rows and r.selection.wrong_tokens for r in wrong)
+    assert json.loads(report.read_text())["summaries"][1]["set_rows"] > 0
+    bundle = _bundles(repro)[0]
+    assert main(["replay", str(bundle)]) == ExitStatus.FAILED
+    assert main(["shrink", str(bundle), "--seconds", "5", "--out", str(tmp_path / "small")]) == ExitStatus.OK
+    small = load_bundle(_bundles(tmp_path / "small")[0])
+    assert small.verdict.failed and small.case.rows * small.case.width <= load_bundle(bundle).case.rows \
+        * load_bundle(bundle).case.width
+
+
+def test_topk_envelope_run_of_torch_topk_passes(tmp_path):
+    assert main(["run", "--op", "topk", "--backends", "torch-topk", "--report", str(tmp_path / "t.json")]) \
+        == ExitStatus.OK
+    assert load_results(tmp_path / "t.json")
+
+
+@pytest.mark.parametrize("op, backends, status", [("topk", "planted-whole-row-topk", ExitStatus.FAILED),
+                                                  ("ragged-logits", "planted-right-ragged", ExitStatus.OK)])
+def test_fuzz_of_an_operation_draws_random_specs_within_its_budget(planted, tmp_path, op, backends, status):
+    report = tmp_path / "f.json"
+    assert main(["fuzz", "--op", op, "--budget", "2s", "--backends", backends, "--report", str(report),
+                 "--repro-dir", str(tmp_path / "repro")]) == status
+    results = load_results(report)
+    assert results and {r.operation.value for r in results} == {op}
+
+
+def test_an_option_of_paged_logits_only_is_refused_with_the_operation(capsys):
+    assert main(["run", "--op", "topk", "--spec", "{}"]) == ExitStatus.USAGE
+    assert "--spec" in capsys.readouterr().err
+
+
+def test_backends_lists_every_operation(capsys):
+    assert main(["backends"]) == ExitStatus.OK
+    out = capsys.readouterr().out
+    for heading in ("paged-logits:", "ragged-logits:", "topk:"):
+        assert heading in out
+    assert "deepgemm-ragged" in out and "torch-topk" in out

@@ -1,0 +1,126 @@
+"""`difftest selftest` on the CPU: the correct and the nondeterministic mutants pass, every other mutant is caught
+by the family its catalogue entry names (or its miss is explained by what the plan left out), and the score
+is the report's `selftest` section.
+
+The plan is narrowed to one case of each family the catalogue names (CASES): `difftest selftest --device cpu`
+runs the whole plan (docs/selftest.md gives its time) and catches the same mutants by the same families.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from difftest.backends import mutants
+from difftest.backends.user import backend
+from difftest.cli import main
+from difftest.core.kinds import ExitStatus, MaskConvention, MetamorphicRelation, TopkRelation
+from difftest.core.schema import validate
+from difftest.generators.envelope import EdgeFamily
+from difftest.records.report import Report
+from difftest.records.score import Status
+from difftest.workflows import selftest
+from difftest.workflows.selftest import SelftestRequest
+from tests import planted
+from tests.user_backends import logits_with_limits
+
+CASES = ("length-one-*", "shorter-than-next-n-*", "block-boundaries-*", "stale-canary-table-*",
+         "random-mtp2-*")
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory):
+    report = tmp_path_factory.mktemp("selftest") / "report.json"
+    return selftest.selftest(SelftestRequest(case_filter=CASES, report=report))
+
+
+def test_the_mutants_that_must_pass_pass(scored):
+    rows = {s.mutant: s for s in scored.scores}
+    assert rows["mutant-correct"].status == rows["mutant-rotated-head-sum"].status == Status.PASSED
+    assert rows["mutant-correct"].cases == rows["mutant-rotated-head-sum"].cases == len(CASES)
+    assert rows["mutant-topk-correct"].status == rows["mutant-topk-random-ties"].status == Status.PASSED
+    assert rows["mutant-topk-correct"].cases == rows["mutant-topk-random-ties"].cases > 20  # the whole top-k plan
+
+
+def test_every_other_mutant_is_caught_by_the_family_its_entry_names(scored):
+    for spec, row in zip(mutants.CATALOGUE, scored.scores, strict=True):
+        if spec.must_pass:
+            continue
+        if spec.production_only:  # SMALL scale leaves out every case past 2^31 bytes, 2^31 logits, 2^15 positions
+            assert row.status == Status.MISSED and not row.expected_here and row.ok, row
+            assert row.why.startswith(f"{spec.caught_by.value} left out: ") and "SMALL scale" in row.why, row.why
+            continue
+        assert row.status == Status.CAUGHT and row.caught_by[0] == spec.caught_by.value and row.ok, row
+        assert row.first_case is not None and row.seconds is not None
+
+
+def test_the_score_is_ok_and_in_the_report(scored):
+    assert scored.status == ExitStatus.OK
+    assert scored.summary().startswith("mutation score: 15 of 19 mutants caught (4 not reachable here, 4 of them "
+                                       "production-only), 4 of 4 that must pass passed")
+    document = json.loads(scored.written.read_text())
+    validate(Report, document, "report ")
+    assert document["selftest"]["status"] == "OK" and len(document["selftest"]["mutants"]) == len(mutants.CATALOGUE)
+    ties = document["selftest"]["mutants"][-3]
+    assert (ties["mutant"], ties["caught_by"][0], ties["first_case"]) == (
+        "mutant-topk-candidate-buffer", "ties-past-2048", "ties-2049-s0")
+    table = selftest.render_scores(scored)
+    assert "mutant-after-empty" in table and table.endswith(scored.summary())
+    assert "    production-only: pool-2^31-bytes left out: " in table
+
+
+def test_a_templates_envelope_decides_what_can_be_caught():
+    """A template whose tail is unspecified and whose next_n is 1: the bugs past each window and in draft rows
+    cannot show there, and the score says so instead of failing."""
+    template = "tests.difftest.workflows.test_selftest:single_row_lax_tail"
+    done = selftest.selftest(SelftestRequest(template=template, case_filter=("length-one-*",),
+                                             mutants=("correct", "window_past_end", "mirrored_window", "fp8_fnuz")))
+    rows = {s.mutant: s for s in done.scores}
+    assert rows["mutant-window-past-end"].why == ("not in the envelope: the tail judged (mask tail-neg-inf): the "
+                                                  "contract's mask is tail-unspecified")
+    assert rows["mutant-mirrored-window"].why.startswith("not in the envelope: draft rows (next_n >= 2)")
+    assert rows["mutant-fp8-fnuz"].status == Status.CAUGHT and done.status == ExitStatus.OK
+    assert done.contract.mask.value == "tail-unspecified" and done.template == template
+
+
+@backend(contract=dataclasses.replace(planted.CONTRACT, next_n=(1,), mask=MaskConvention.TAIL_UNSPECIFIED),
+         name="single-row-lax-tail")
+def single_row_lax_tail(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """A template: a right kernel whose envelope has next_n 1 only and whose tail is unspecified."""
+    return logits_with_limits(q, kv_cache, weights, context_lens.long(), block_table, max_model_len)
+
+
+def test_an_expectation_that_does_not_hold_fails_the_selftest(monkeypatch):
+    """A catch by the wrong family, and a mutant that must pass and fails, are both failures of the selftest."""
+    wrong = (dataclasses.replace(mutants.BY_KEY["after_empty"], caught_by=EdgeFamily.TILE_MULTIPLES),
+             dataclasses.replace(mutants.BY_KEY["fp8_fnuz"], must_pass=True))
+    monkeypatch.setattr(mutants, "CATALOGUE", wrong)
+    monkeypatch.setattr(mutants, "BY_KEY", {spec.key: spec for spec in wrong})
+    done = selftest.selftest(SelftestRequest(case_filter=("shorter-than-next-n-*", "block-boundaries-*")))
+    after, fnuz = done.scores
+    assert after.status == Status.CAUGHT and not after.ok and after.why == (
+        "expected tile-multiples, whose cases did not fail it")
+    assert fnuz.status == Status.FALSE_POSITIVE and not fnuz.ok and fnuz.why.startswith("FAIL(value) on ")
+    assert done.status == ExitStatus.FAILED
+
+
+def test_the_command_line(tmp_path, capsys):
+    report = tmp_path / "r.json"
+    status = main(["selftest", "--mutants", "correct,after-empty", "--case-filter", "shorter-than-next-n-*",
+                   "--report", str(report), "-q"])
+    out = capsys.readouterr().out
+    assert status == 0 and out.startswith("mutation score: 1 of 1 mutants caught (0 not reachable here, 0 of them "
+                                          "production-only), 1 of 1")
+    assert json.loads(report.read_text())["selftest"]["mutants"][1]["first_case"] == "shorter-than-next-n-s2000"
+    assert main(["selftest", "--mutants", "nope"]) == ExitStatus.USAGE
+    assert "--mutants='nope': expected catalogue keys among" in capsys.readouterr().err
+    assert main(["selftest", "--repeat", "1"]) == ExitStatus.USAGE
+
+
+def test_the_selftest_page_names_every_mutant_and_relation():
+    text = (Path(__file__).resolve().parents[3] / "docs" / "selftest.md").read_text()
+    names = [spec.name for spec in mutants.CATALOGUE] + [r.value for r in (*MetamorphicRelation, *TopkRelation)]
+    assert not [name for name in names if f"`{name}`" not in text]
