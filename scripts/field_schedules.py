@@ -1,6 +1,7 @@
 """DeepGEMM's sm90 paged MQA logits kernel on its own schedule and on FlagGems 5.0.2's, on a GPU.
 
     python3 scripts/field_schedules.py [--small]
+    python3 scripts/field_schedules.py --classify OUTPUT.txt     (here, no GPU: reads a run's output)
 
 Needs DeepGEMM importable and flag_gems/ops/get_paged_mqa_logits_metadata.py on sys.path (the
 flag_gems-5.0.2 folder of .device-deps/field; scripts/h200_field.sh sets both up). For each length
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+from collections import Counter
 
 import torch
 
@@ -53,10 +55,34 @@ def compare(lengths: tuple[int, ...], next_n: int) -> tuple[bool, bool]:
     return torch.equal(ours, theirs), torch.equal(a[window], b[window])
 
 
+def empty_before_work(lengths: tuple[int, ...]) -> bool:
+    """Whether an empty request precedes a non-empty one: the shape of DeepGEMM 2.8.1's zero-length bug
+    (docs/findings/deepgemm-zero-length-request.md), whose wrong rows depend on where the SMs' ranges end."""
+    return any(n == 0 and any(later > 0 for later in lengths[i + 1:]) for i, n in enumerate(lengths))
+
+
+def classify(output: str) -> Counter[tuple[bool, bool]]:
+    """(logits differ, an empty request precedes work) -> pairs, for the lines of a full run's output (the
+    vectors are regenerated from the same seed, in the same order)."""
+    lines = [line for line in open(output) if line.startswith("next_n=")]
+    pairs = [(lengths, next_n) for lengths in vectors(small=False) for next_n in (1, 2, 4)]
+    if len(lines) != len(pairs):
+        raise SystemExit(f"{output}: {len(lines)} result lines, a full run prints {len(pairs)}")
+    return Counter(("DIFFER" in line, empty_before_work(lengths))
+                   for line, (lengths, _) in zip(lines, pairs, strict=True))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true", help="only the vectors where the schedules differ most")
+    parser.add_argument("--classify", metavar="OUTPUT", help="count a full run's differing pairs by whether an "
+                        "empty request precedes work (no GPU needed)")
     args = parser.parse_args()
+    if args.classify:
+        for (differ, empty), count in sorted(classify(args.classify).items()):
+            print(f"logits {'differ' if differ else 'equal '}, empty request before work {'yes' if empty else 'no '}: "
+                  f"{count} pairs")
+        return 0
     bad = 0
     for lengths in vectors(args.small):
         for next_n in (1, 2, 4):
