@@ -126,15 +126,15 @@ def run_one(op: Operation, named: Named, case: Any, config: RunConfig, spec: dic
             return run_one(op, named, case, config, spec, references, made)
     references = {} if references is None else references
     contract = named.backend.contract
+    base = dict(backend=named.name, case=case.name, description=case.describe(), rows=case.rows, device=config.device,
+                encoding=None, layout=None, overridden=False, spec=spec, library=contract.library, operation=op.kind)
+    reason = named.backend.unavailable_reason(config.device) or contract.accepts(case, config.device)
+    if reason:  # never called: no isolation to report, as the paged runner's SKIPs
+        return CaseResult(verdict=Verdict.SKIP, seconds=0.0, reason=reason, **base)
     worker = workers.worker(named) if workers is not None else None
     in_process_note = worker if isinstance(worker, str) else None
     isolation = None if worker is None else Isolation.IN_PROCESS if in_process_note else Isolation.WORKER
-    base = dict(backend=named.name, case=case.name, description=case.describe(), rows=case.rows, device=config.device,
-                encoding=None, layout=None, overridden=False, spec=spec, library=contract.library, operation=op.kind,
-                isolation=isolation, isolation_note=in_process_note)
-    reason = named.backend.unavailable_reason(config.device) or contract.accepts(case, config.device)
-    if reason:
-        return CaseResult(verdict=Verdict.SKIP, seconds=0.0, reason=reason, **base)
+    base.update(isolation=isolation, isolation_note=in_process_note)
     called = worker(case) if isinstance(worker, OperationWorker) else _called(op, named, case, config.device)
     if isinstance(called, Fault):  # raised, crashed or hung: its verdict, and the run goes on
         return CaseResult(verdict=called.verdict, seconds=called.seconds, reason=called.reason,
