@@ -28,6 +28,10 @@ status and the tail of its stderr (faulthandler writes the Python stack there). 
 left the device unusable answers CRASH and exits. Whichever way a worker ends, the next case of that
 backend starts a new one. A backend that cannot be rebuilt from a module path (made in a function,
 in __main__, or configured after construction) runs in-process, and its results say why.
+
+The operations other than paged logits (difftest.engine.operation_run) have a worker of their own,
+OperationWorker: the backend object travels pickled, each call is one case out and the operation's output back
+(CPU copies, one call at a time), with the same timeout, crash report and replacement.
 """
 
 from __future__ import annotations
@@ -61,12 +65,22 @@ import torch
 import torch.multiprocessing  # registers the CUDA-IPC reductions ForkingPickler uses
 
 from difftest.backends import Backend, Loaded, Origin, rebuild
-from difftest.core.errors import SpecError
+from difftest.core.errors import SpecError, first_line
 from difftest.core.kernel_inputs import KernelInputs
 from difftest.core.kinds import Isolation, Transport
 from difftest.core.lifetime import die_with_parent, run_folder
+from difftest.core.memory import ran_out
 from difftest.core.verdict import Verdict
-from difftest.engine.guards import Execution, Fault, Launch, Outcome, PoisonFreshTensors, execute, formatted_traceback
+from difftest.engine.guards import (
+    Execution,
+    Fault,
+    Launch,
+    Outcome,
+    PoisonFreshTensors,
+    device_failure,
+    execute,
+    formatted_traceback,
+)
 
 DEFAULT_TIMEOUT = 600.0  # seconds one case may take in a worker when the run sets no --timeout
 UNIX_SOCKET_PATH_MAX = 107  # bytes of a socket path: sun_path holds 108 on Linux, its terminating NUL included
@@ -613,3 +627,172 @@ def _reaper(folder: Path, *at_death: Path) -> subprocess.Popen | None:
     except OSError:
         return None
 
+
+
+# --------------------------------------------------------------------------- operations other than paged logits
+
+@dataclasses.dataclass(frozen=True)
+class Called:
+    """What an operation's call (difftest.core.operation.Operation.call) returned, and how long it took."""
+
+    output: Any
+    seconds: float
+
+
+def serve_operation(conn: Connection, device: str, log_path: str, environ: Mapping[str, str] | None = None,
+                    run_pid: int | None = None) -> None:
+    """An operation worker's main (OperationWorker): like serve, but the first message is the pickled (call,
+    backend), each one after it a case (on the CPU, moved to `device` here), and each answer `call(backend,
+    case)` as a Called (its output on the CPU) or the Fault of the exception it raised."""
+    _die_with(run_pid)
+    if environ is not None:  # as in serve: the parent's environment, not the fork server's
+        os.environ.clear()
+        os.environ.update(environ)
+    _redirect_output(log_path)
+    try:
+        call, backend = pickle.loads(conn.recv_bytes())  # after the redirect: an import that fails is logged
+    except Exception as exc:  # anything that stops the import is the answer
+        conn.send_bytes(_dumps(("fault", (f"{type(exc).__name__}: {exc}", formatted_traceback(exc)))))
+        return
+    conn.send_bytes(_dumps(("ready", None)))
+    while True:
+        try:
+            case = _loads(conn.recv_bytes()).to(device)
+        except EOFError:
+            return
+        started = time.perf_counter()
+        try:
+            answer: Called | Fault = Called(_tree_moved(call(backend, case), "cpu", device), 0.0)
+            answer = dataclasses.replace(answer, seconds=time.perf_counter() - started)
+        except Exception as exc:  # the backend raised: sent back as in-process it would be judged
+            answer = Fault(Verdict.ERROR, first_line(exc), time.perf_counter() - started, error_type=type(exc).__name__,
+                           traceback=formatted_traceback(exc))
+            # A sticky CUDA error (as guards.execute): CRASH, and this process, unusable now, ends after answering
+            broken = None if ran_out(exc) else device_failure(torch.device(device))
+            if broken is not None:
+                answer = dataclasses.replace(answer, verdict=Verdict.CRASH,
+                                             reason=f"{answer.reason} (device unusable afterwards: {broken})")
+        try:
+            conn.send_bytes(_dumps(("outcome", answer)))
+        except Exception as exc:  # an output torch.save cannot carry
+            conn.send_bytes(_dumps(("outcome", Fault(Verdict.ERROR, f"output not sendable: {exc}", answer.seconds))))
+        if isinstance(answer, Fault) and answer.verdict == Verdict.CRASH:
+            return
+
+
+def _tree_moved(value: Any, device: str, synchronize_on: str | None = None) -> Any:
+    """`value` with every tensor in it (in tuples, lists, dicts and dataclasses) on `device`; the kernels of
+    `synchronize_on` ('cuda') finished first, so an asynchronous error belongs to the call."""
+    if synchronize_on == "cuda":
+        torch.cuda.synchronize()
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_tree_moved(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _tree_moved(v, device) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: _tree_moved(getattr(value, f.name), device)
+                                             for f in dataclasses.fields(value) if f.init})
+    return value
+
+
+class OperationWorker:
+    """The worker process of one backend of an operation other than paged logits (difftest.engine.operation_run):
+    started on demand, fed one case at a time, replaced after it dies or hangs. The backend travels pickled
+    (cannot_pickle says why one cannot); cases and outputs travel as torch.save bytes of CPU copies."""
+
+    def __init__(self, call: Callable[[Any, Any], Any], backend: Any, device: str, timeout: float, log_dir: Path,
+                 startup_timeout: float = STARTUP_TIMEOUT) -> None:
+        self.call, self.backend, self.device, self.timeout = call, backend, device, timeout
+        self.log_dir, self.startup_timeout = log_dir, startup_timeout
+        self.process: multiprocessing.process.BaseProcess | None = None
+        self.conn: Connection | None = None
+        self.started = 0  # processes started so far: each writes a log of its own
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"{self.started}.log"
+
+    def __call__(self, case: Any) -> Called | Fault:
+        """`call(backend, case)` in the worker (started, or replaced, first): its Called, or the Fault of an
+        exception (ERROR), of the worker's death (CRASH) or of no answer within the timeout (TIMEOUT)."""
+        fault = self._started()
+        if fault is not None:
+            return fault
+        assert self.conn is not None
+        start = time.perf_counter()
+        try:
+            self.conn.send_bytes(_dumps(case.to("cpu")))
+            if not self.conn.poll(self.timeout):
+                self.kill()
+                return Fault(Verdict.TIMEOUT, f"no answer within {self.timeout:g} s; the worker was killed",
+                             time.perf_counter() - start)
+            _kind, answer = _loads(self.conn.recv_bytes())
+        except (EOFError, OSError):
+            return self._died(time.perf_counter() - start)
+        return _tree_moved(answer, self.device) if isinstance(answer, Called) else answer
+
+    def _started(self) -> Fault | None:
+        """Start the process unless it runs, and wait for it to load: None once ready, else its Fault."""
+        if self.process is not None:
+            return None
+        self.started += 1
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        parent_conn, child_conn = multiprocessing.Pipe()
+        process = _context().Process(target=serve_operation, daemon=True, args=(
+            child_conn, self.device, str(self.log_path), dict(os.environ), os.getpid()))
+        try:
+            process.start()
+        finally:
+            child_conn.close()  # so the parent sees EOF when the child dies
+        self.process, self.conn = process, parent_conn
+        try:
+            self.conn.send_bytes(pickle.dumps((self.call, self.backend)))
+            if not self.conn.poll(self.startup_timeout):
+                self.kill()
+                return Fault(Verdict.TIMEOUT, f"the worker did not start within {self.startup_timeout:g} s "
+                             "(start-up timeout)", 0.0)
+            kind, payload = _loads(self.conn.recv_bytes())
+        except (EOFError, OSError):
+            return self._died(0.0, while_="loading the backend")
+        if kind != "ready":
+            self.stop()
+            why, trace = payload
+            return Fault(Verdict.ERROR, f"the worker could not load the backend: {why}", 0.0, traceback=trace)
+        return None
+
+    def _died(self, seconds: float, while_: str = "the call") -> Fault:
+        """CRASH: how the process ended and the last lines it wrote."""
+        assert self.process is not None
+        self.process.join(10)
+        how = exit_description(self.process.exitcode)
+        tail = crash_summary(self.log_path)
+        self.stop()
+        return Fault(Verdict.CRASH, f"worker {how} during {while_}" + (f"; stderr: {tail}" if tail else ""), seconds)
+
+    def kill(self) -> None:
+        """SIGKILL the process (a hung kernel ignores anything gentler) and forget it."""
+        if self.process is not None and self.process.is_alive():
+            self.process.kill()
+        self.stop()
+
+    def stop(self) -> None:
+        """Close the pipe (a live worker exits on EOF), reap the process, forget both."""
+        if self.conn is not None:
+            self.conn.close()
+        if self.process is not None:
+            self.process.join(10)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join()
+        self.process, self.conn = None, None
+
+
+def cannot_pickle(*objects: Any) -> str | None:
+    """Why `objects` cannot travel to a worker process (pickle's words), or None when they can."""
+    try:
+        pickle.dumps(objects)
+    except Exception as exc:  # pickle raises many kinds: each is the reason
+        return f"{type(exc).__name__}: {exc}"
+    return None

@@ -5,30 +5,39 @@ A backend that raises gets ERROR (its exception, its traceback) and the run goes
 case here (unavailable, or its contract refuses the case) gets SKIP with the reason; an output the
 operation's comparison cannot read (the wrong shape) is ERROR with the comparison's words; an oracle or a
 comparison that raises is ERROR too ('checking the output: ...'), or SKIP where it ran out of memory. Results
-reach `on_result` as each is made. A backend that kills the process (a segfault, an abort) ends the run: the
-results streamed before it are kept, and only paged logits runs its calls in worker processes.
+reach `on_result` as each is made.
+
+Under isolation (RunConfig.isolated: --isolate, the default on a GPU) each backend's calls run in a worker
+process of its own (difftest.engine.isolate.OperationWorker): a backend that kills its process (a segfault,
+an abort) gets CRASH with the signal and its stderr's tail, one that outlasts the run's timeout gets TIMEOUT
+(its worker killed), and the run goes on with a fresh worker. The oracle and the comparison stay in the run's
+process. A backend that cannot be pickled runs in-process, and its results' isolation note says why. Without
+isolation a backend that kills the process ends the run: the results streamed before it are kept.
 
 The paged-logits operation keeps its own runner (difftest.engine.runner: batches, the memory model, worker
-isolation, stability and timing); this one runs in the run's process: a run that asks for isolation gets each
-result's isolation note saying so.
+isolation, stability and timing).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import shutil
+import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from difftest.core.errors import first_line
 from difftest.core.kinds import Isolation
+from difftest.core.lifetime import run_folder
 from difftest.core.operation import Operation
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
-from difftest.engine.guards import formatted_traceback
+from difftest.engine.guards import Fault, formatted_traceback
+from difftest.engine.isolate import DEFAULT_TIMEOUT, Called, OperationWorker, cannot_pickle
 from difftest.engine.result import CaseResult, Judgement
-
-IN_PROCESS_NOTE = "an operation other than paged logits runs its calls in the run's process (no worker isolation)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +58,13 @@ class Named:
 
 
 def run_operation(op: Operation, backends: list[Named], cases: Iterable[Drawn], config: RunConfig,
-                  on_result: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
-    """Every chosen backend on every case, results in (case, backend) order."""
+                  on_result: Callable[[CaseResult], None] | None = None,
+                  workers: Workers | None = None) -> list[CaseResult]:
+    """Every chosen backend on every case, results in (case, backend) order; under isolation in the workers of
+    `workers` (a campaign's, kept across its calls), else of workers made for this run."""
+    if config.isolated and workers is None:
+        with operation_workers(op, config) as made:
+            return run_operation(op, backends, cases, config, on_result, made)
     results = []
     for drawn in cases:
         case = drawn.case.validate().to(config.device)
@@ -58,33 +72,74 @@ def run_operation(op: Operation, backends: list[Named], cases: Iterable[Drawn], 
         for named in backends:
             if drawn.backends is not None and named.name not in drawn.backends:
                 continue
-            result = run_one(op, named, case, config, drawn.spec, references)
+            result = run_one(op, named, case, config, drawn.spec, references, workers)
             if on_result:
                 on_result(result)
             results.append(result)
     return results
 
 
+class Workers:
+    """The worker of each backend of one isolated run (made on its first call), or why it runs in-process."""
+
+    def __init__(self, op: Operation, config: RunConfig, log_dir: Path) -> None:
+        self.op, self.config, self.log_dir = op, config, log_dir
+        self.made: dict[str, OperationWorker | str] = {}
+
+    def worker(self, named: Named) -> OperationWorker | str:
+        """`named`'s worker, or why it has none (the backend cannot be pickled)."""
+        if named.name not in self.made:
+            why = cannot_pickle(self.op.call, named.backend)
+            self.made[named.name] = f"the backend cannot travel to a worker process ({why}); it ran in-process" \
+                if why else OperationWorker(self.op.call, named.backend, self.config.device,
+                                            self.config.timeout or DEFAULT_TIMEOUT, self.log_dir / str(len(self.made)),
+                                            self.config.startup_timeout)
+        return self.made[named.name]
+
+    def close(self) -> None:
+        """Let every worker exit, and remove their logs."""
+        for worker in self.made.values():
+            if isinstance(worker, OperationWorker):
+                worker.stop()
+        shutil.rmtree(self.log_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def operation_workers(op: Operation, config: RunConfig) -> Iterator[Workers | None]:
+    """The run's Workers when it is isolated (closed when the block ends), else None."""
+    if not config.isolated:
+        yield None
+        return
+    workers = Workers(op, config, Path(tempfile.mkdtemp(prefix="difftest-operation-workers-", dir=run_folder())))
+    try:
+        yield workers
+    finally:
+        workers.close()
+
+
 def run_one(op: Operation, named: Named, case: Any, config: RunConfig, spec: dict[str, object] | None = None,
-            references: dict[int, Any] | None = None) -> CaseResult:
-    """One backend on one case (on the run's device), judged against the operation's oracle."""
+            references: dict[int, Any] | None = None, workers: Workers | None = None) -> CaseResult:
+    """One backend on one case (on the run's device), judged against the operation's oracle; under isolation
+    the call runs in the backend's worker of `workers` (a run's; one made for this call when None)."""
+    if config.isolated and workers is None:
+        with operation_workers(op, config) as made:
+            return run_one(op, named, case, config, spec, references, made)
     references = {} if references is None else references
     contract = named.backend.contract
     base = dict(backend=named.name, case=case.name, description=case.describe(), rows=case.rows, device=config.device,
-                encoding=None, layout=None, overridden=False, spec=spec, library=contract.library, operation=op.kind,
-                isolation=Isolation.IN_PROCESS if config.isolated else None,
-                isolation_note=IN_PROCESS_NOTE if config.isolated else None)
+                encoding=None, layout=None, overridden=False, spec=spec, library=contract.library, operation=op.kind)
     reason = named.backend.unavailable_reason(config.device) or contract.accepts(case, config.device)
-    if reason:
+    if reason:  # never called: no isolation to report, as the paged runner's SKIPs
         return CaseResult(verdict=Verdict.SKIP, seconds=0.0, reason=reason, **base)
-    started = time.perf_counter()
-    try:
-        got = op.call(named.backend, case)
-        _synchronize(config.device)
-    except Exception as exc:  # the backend raised: its verdict, and the run goes on
-        return CaseResult(verdict=Verdict.ERROR, seconds=time.perf_counter() - started, reason=first_line(exc),
-                          error_type=type(exc).__name__, traceback=formatted_traceback(exc), **base)
-    seconds = time.perf_counter() - started
+    worker = workers.worker(named) if workers is not None else None
+    in_process_note = worker if isinstance(worker, str) else None
+    isolation = None if worker is None else Isolation.IN_PROCESS if in_process_note else Isolation.WORKER
+    base.update(isolation=isolation, isolation_note=in_process_note)
+    called = worker(case) if isinstance(worker, OperationWorker) else _called(op, named, case, config.device)
+    if isinstance(called, Fault):  # raised, crashed or hung: its verdict, and the run goes on
+        return CaseResult(verdict=called.verdict, seconds=called.seconds, reason=called.reason,
+                          error_type=called.error_type, traceback=called.traceback, **base)
+    got, seconds = called.output, called.seconds
     try:
         if id(contract) not in references:
             references[id(contract)] = op.reference(case, contract, config.oracle_kind)
@@ -100,6 +155,18 @@ def run_one(op: Operation, named: Named, case: Any, config: RunConfig, spec: dic
                           error_type=type(exc).__name__, traceback=formatted_traceback(exc), **base)
     return CaseResult(verdict=judged.verdict, seconds=seconds, comparison=judged.comparison,
                       selection=judged.selection, headline=judged.headline, **base)
+
+
+def _called(op: Operation, named: Named, case: Any, device: str) -> Called | Fault:
+    """The backend's call in this process: its output, or the Fault (ERROR) of the exception it raised."""
+    started = time.perf_counter()
+    try:
+        got = op.call(named.backend, case)
+        _synchronize(device)
+    except Exception as exc:  # the backend raised: its verdict, and the run goes on
+        return Fault(Verdict.ERROR, first_line(exc), time.perf_counter() - started, error_type=type(exc).__name__,
+                     traceback=formatted_traceback(exc))
+    return Called(got, time.perf_counter() - started)
 
 
 def _out_of_memory(exc: Exception) -> bool:

@@ -19,7 +19,7 @@ from difftest.core.errors import SpecError, first_line, require
 from difftest.core.kinds import CaseKind, OperationKind
 from difftest.core.operation import Operation
 from difftest.engine.config import RunConfig
-from difftest.engine.operation_run import Drawn, Named, run_one, run_operation
+from difftest.engine.operation_run import Drawn, Named, operation_workers, run_one, run_operation
 from difftest.engine.result import CaseResult
 from difftest.operations import operation
 from difftest.records.bundle import Bundle, write_bundle
@@ -157,7 +157,8 @@ def bundle_backend(bundle: Bundle, name: str | None = None) -> Named:
 
 
 def replay_operation(bundle: Bundle, name: str | None = None) -> CaseResult:
-    """The bundle's case through its backend (or `name`), on the recorded device, in this process."""
+    """The bundle's case through its backend (or `name`), on the recorded device: in a worker process when the
+    recorded run was isolated, else in this process."""
     return run_one(operation(bundle.operation), bundle_backend(bundle, name), bundle.case, bundle.config)
 
 
@@ -176,16 +177,17 @@ def shrink_operation(bundle: Bundle, seconds: float, name: str | None = None) ->
     op = operation(bundle.operation)
     require(op.shrink is not None, "operation", op.name, "an operation with shrink moves")
     named = bundle_backend(bundle, name)
+    with operation_workers(op, bundle.config) as workers:  # under isolation, one worker for every probe
 
-    def still_fails(case: Any) -> bool:
-        return run_one(op, named, case, bundle.config).verdict == bundle.verdict
+        def still_fails(case: Any) -> bool:
+            return run_one(op, named, case, bundle.config, workers=workers).verdict == bundle.verdict
 
-    try:
-        smallest = op.shrink(bundle.case, still_fails, named.backend.contract, seconds)
-    except SpecError as exc:
-        raise SpecError("bundle", str(bundle.path), f"a case that still fails with {bundle.verdict.value} "
-                        f"({first_line(exc)})") from None
-    return OperationShrink(smallest, run_one(op, named, smallest, bundle.config), bundle.case)
+        try:
+            smallest = op.shrink(bundle.case, still_fails, named.backend.contract, seconds)
+        except SpecError as exc:
+            raise SpecError("bundle", str(bundle.path), f"a case that still fails with {bundle.verdict.value} "
+                            f"({first_line(exc)})") from None
+        return OperationShrink(smallest, run_one(op, named, smallest, bundle.config, workers=workers), bundle.case)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,21 +213,23 @@ def fuzz_operation(campaign: OperationCampaign, on_result: Listener | None = Non
     require(op.random_spec is not None, "operation", op.name, "an operation that draws random specs")
     backends = chosen_backends(op, campaign.backends)
     rng, started, results, bundles = random.Random(campaign.seed), time.time(), [], 0
-    while time.time() - started < campaign.budget:
-        spec = op.random_spec(rng, campaign.config.device)
-        seed = rng.randrange(1 << 31)
-        try:
-            case = op.build(spec, seed, campaign.config.device)
-        except SpecError:  # a drawn spec the generator refuses (windows that cannot fit): draw again
-            continue
-        for result in run_operation(op, backends, [Drawn(case, spec.to_json())], campaign.config, on_result):
-            results.append(result)
-            if campaign.repro_dir and result.verdict.failed:
-                write_bundle(campaign.repro_dir, case, result, campaign.config, Origin(result.backend, True),
-                             result.library)
-                bundles += 1
-        if campaign.until_failures and sum(r.verdict.failed for r in results) >= campaign.until_failures:
-            break
+    with operation_workers(op, campaign.config) as workers:  # under isolation, kept from case to case
+        while time.time() - started < campaign.budget:
+            spec = op.random_spec(rng, campaign.config.device)
+            seed = rng.randrange(1 << 31)
+            try:
+                case = op.build(spec, seed, campaign.config.device)
+            except SpecError:  # a drawn spec the generator refuses (windows that cannot fit): draw again
+                continue
+            for result in run_operation(op, backends, [Drawn(case, spec.to_json())], campaign.config, on_result,
+                                        workers):
+                results.append(result)
+                if campaign.repro_dir and result.verdict.failed:
+                    write_bundle(campaign.repro_dir, case, result, campaign.config, Origin(result.backend, True),
+                                 result.library)
+                    bundles += 1
+            if campaign.until_failures and sum(r.verdict.failed for r in results) >= campaign.until_failures:
+                break
     info = {"command": "difftest " + shlex.join(campaign.argv), "operation": op.name, "seed": campaign.seed,
             "device": campaign.config.device, "budget": campaign.budget, **environment_info(started),
             "seconds": round(time.time() - started, 3), **config_info(campaign.config)}

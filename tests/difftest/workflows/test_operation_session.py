@@ -14,6 +14,7 @@ from difftest.core.kinds import ExitStatus, OperationKind
 from difftest.core.verdict import Verdict
 from difftest.records.bundle import load_bundle
 from difftest.records.serialize import load_results
+from tests.broken_topk import Aborts, Sleeps
 from tests.difftest.operations.planted import EarlyMaskRagged, OracleRagged, WholeRowTopk
 
 
@@ -69,6 +70,19 @@ def test_topk_run_catches_out_of_window_indices_with_the_selected_set_headline(p
     small = load_bundle(_bundles(tmp_path / "small")[0])
     assert small.verdict.failed and small.case.rows * small.case.width <= load_bundle(bundle).case.rows \
         * load_bundle(bundle).case.width
+
+
+def test_an_isolated_topk_run_gives_a_crash_and_a_timeout_their_verdicts_and_goes_on(monkeypatch, tmp_path, capsys):
+    for backend in (Aborts, Sleeps):
+        monkeypatch.setitem(torch_topk.TOPK_BACKENDS, backend.name, backend)
+    report = tmp_path / "t.json"
+    code = main(["run", "--op", "topk", "--cases", "random", "--isolate", "--timeout", "0.5", "--backends",
+                 "aborts,sleeps,torch-topk", "--report", str(report)])
+    assert code == ExitStatus.FAILED and "CRASH" in capsys.readouterr().out
+    results = load_results(report)
+    by = {name: {r.verdict for r in results if r.backend == name} for name in ("aborts", "sleeps", "torch-topk")}
+    assert by == {"aborts": {Verdict.CRASH}, "sleeps": {Verdict.TIMEOUT}, "torch-topk": {Verdict.PASS}}
+    assert len(results) == 3 * 6 and all("SIGABRT" in r.reason for r in results if r.backend == "aborts")
 
 
 def test_topk_envelope_run_of_torch_topk_passes(tmp_path):

@@ -1,0 +1,32 @@
+"""Top-k backends that kill or hang the process that calls them: what worker isolation must contain for an
+operation other than paged logits (difftest.engine.isolate.OperationWorker). Right otherwise (TorchTopk)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from difftest.backends.torch_topk import TorchTopk
+from difftest.core.topk import TopkInputs
+
+
+class Aborts(TorchTopk):
+    """Says why on stderr, then os.abort(): SIGABRT, as a C++ assertion in a kernel library ends a process."""
+
+    name = "aborts"
+
+    def __call__(self, inputs: TopkInputs, out: torch.Tensor | None) -> torch.Tensor:
+        os.write(2, b"planted: the top-k kernel asserted\n")
+        os.abort()
+
+
+class Sleeps(TorchTopk):
+    """Sleeps an hour before answering: a kernel that never finishes."""
+
+    name = "sleeps"
+
+    def __call__(self, inputs: TopkInputs, out: torch.Tensor | None) -> torch.Tensor:
+        time.sleep(3600)
+        return super().__call__(inputs, out)
