@@ -20,12 +20,13 @@ from typing import Any
 import torch
 
 from difftest.backends import Backend, get_backends, stages
-from difftest.backends.stages import Composition, topk_backends
+from difftest.backends.ragged_base import RaggedBackend
+from difftest.backends.stages import Composition, ragged_backends, topk_backends
 from difftest.backends.topk_base import TopkBackend
 from difftest.core.indexer import IndexerCase, IndexerContract
 from difftest.core.kinds import Headline, OperationKind, OracleKind
 from difftest.core.operation import Operation, Planned
-from difftest.core.topk import TopkContract
+from difftest.core.topk import TopkCase, TopkContract
 from difftest.core.verdict import worst
 from difftest.engine.result import Judgement
 from difftest.engine.topk_comparison import compare_topk
@@ -40,6 +41,7 @@ from difftest.generators.indexer import (
     shrink_indexer,
 )
 from difftest.operations import paged, topk
+from difftest.oracles.ragged_reference import RaggedReference
 from difftest.oracles.reference import Reference
 from difftest.oracles.topk import TopkTruth, topk_within
 
@@ -49,7 +51,7 @@ class Composed:
     """A logits backend and a top-k backend run one after the other: one backend of the indexer operation."""
 
     name: str
-    logits: Backend
+    logits: Backend | RaggedBackend
     topk: TopkBackend
 
     @functools.cached_property
@@ -78,14 +80,20 @@ class Staged:
 class IndexerTruth:
     """The oracle's logits (paged reference) and what a right top-k of them selects."""
 
-    logits: Reference
-    ranked: torch.Tensor  # float64 [rows, max_model_len]: the exact logits, near-ties of the k-th value made ties
+    logits: Reference | RaggedReference
+    ranked: torch.Tensor  # float64 [rows, logits width]: the exact logits, near-ties of the k-th value made ties
     truth: TopkTruth
 
 
 def composed(composition: Composition) -> Composed:
-    """The backends a composition names, built (their libraries load when first asked whether they run)."""
+    """The backends a composition of COMPOSITIONS names, built (their libraries load when first asked whether
+    they run)."""
     return Composed(composition.name, get_backends([composition.logits])[0], topk_backends()[composition.topk]())
+
+
+def composed_prefill(composition: Composition) -> Composed:
+    """The backends a composition of PREFILL_COMPOSITIONS names (a ragged logits backend first), built."""
+    return Composed(composition.name, ragged_backends()[composition.logits](), topk_backends()[composition.topk]())
 
 
 def backends() -> dict[str, Callable[[], Composed]]:
@@ -156,7 +164,13 @@ def rows_in_memory(logits: torch.Tensor) -> torch.Tensor:
 def judge(truth: IndexerTruth, got: Staged, case: IndexerCase, contract: IndexerContract) -> Judgement:
     """The selected set against the oracle's (order not judged) and the logits stage's -inf mask."""
     stage = paged.judge(truth.logits, got.logits, case.logits, contract.logits)
-    ranked = case.topk_case(truth.ranked)  # the picks' values are read from the exact logits
+    return judged_selection(truth, got, case.topk_case(truth.ranked), contract, stage)
+
+
+def judged_selection(truth: IndexerTruth, got: Staged, ranked: TopkCase, contract: IndexerContract,
+                     stage: Judgement) -> Judgement:
+    """The selected set against the oracle's, its picks' values read from the exact logits in `ranked`, beside
+    the logits stage's judgement `stage`: the selection's verdict when it failed, else the worse of both."""
     chosen = compare_topk(truth.truth, got.indices, ranked, dataclasses.replace(contract.topk, sorted=False))
     verdict = chosen.verdict if chosen.verdict.failed else worst([chosen.verdict, stage.verdict])
     return Judgement(verdict, f"{chosen.headline()}; logits stage: {stage.headline}", comparison=stage.comparison,
