@@ -1,7 +1,7 @@
 """The backends of each operation other than paged logits, by operation: the RAGGED_BACKENDS tables of the
 ragged (prefill) logits modules, the TOPK_BACKENDS tables of the top-k modules, and the compositions the
-indexer operation runs (a paged logits backend followed by a top-k backend, named by their names: data, not
-classes; difftest.operations.indexer builds them). The paged-logits backends are the registry's
+indexer operations run (a paged or ragged logits backend followed by a top-k backend, named by their names:
+data, not classes; difftest.operations.indexer builds them). The paged-logits backends are the registry's
 (difftest.backends.registry). Building a table imports no kernel library: each backend loads its library when
 it is first asked whether it runs.
 """
@@ -32,8 +32,9 @@ TOPK_TABLES = (torch_topk.TOPK_BACKENDS, flaggems_topk.TOPK_BACKENDS, vllm_topk.
 
 @dataclasses.dataclass(frozen=True)
 class Composition:
-    """An indexer decode step as a serving engine composes it: the paged logits backend `logits` (a name of
-    the registry's), then the top-k backend `topk` (a name of TOPK_TABLES) on the logits it wrote."""
+    """An indexer step as a serving engine composes it: the logits backend `logits` (a paged one of the
+    registry's in COMPOSITIONS, a ragged one of RAGGED_TABLES in PREFILL_COMPOSITIONS), then the top-k backend
+    `topk` (a name of TOPK_TABLES) on the logits it wrote."""
 
     logits: str
     topk: str
@@ -56,6 +57,15 @@ COMPOSITIONS = (
     Composition("deepgemm-flattened", "vllm-persistent-topk"),
     Composition("torch", "torch-topk"),
     Composition("torch", "torch-topk-vllm"),
+)
+
+# vLLM 0.33.0's prefill path (DeepGEMM's ragged logits, then top_k_per_row_prefill over each row's window),
+# DeepGEMM with the torch top-k, and the torch references end to end (the compositions the CPU runs).
+PREFILL_COMPOSITIONS = (
+    Composition("deepgemm-ragged", "vllm-top-k-per-row-prefill"),
+    Composition("deepgemm-ragged", "torch-topk"),
+    Composition("vllm-torch-ref-ragged", "torch-topk"),
+    Composition("sglang-torch-ref-ragged", "torch-topk"),
 )
 
 

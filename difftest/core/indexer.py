@@ -4,7 +4,8 @@ logits stage's Contract and its top-k stage's TopkContract, side by side).
 
 The top-k stage of a decode step ranks each logits row inside [0, row_len), row_len being the decode rule
 L - next_n + j + 1 of draft row j: the windows a paged case's row limits already are (Case.row_lens), so the
-indexer case is the paged case and k.
+indexer case is the paged case and k. The prefill step's (PrefillIndexerCase) ranks each ragged logits row
+inside its key window [k_start, k_end), in the frame of the logits stage's output form.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from difftest.core.case import Case
 from difftest.core.contract import Contract
 from difftest.core.errors import require
+from difftest.core.kinds import LogitsForm
+from difftest.core.ragged import RaggedCase, RaggedContract
 from difftest.core.topk import TopkCase, TopkContract
 
 K_META = "topk_k"  # the meta key a saved indexer case keeps its k under
@@ -92,11 +96,83 @@ class IndexerCase:
         return cls(logits, k).validate()
 
 
+@dataclasses.dataclass(frozen=True, repr=False)
+class PrefillIndexerCase:
+    """A ragged prefill case and the k of the top-k that consumes its logits (vLLM's top_k_per_row_prefill:
+    each row's k largest inside its key window)."""
+
+    logits: RaggedCase
+    k: int
+
+    @property
+    def name(self) -> str:
+        return self.logits.name
+
+    @property
+    def rows(self) -> int:
+        return self.logits.rows
+
+    @property
+    def device(self) -> torch.device:
+        return self.logits.device
+
+    def windows(self, form: LogitsForm) -> tuple[torch.Tensor, torch.Tensor]:
+        """(starts, ends) int64 [rows]: each row's key window in the columns of logits of `form` ([k_start,
+        k_end) ABSOLUTE, [0, k_end - k_start) WINDOW_RELATIVE)."""
+        if form == LogitsForm.ABSOLUTE:
+            return self.logits.k_start, self.logits.k_end
+        return torch.zeros_like(self.logits.k_start), self.logits.window_lens()
+
+    def topk_case(self, storage: torch.Tensor, contract: RaggedContract) -> TopkCase:
+        """The top-k problem of logits of `contract`'s form laid out in `storage` [rows, row_stride], over
+        this case's windows."""
+        starts, ends = self.windows(contract.form)
+        return TopkCase(name=self.name, storage=storage, width=contract.width(self.logits), starts=starts,
+                        ends=ends, k=self.k)
+
+    def shape_case(self, contract: RaggedContract) -> TopkCase:
+        """The top-k problem's shape and windows without logits (a zero-stride storage)."""
+        width = contract.width(self.logits)
+        return self.topk_case(torch.zeros((), dtype=torch.float32, device=self.device).expand(self.rows, width),
+                              contract)
+
+    def to(self, device: str | torch.device) -> PrefillIndexerCase:
+        """The same case on `device` (this case where it is there already)."""
+        moved = self.logits.to(device)
+        return self if moved is self.logits else dataclasses.replace(self, logits=moved)
+
+    def describe(self) -> str:
+        """The ragged case's line and k."""
+        return f"{self.logits.describe()} k={self.k}"
+
+    def validate(self) -> PrefillIndexerCase:
+        """The ragged case's checks, and k >= 1."""
+        require(type(self.k) is int and self.k >= 1, "k", self.k, "an integer >= 1")
+        self.logits.validate()
+        return self
+
+    def __repr__(self) -> str:
+        return f"PrefillIndexerCase({self.name!r}, {self.describe()})"
+
+    def save(self, path: str | Path) -> Path:
+        """The ragged case's archive (RaggedCase.save), k kept as its member K_META."""
+        return self.logits.save(path, **{K_META: np.array(self.k, dtype=np.int64)})
+
+    @classmethod
+    def load(cls, path: str | Path) -> PrefillIndexerCase:
+        """A case written by save(); SpecError when the archive is no ragged case or keeps no k."""
+        logits = RaggedCase.load(path)
+        with np.load(path, allow_pickle=False) as archive:
+            k = int(archive[K_META]) if K_META in archive.files and archive[K_META].shape == () else None
+        require(k is not None, f"{path} member {K_META}", k, "the k of the top-k stage, an integer")
+        return cls(logits, k).validate()
+
+
 @dataclasses.dataclass(frozen=True)
 class IndexerContract:
     """A composed indexer's conventions: its logits stage's and its top-k stage's, as each stage declares."""
 
-    logits: Contract
+    logits: Contract | RaggedContract
     topk: TopkContract
 
     @property
@@ -116,10 +192,11 @@ class IndexerContract:
         """Both stages' libraries: 'deep_gemm 2.8.1 + torch 2.11'."""
         return f"{self.logits.library} + {self.topk.library}"
 
-    def accepts(self, case: IndexerCase, device: str) -> str | None:
+    def accepts(self, case: IndexerCase | PrefillIndexerCase, device: str) -> str | None:
         """Why either stage does not take the case on `device` (the stage named), or None when both do."""
         reason = self.logits.accepts(case.logits, device)
         if reason:
             return f"logits stage: {reason}"
-        reason = self.topk.accepts(case.shape_case(), device)
+        shape = case.shape_case(self.logits) if isinstance(case, PrefillIndexerCase) else case.shape_case()
+        reason = self.topk.accepts(shape, device)
         return f"top-k stage: {reason}" if reason else None

@@ -96,6 +96,7 @@ class OperationKind(str, enum.Enum):
     RAGGED_LOGITS = "ragged-logits"  # prefill: MQA logits over each query's key window
     TOPK = "topk"  # the k largest logits of each row's window, as indices
     INDEXER = "indexer"  # a logits kernel followed by a top-k kernel: the token set the sparse attention reads
+    PREFILL_INDEXER = "prefill-indexer"  # the indexer of a prefill step: ragged logits, then top-k per row window
 
 
 class Headline(str, enum.Enum):

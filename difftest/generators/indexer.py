@@ -1,6 +1,7 @@
 """Indexer cases: IndexerSpec (a paged CaseSpec and the top-k's k) and the tensors it describes. The logits
 are drawn as every paged case is (difftest.generators.tensors); k is the index_topk the serving engine
-hands the top-k stage (2048 for DeepSeek-V3.2), or a small one where the toy contexts are shorter.
+hands the top-k stage (2048 for DeepSeek-V3.2), or a small one where the toy contexts are shorter. The prefill
+step's PrefillIndexerSpec is a RaggedSpec and k, its logits drawn as every ragged case is.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from collections.abc import Callable
 import torch
 
 from difftest.core.case import select_sequences
-from difftest.core.indexer import IndexerCase
+from difftest.core.indexer import IndexerCase, PrefillIndexerCase
+from difftest.core.ragged import MAX_KEYS, RaggedContract
 from difftest.core.schema import MAX_MODEL_LEN, Int, Record, validate
 from difftest.core.spec import CaseSpec, LengthDist, case_name
+from difftest.generators.ragged import RaggedSpec, build_ragged_case, ragged_case_name
+from difftest.generators.ragged_shrink import shrink_ragged
 from difftest.generators.tensors import build_case
 
 PRODUCTION_K = 2048  # DeepSeek-V3.2's index_topk
@@ -86,6 +90,58 @@ def shrink_indexer(case: IndexerCase, still_fails: Callable[[IndexerCase], bool]
             if still_fails(one):
                 best = one
                 break
+    while best.k > 1 and time.monotonic() < deadline:
+        smaller = dataclasses.replace(best, k=best.k // 2)
+        if not still_fails(smaller):
+            break
+        best = smaller
+    return best
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillIndexerSpec(Record):
+    """A ragged case's spec and the k of the top-k stage: {'logits': RaggedSpec JSON, 'k': k} as JSON."""
+
+    what = "a JSON object {logits, k}"
+    logits: RaggedSpec
+    k: Int(1, MAX_KEYS)
+
+    @property
+    def name(self) -> str:
+        return self.logits.name
+
+    @property
+    def elements(self) -> int:
+        """Logits elements of a case of this spec in the ABSOLUTE form (the widest): rows * keys."""
+        return self.logits.rows * self.logits.keys
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "") -> PrefillIndexerSpec:
+        """The spec of to_json's JSON; SpecError naming the field that does not fit ('spec.logits.rows')."""
+        spec = validate(cls, data, where or "spec.", root="spec")
+        spec.logits.validate()
+        return spec
+
+
+def build_prefill_indexer_case(spec: PrefillIndexerSpec, seed: int,
+                               device: str | torch.device = "cpu") -> PrefillIndexerCase:
+    """The ragged case of spec.logits drawn with `seed` (build_ragged_case), and k."""
+    return PrefillIndexerCase(build_ragged_case(spec.logits, seed, device), spec.k).validate()
+
+
+def prefill_indexer_case_name(spec: PrefillIndexerSpec, seed: int) -> str:
+    """The name build_prefill_indexer_case gives its case (the ragged case's)."""
+    return ragged_case_name(spec.logits, seed)
+
+
+def shrink_prefill_indexer(case: PrefillIndexerCase, still_fails: Callable[[PrefillIndexerCase], bool],
+                           contract: RaggedContract, seconds: float) -> PrefillIndexerCase:
+    """The smallest case found, within `seconds`, that still fails: the ragged case shrunk at this k
+    (difftest.generators.ragged_shrink, half the time), then k halved while it fails."""
+    deadline = time.monotonic() + seconds
+    logits = shrink_ragged(case.logits, lambda smaller: still_fails(PrefillIndexerCase(smaller, case.k)), contract,
+                           seconds / 2).case
+    best = PrefillIndexerCase(logits, case.k)
     while best.k > 1 and time.monotonic() < deadline:
         smaller = dataclasses.replace(best, k=best.k // 2)
         if not still_fails(smaller):

@@ -10,10 +10,12 @@ from difftest.core.kinds import OperationKind
 from difftest.core.operation import Operation
 from difftest.operations.indexer import INDEXER
 from difftest.operations.paged import PAGED_LOGITS
+from difftest.operations.prefill_indexer import PREFILL_INDEXER
 from difftest.operations.ragged import RAGGED_LOGITS
 from difftest.operations.topk import TOPK
 
-OPERATIONS: dict[OperationKind, Operation] = {op.kind: op for op in (PAGED_LOGITS, RAGGED_LOGITS, TOPK, INDEXER)}
+OPERATIONS: dict[OperationKind, Operation] = {op.kind: op for op in (PAGED_LOGITS, RAGGED_LOGITS, TOPK, INDEXER,
+                                                                    PREFILL_INDEXER)}
 
 
 def operation(kind: OperationKind | str) -> Operation:

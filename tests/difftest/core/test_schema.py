@@ -55,7 +55,7 @@ from difftest.engine.sanitize import Finding, SanitizerReport
 from difftest.engine.stability import Stability, StabilityKind
 from difftest.engine.timing import Timing
 from difftest.generators import CaseSpec, build_case
-from difftest.generators.indexer import IndexerSpec
+from difftest.generators.indexer import IndexerSpec, PrefillIndexerSpec
 from difftest.generators.ragged import RaggedSpec
 from difftest.generators.topk import TopkSpec
 from difftest.matrix.definition import Exclude, Include, Suite, load_matrix
@@ -246,7 +246,8 @@ def _folder() -> Path:
 RECORDS = [CaseResult, Comparison, Mismatch, Explanation, Relation, Example, Stability, SanitizerReport, Finding, Reach,
            Origin, Timing, Siblings, BackendSummary, SiblingRace, SiblingTime, CallMemory, CaseSpec, BundleInfo, Report,
            Entry, MergedFile, Divergence, ArchiveMeta, CaseMeta, TopkSpec, TopkMeta, RaggedSpec,
-           RaggedMeta, Suite, Include, Exclude, Phases, Selection, Violation, MutantScore, SelftestScore, IndexerSpec]
+           RaggedMeta, Suite, Include, Exclude, Phases, Selection, Violation, MutantScore, SelftestScore, IndexerSpec,
+           PrefillIndexerSpec]
 
 
 def _bounded(annotation: Any) -> bool:
