@@ -280,18 +280,18 @@ def _position_kinds(expected: torch.Tensor, got: torch.Tensor, inside: torch.Ten
     neg_inf_inside = inside & torch.isneginf(got)
     not_inf_outside = ~inside & ~torch.isneginf(got) & (contract.mask == MaskConvention.TAIL_NEG_INF) & ~unwritten
     mask = neg_inf_inside | not_inf_outside
-    tol = tolerance(expected, inside, contract, bound)
+    tol = tolerance(expected, inside, contract.rtol, bound)
     # +inf (an overflow) inside the window is a value error too, not a value that escapes every check.
     value = inside & ~torch.isnan(got) & ~torch.isneginf(got) & ((got - expected).abs() > tol[:, None])
     return {Verdict.FAIL_UNWRITTEN: unwritten, Verdict.FAIL_NAN: nan, Verdict.FAIL_MASK: mask & ~nan,
             Verdict.FAIL_VALUE: value}
 
 
-def tolerance(expected: torch.Tensor, inside: torch.Tensor, contract: Contract,
+def tolerance(expected: torch.Tensor, inside: torch.Tensor, rtol: float,
               bound: torch.Tensor | None) -> torch.Tensor:
-    """(rows,) allowed |got - expected| of each row: rtol times the row's largest |expected| in
-    its window, or the oracle's fp32 bound, whichever is larger."""
-    tol = contract.rtol * _row_scale(expected, inside)
+    """(rows,) allowed |got - expected| of each row: `rtol` (a contract's) times the row's largest |expected|
+    in its window, or the oracle's fp32 bound, whichever is larger."""
+    tol = rtol * _row_scale(expected, inside)
     return tol if bound is None else torch.maximum(tol, bound.to(tol))
 
 

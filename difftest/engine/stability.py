@@ -41,7 +41,7 @@ def classify_stability(outputs: tuple[torch.Tensor, ...], expected: torch.Tensor
     rows, width = expected.shape
     inside = torch.arange(width, device=expected.device)[None, :] < row_lens.to(expected.device)[:, None]
     checked = inside | (contract.mask == MaskConvention.TAIL_NEG_INF)
-    tol = tolerance(expected, inside, contract, bound)
+    tol = tolerance(expected, inside, contract.rtol, bound)
     first = outputs[0].to(expected.device)
     moved = torch.zeros(rows, dtype=torch.bool, device=expected.device)
     beyond, max_diff = moved.clone(), 0.0

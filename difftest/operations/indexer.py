@@ -1,9 +1,10 @@
 """The indexer operation: a decode step end to end, a paged logits backend followed by a top-k backend on the
 logits it wrote (a composition, difftest.backends.stages.COMPOSITIONS), as a serving engine composes them.
 
-The oracle is the tie-aware top-k of the exact logits. A right logits stage is only within its fp32 rounding
-bound of them, so a candidate within twice the row's bound of the exact k-th value may land on either side
-of it in a right pipeline: the oracle ranks those as ties (difftest.oracles.topk.topk_within). The judgement
+The oracle is the tie-aware top-k of the exact logits. A right logits stage is only within the tolerance its
+contract is judged by (rtol times the row's largest logit, or the fp32 rounding bound), so a candidate within
+twice that of the exact k-th value may land on either side of it in a right pipeline: the oracle ranks those as
+ties (selection_band, difftest.oracles.topk.topk_within). The judgement
 has two parts, both in the headline: the rows whose selected set differs (and by how many tokens), and the
 rows whose -inf mask the logits stage got wrong (the paged comparison). The verdict is the selection's when
 the selected set is wrong (what the pipeline gets wrong first: shrinking keeps it), else the logits stage's;
@@ -28,6 +29,7 @@ from difftest.core.kinds import Headline, OperationKind, OracleKind
 from difftest.core.operation import Operation, Planned
 from difftest.core.topk import TopkCase, TopkContract
 from difftest.core.verdict import worst
+from difftest.engine.comparison import tolerance
 from difftest.engine.result import Judgement
 from difftest.engine.topk_comparison import compare_topk
 from difftest.generators.indexer import (
@@ -126,12 +128,23 @@ def suite() -> list[IndexerSpec]:
 
 
 def reference(case: IndexerCase, contract: IndexerContract, oracle: OracleKind) -> IndexerTruth:
-    """The paged oracle's logits, and the tie-aware top-k of them within twice each row's rounding bound."""
+    """The paged oracle's logits, and the tie-aware top-k of them within the selection band."""
     logits = paged.reference(case.logits, contract.logits, oracle)
     starts, ends = case.windows()
-    ranked, truth = topk_within(logits.logits, starts, ends, case.k, 2 * logits.bound.to(starts.device),
-                                contract.topk.nan)
+    band = selection_band(logits.logits, starts, ends, contract.logits.rtol, logits.bound)
+    ranked, truth = topk_within(logits.logits, starts, ends, case.k, band, contract.topk.nan)
     return IndexerTruth(logits, ranked, truth)
+
+
+def selection_band(exact: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, rtol: float,
+                   bound: torch.Tensor) -> torch.Tensor:
+    """(rows,) how far a candidate's exact logit may lie from its row's exact k-th and still rank on either side
+    of it in a pipeline whose logits stage is right: twice the tolerance the logits stage is judged by (its
+    contract's rtol times the row's largest logit, or the oracle's rounding bound, whichever is larger), as the
+    candidate and the k-th may each be off by it. A logits stage off by more fails on its own."""
+    columns = torch.arange(exact.shape[1], device=starts.device)
+    inside = (columns >= starts[:, None]) & (columns < ends[:, None])
+    return 2 * tolerance(exact.to(starts.device), inside, rtol, bound.to(starts.device))
 
 
 def call(backend: Composed, case: IndexerCase) -> Staged:

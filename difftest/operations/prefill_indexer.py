@@ -62,14 +62,15 @@ def random_spec(rng: random.Random, device: str) -> PrefillIndexerSpec:
 
 
 def reference(case: PrefillIndexerCase, contract: IndexerContract, oracle: OracleKind) -> indexer.IndexerTruth:
-    """The ragged oracle's logits, and the tie-aware top-k of them, in the logits stage's form, within twice
-    each row's rounding bound."""
+    """The ragged oracle's logits, and the tie-aware top-k of them, in the logits stage's form, within the
+    selection band (difftest.operations.indexer.selection_band)."""
     logits = ragged.reference(case.logits, contract.logits, oracle)
     exact = logits.logits
     if contract.logits.form == LogitsForm.ABSOLUTE:
         exact = absolute(exact, case.logits.k_start, case.logits.keys)
     starts, ends = case.windows(contract.logits.form)
-    ranked, truth = topk_within(exact, starts, ends, case.k, 2 * logits.bound.to(starts.device), contract.topk.nan)
+    band = indexer.selection_band(exact, starts, ends, contract.logits.rtol, logits.bound)
+    ranked, truth = topk_within(exact, starts, ends, case.k, band, contract.topk.nan)
     return indexer.IndexerTruth(logits, ranked, truth)
 
 

@@ -3,12 +3,15 @@ tie-aware top-k of the exact logits, beside the logits stage's -inf mask; end to
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from difftest.backends import get_backends, stages
 from difftest.backends.stages import Composition
 from difftest.backends.torch_topk import TorchTopk
+from difftest.backends.user import FunctionBackend
 from difftest.cli import main
 from difftest.core.kinds import ExitStatus, Headline, OperationKind
 from difftest.core.spec import CaseSpec
@@ -118,3 +121,35 @@ def test_run_op_indexer_catches_the_planted_composition_bundles_replays_and_shri
     small = load_bundle(next((tmp_path / "small").iterdir()))
     original = load_bundle(bundle).case
     assert small.verdict.failed and (small.case.logits.batch, small.case.k) <= (original.logits.batch, original.k)
+
+
+def test_a_logits_stage_right_to_its_tolerance_may_pick_either_side_of_a_near_tie():
+    """The selection is judged only as finely as the logits stage is: a kernel that swaps the k-th and the
+    next value of a row where they lie within its contract's rtol times the row's largest logit (far more than
+    the fp32 rounding bound) is right to its contract, and so is the pipeline's selection; the same swap
+    beyond that tolerance fails."""
+    from tests.user_backends import PER_ROW, logits_with_limits
+
+    k, swapped = 8, []
+
+    def swapping(reach: float):
+        def kernel(q, kv_cache, weights, context_lens, block_table, max_model_len):
+            logits = logits_with_limits(q, kv_cache, weights, context_lens.long(), block_table, max_model_len)
+            for row, values in enumerate(logits):
+                finite = values[torch.isfinite(values)]
+                if finite.numel() <= k:
+                    continue
+                order = torch.argsort(values.masked_fill(~torch.isfinite(values), -torch.inf), descending=True)
+                kth, next_ = order[k - 1], order[k]
+                if values[kth] - values[next_] <= reach * 1e-2 * finite.abs().max():
+                    values[kth], values[next_] = values[next_].clone(), values[kth].clone()
+                    swapped.append(row)
+            return logits
+        return FunctionBackend(f"swap-{reach}", dataclasses.replace(PER_ROW, rtol=1e-2), kernel)
+
+    result = _run(Composed("swap+torch-topk", swapping(0.9), TorchTopk()), _case(k))
+    assert swapped, "no row had a near tie to swap: the case proves nothing"
+    assert result.verdict == Verdict.PASS and not result.selection.wrong_rows, result.headline
+    swapped.clear()
+    result = _run(Composed("swap+torch-topk", swapping(100.0), TorchTopk()), _case(k))
+    assert swapped and result.verdict.failed and result.comparison.value_rows, result.headline
