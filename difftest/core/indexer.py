@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -26,11 +27,14 @@ from difftest.core.topk import TopkCase, TopkContract
 K_META = "topk_k"  # the meta key a saved indexer case keeps its k under
 
 
-@dataclasses.dataclass(frozen=True, repr=False)
-class IndexerCase:
-    """A paged decode case and the k of the top-k that consumes its logits."""
+_Staged = TypeVar("_Staged", bound="_LogitsAndK")
 
-    logits: Case
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class _LogitsAndK:
+    """What both pipelines' cases are: a logits stage's case and the k of the top-k that consumes its logits."""
+
+    logits: Case | RaggedCase
     k: int
 
     @property
@@ -44,6 +48,32 @@ class IndexerCase:
     @property
     def device(self) -> torch.device:
         return self.logits.device
+
+    def to(self: _Staged, device: str | torch.device) -> _Staged:
+        """The same case on `device` (this case where it is there already)."""
+        moved = self.logits.to(device)
+        return self if moved is self.logits else dataclasses.replace(self, logits=moved)
+
+    def describe(self) -> str:
+        """The logits stage's case line and k."""
+        return f"{self.logits.describe()} k={self.k}"
+
+    def validate(self: _Staged) -> _Staged:
+        """The logits stage's case checks, and k >= 1."""
+        require(type(self.k) is int and self.k >= 1, "k", self.k, "an integer >= 1")
+        self.logits.validate()
+        return self
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, {self.describe()})"
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class IndexerCase(_LogitsAndK):
+    """A paged decode case and the k of the top-k that consumes its logits."""
+
+    logits: Case
+    k: int
 
     def windows(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(starts, ends) int64 [rows]: the window each logits row is ranked in (0, the row's limit)."""
@@ -64,24 +94,6 @@ class IndexerCase:
                                                                                   self.logits.max_model_len)
         return self.topk_case(storage)
 
-    def to(self, device: str | torch.device) -> IndexerCase:
-        """The same case on `device` (this case where it is there already)."""
-        moved = self.logits.to(device)
-        return self if moved is self.logits else dataclasses.replace(self, logits=moved)
-
-    def describe(self) -> str:
-        """The paged case's line and k."""
-        return f"{self.logits.describe()} k={self.k}"
-
-    def validate(self) -> IndexerCase:
-        """The paged case's checks, and k >= 1."""
-        require(type(self.k) is int and self.k >= 1, "k", self.k, "an integer >= 1")
-        self.logits.validate()
-        return self
-
-    def __repr__(self) -> str:
-        return f"IndexerCase({self.name!r}, {self.describe()})"
-
     def save(self, path: str | Path) -> Path:
         """The paged case's archive (Case.save), k kept in its meta."""
         return dataclasses.replace(self.logits, meta={**self.logits.meta, K_META: self.k}).save(path)
@@ -97,24 +109,12 @@ class IndexerCase:
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class PrefillIndexerCase:
+class PrefillIndexerCase(_LogitsAndK):
     """A ragged prefill case and the k of the top-k that consumes its logits (vLLM's top_k_per_row_prefill:
     each row's k largest inside its key window)."""
 
     logits: RaggedCase
     k: int
-
-    @property
-    def name(self) -> str:
-        return self.logits.name
-
-    @property
-    def rows(self) -> int:
-        return self.logits.rows
-
-    @property
-    def device(self) -> torch.device:
-        return self.logits.device
 
     def windows(self, form: LogitsForm) -> tuple[torch.Tensor, torch.Tensor]:
         """(starts, ends) int64 [rows]: each row's key window in the columns of logits of `form` ([k_start,
@@ -135,24 +135,6 @@ class PrefillIndexerCase:
         width = contract.width(self.logits)
         return self.topk_case(torch.zeros((), dtype=torch.float32, device=self.device).expand(self.rows, width),
                               contract)
-
-    def to(self, device: str | torch.device) -> PrefillIndexerCase:
-        """The same case on `device` (this case where it is there already)."""
-        moved = self.logits.to(device)
-        return self if moved is self.logits else dataclasses.replace(self, logits=moved)
-
-    def describe(self) -> str:
-        """The ragged case's line and k."""
-        return f"{self.logits.describe()} k={self.k}"
-
-    def validate(self) -> PrefillIndexerCase:
-        """The ragged case's checks, and k >= 1."""
-        require(type(self.k) is int and self.k >= 1, "k", self.k, "an integer >= 1")
-        self.logits.validate()
-        return self
-
-    def __repr__(self) -> str:
-        return f"PrefillIndexerCase({self.name!r}, {self.describe()})"
 
     def save(self, path: str | Path) -> Path:
         """The ragged case's archive (RaggedCase.save), k kept as its member K_META."""

@@ -18,7 +18,7 @@ changes nothing or the budget is spent. Works on any RaggedCase (a golden file, 
 from __future__ import annotations
 
 import dataclasses
-import time
+import functools
 from collections.abc import Callable, Iterator
 
 import torch
@@ -26,60 +26,17 @@ import torch
 from difftest.core.errors import SpecError
 from difftest.core.fp8 import decode, encode_exact
 from difftest.core.ragged import RaggedCase, RaggedContract
+from difftest.generators.greedy_shrink import Shrunk, shrink_greedily
 
 _FINEST_CUT = 64  # the narrowest block of keys tried is keys / this
 
 
-@dataclasses.dataclass(frozen=True)
-class RaggedShrink:
-    """The smallest case found that still fails, and what finding it cost."""
-
-    original: RaggedCase
-    case: RaggedCase
-    probes: int  # still_fails calls
-    seconds: float
-    finished: bool  # False when the budget ran out before a round changed nothing
-
-
 def shrink_ragged(case: RaggedCase, still_fails: Callable[[RaggedCase], bool], contract: RaggedContract | None = None,
-                  budget_seconds: float = 20.0) -> RaggedShrink:
+                  budget_seconds: float = 20.0) -> Shrunk[RaggedCase]:
     """The smallest case `still_fails` accepts, reached from `case` within about `budget_seconds`; SpecError
     when `case` itself does not fail."""
-    start = time.perf_counter()
-    if not still_fails(case):
-        raise SpecError("case", case.name, "a case that fails (still_fails(case) is False)")
-    probes, current, finished = 1, case, False
-    deadline = start + budget_seconds
-    while time.perf_counter() < deadline:
-        changed = False
-        for move in (_fewer_rows, _fewer_keys, _smaller_windows, _simpler):
-            while (found := _first_failing(move(current), still_fails, contract, deadline)) is not None:
-                candidate, tried = found
-                probes += tried
-                if candidate is None:
-                    break
-                current, changed = candidate, True
-        if not changed:
-            finished = time.perf_counter() < deadline
-            break
-    named = dataclasses.replace(current, name=f"{case.name}-min") if current is not case else current
-    return RaggedShrink(case, named, probes, time.perf_counter() - start, finished)
-
-
-def _first_failing(candidates: Iterator[RaggedCase], still_fails: Callable[[RaggedCase], bool],
-                   contract: RaggedContract | None, deadline: float) -> tuple[RaggedCase | None, int] | None:
-    """(the first candidate that still fails, or None when none does; the probes spent), or None when the
-    budget ran out first."""
-    tried = 0
-    for candidate in candidates:
-        if time.perf_counter() >= deadline:
-            return None
-        if not _takes(contract, candidate):
-            continue
-        tried += 1
-        if still_fails(candidate):
-            return candidate, tried
-    return None, tried
+    moves = (_fewer_rows, _fewer_keys, _smaller_windows, _simpler)
+    return shrink_greedily(case, still_fails, moves, functools.partial(_takes, contract), budget_seconds)
 
 
 def _takes(contract: RaggedContract | None, case: RaggedCase) -> bool:

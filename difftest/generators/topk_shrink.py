@@ -18,68 +18,30 @@ golden file, a bundle's): it reads no spec.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-import time
 from collections.abc import Callable, Iterator
 
 import torch
 
 from difftest.core.errors import SpecError
 from difftest.core.topk import TopkCase, TopkContract
+from difftest.generators.greedy_shrink import Shrunk, shrink_greedily
 
 _FINEST_CUT = 64  # the narrowest block of columns tried is width / this
 
 
-@dataclasses.dataclass(frozen=True)
-class TopkShrink:
-    """The smallest case found that still fails, and what finding it cost."""
-
-    original: TopkCase
-    case: TopkCase
-    probes: int  # still_fails calls
-    seconds: float
-    finished: bool  # False when the budget ran out before a round changed nothing
-
-
 def shrink_topk(case: TopkCase, still_fails: Callable[[TopkCase], bool], contract: TopkContract | None = None,
-                budget_seconds: float = 20.0) -> TopkShrink:
+                budget_seconds: float = 20.0) -> Shrunk[TopkCase]:
     """The smallest case `still_fails` accepts, reached from `case` within about `budget_seconds`; SpecError
     when `case` itself does not fail."""
-    start = time.perf_counter()
-    if not still_fails(case):
-        raise SpecError("case", case.name, "a case that fails (still_fails(case) is False)")
-    probes, current, finished = 1, case, False
-    deadline = start + budget_seconds
-    while time.perf_counter() < deadline:
-        changed = False
-        for move in (_fewer_rows, _narrower, _smaller_k, _simpler):
-            while (found := _first_failing(move(current, contract), still_fails, contract, deadline)) is not None:
-                candidate, tried = found
-                probes += tried
-                if candidate is None:
-                    break
-                current, changed = candidate, True
-        if not changed:
-            finished = time.perf_counter() < deadline
-            break
-    named = dataclasses.replace(current, name=f"{case.name}-min") if current is not case else current
-    return TopkShrink(case, named, probes, time.perf_counter() - start, finished)
+    moves = [functools.partial(_contracted, move, contract) for move in (_fewer_rows, _narrower, _smaller_k, _simpler)]
+    return shrink_greedily(case, still_fails, moves, functools.partial(_takes, contract), budget_seconds)
 
 
-def _first_failing(candidates: Iterator[TopkCase], still_fails: Callable[[TopkCase], bool],
-                   contract: TopkContract | None, deadline: float) -> tuple[TopkCase | None, int] | None:
-    """(the first candidate that still fails, or None when none does; the probes spent), or None when the
-    budget ran out first. A move is repeated on its own result until it finds nothing more."""
-    tried = 0
-    for candidate in candidates:
-        if time.perf_counter() >= deadline:
-            return None
-        if not _takes(contract, candidate):
-            continue
-        tried += 1
-        if still_fails(candidate):
-            return candidate, tried
-    return None, tried
+def _contracted(move: Callable[[TopkCase, TopkContract | None], Iterator[TopkCase]], contract: TopkContract | None,
+                case: TopkCase) -> Iterator[TopkCase]:
+    return move(case, contract)
 
 
 def _takes(contract: TopkContract | None, case: TopkCase) -> bool:
