@@ -365,6 +365,8 @@ def _add_selftest(commands: argparse._SubParsersAction) -> None:
     selftest.add_argument("--device", type=_enum(Device), default=Device.CPU, help="cpu or cuda (default: cpu)")
     selftest.add_argument("--budget", type=_duration, help="after the plan, a fuzz round this long (90s, 10m) for the "
                           "mutants not caught yet and those that must pass (default: none)")
+    selftest.add_argument("--fuzz-only", action="store_true", help="run none of the planned paged-logits cases: "
+                          "the score is the fuzz round's alone, by any family (needs --budget)")
     selftest.add_argument("--backend-template", metavar="PKG.MOD:OBJ", help="a backend (registered name or "
                           "package.module:object) whose envelope the mutants take (heads, head dims, block sizes, "
                           "next_n, longest context, tiles, partition, mask, tolerance): the score is for it")
@@ -580,7 +582,8 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"difftest: error: {FLAGS.get(exc.field, exc.field)}={exc.path!r}: {exc.reason}", file=sys.stderr)
         return ExitStatus.IO
     except Interrupted as exc:
-        where = f"; kept in {', '.join(exc.kept)} (--resume {exc.kept[0]} continues it)" if exc.kept else ""
+        resume = f" (--resume {exc.kept[0]} continues it)" if exc.resumable else ""
+        where = f"; kept in {', '.join(exc.kept)}{resume}" if exc.kept else ""
         print(f"\ndifftest: interrupted after {exc.results} results{where}", file=sys.stderr)
         return ExitStatus.INTERRUPTED
     except KeyboardInterrupt:
@@ -1103,7 +1106,7 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     request = selftest.SelftestRequest(config=_run_config(args, metamorphic=args.metamorphic),
                                        template=args.backend_template, budget=args.budget, seed=args.seed,
                                        mutants=args.mutants, regime=regime, case_filter=tuple(args.case_filter),
-                                       report=args.report, argv=tuple(args.argv))
+                                       plan=not args.fuzz_only, report=args.report, argv=tuple(args.argv))
     outcome = selftest.selftest(request, progress=None if args.quiet else lambda line: print(line, flush=True))
     print(outcome.summary() if args.quiet else "\n" + selftest.render_scores(outcome))
     if args.verbose:

@@ -1,5 +1,6 @@
 """Top-k backends that kill or hang the process that calls them: what worker isolation must contain for an
-operation other than paged logits (difftest.engine.isolate.OperationWorker). Right otherwise (TorchTopk)."""
+operation other than paged logits (difftest.engine.isolate.OperationWorker); and one whose call runs out of
+memory, which earns it no verdict. Right otherwise (TorchTopk)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,12 @@ class Sleeps(TorchTopk):
     def __call__(self, inputs: TopkInputs, out: torch.Tensor | None) -> torch.Tensor:
         time.sleep(3600)
         return super().__call__(inputs, out)
+
+
+class RunsOutOfMemory(TorchTopk):
+    """Raises torch's out-of-memory error, as a call does on a GPU that other runs have filled."""
+
+    name = "runs-out-of-memory"
+
+    def __call__(self, inputs: TopkInputs, out: torch.Tensor | None) -> torch.Tensor:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 818.00 MiB (planted)")

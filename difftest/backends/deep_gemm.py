@@ -77,6 +77,11 @@ SM90_SPLIT_KV = 256
 # (2.8.1, 2026-12-02). 262144 keeps a factor of two below the longest seen to work and covers
 # DeepSeek-V3.2's 163840.
 MAX_CONTEXT = 262144
+# scheduler/sm90_paged_mqa_logits.cuh:21-22: the metadata kernel keeps one uint32 per request (the batch
+# rounded up to 32, kAlignedBatchSize) in shared memory, which holds 232448 bytes on an sm90 SM: 58112
+# requests at most. On the H200 (2.8.1, 2026-12-04) B = 65537 raised the host's assertion "smem_size <=
+# SM90ArchSpec::smem_capacity" in get_paged_mqa_logits_metadata. A flattened call hands B * next_n requests.
+SM90_MAX_BATCH = 232448 // 4
 # sched:77-80: ceil(L / SPLIT_KV) units per request laid end to end and cut into contiguous ranges,
 # one per SM; at next_n = 4 one schedule entry drives a two-CTA cluster (host assert
 # "_schedule_meta_size == num_sms / num_kv_multicast + 1"), so half the SMs take ranges.
@@ -115,7 +120,7 @@ class Variant:
             # Flattened rows reach the kernel at next_n = 1 whatever the case's next_n is.
             next_n=None if self.flattened else SM90_NATIVE_NEXT_N,
             head_dims=HEAD_DIMS, block_sizes=SM90_BLOCK_SIZES, heads=SM90_HEADS, max_context=MAX_CONTEXT,
-            tiles=(SM90_COMPUTE_BLOCK_KV, SM90_SPLIT_KV),
+            max_batch=SM90_MAX_BATCH, tiles=(SM90_COMPUTE_BLOCK_KV, SM90_SPLIT_KV),
             partition=SM90_FLAT_PARTITION if self.flattened else SM90_PARTITION,
             output_dtype=self.logits_dtype or torch.float32, rtol=RTOL, library=library, siblings=siblings,
             batchable=True)

@@ -79,9 +79,11 @@ class DeepGemmFlagGemsSchedule(deep_gemm.DeepGemm):
 
     @property
     def contract(self) -> Contract:
-        """DeepGEMM's native envelope (the kernel is DeepGEMM's); `library` names both libraries."""
+        """DeepGEMM's native envelope (the kernel is DeepGEMM's) less its batch limit, which is its metadata
+        kernel's shared memory (deep_gemm.SM90_MAX_BATCH): FlagGems' schedule replaces that kernel. `library`
+        names both libraries."""
         native = super().contract
-        return dataclasses.replace(native, library=f"{native.library}; schedule: {describe(find())}")
+        return dataclasses.replace(native, max_batch=None, library=f"{native.library}; schedule: {describe(find())}")
 
     def unavailable_reason(self, device: str) -> str | None:
         """DeepGEMM's reason first, then a missing or unloadable schedule file."""

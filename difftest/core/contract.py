@@ -102,6 +102,7 @@ class Contract:
     heads_power_of_two: bool = False  # e.g. all heads as one tl.arange block
     max_context: int | None = None  # the longest max_model_len it takes
     max_pool_bytes: int | None = None  # the largest cache (num_blocks * block_size * (D + 4) bytes) it takes
+    max_batch: int | None = None  # the most requests it is handed in one call (a flattened encoding's rows)
     tiles: tuple[int, ...] = ()  # key-position tile sizes it is known to use: their multiples +-1 are edges
     partition: WorkPartition | None = None  # how it spreads work over workers, when known
     writes_into_output: bool = False  # the backend fills a buffer the engine allocates (poisoned)
@@ -149,8 +150,17 @@ class Contract:
         return None
 
     def _size_reason(self, case: Case) -> str | None:
-        if self.max_context is not None and case.max_model_len > self.max_context:
-            return f"max_model_len={case.max_model_len} exceeds the contract's max_context {self.max_context}"
-        if self.max_pool_bytes is not None and case.pool_bytes > self.max_pool_bytes:
-            return f"a {case.pool_bytes}-byte cache exceeds the contract's max_pool_bytes {self.max_pool_bytes}"
+        return self.limits_reason(case.max_model_len, case.pool_bytes, case.batch, case.next_n)
+
+    def limits_reason(self, max_model_len: int, pool_bytes: int, batch: int, next_n: int) -> str | None:
+        """Why a case of this size passes a declared limit (max_context, max_pool_bytes, max_batch), or None.
+        A flattened encoding hands the kernel one request per row: batch * next_n of them."""
+        if self.max_context is not None and max_model_len > self.max_context:
+            return f"max_model_len={max_model_len} exceeds the contract's max_context {self.max_context}"
+        if self.max_pool_bytes is not None and pool_bytes > self.max_pool_bytes:
+            return f"a {pool_bytes}-byte cache exceeds the contract's max_pool_bytes {self.max_pool_bytes}"
+        flattened = self.length_encoding in (LengthEncoding.FLATTENED, LengthEncoding.FLATTENED_INDICES)
+        handed = batch * next_n if flattened else batch
+        if self.max_batch is not None and handed > self.max_batch:
+            return f"{handed} requests in one call exceed the contract's max_batch {self.max_batch}"
         return None

@@ -36,11 +36,13 @@ class OutputError(Exception):
 
 class Interrupted(Exception):
     """A run stopped by Ctrl-C after keeping what finished: `results` of them, in `kept` (the paths
-    of the stream and of the report marked incomplete)."""
+    of the stream and of the report marked incomplete); `resumable` when the stream can continue it (a run's;
+    a fuzz campaign's cannot)."""
 
-    def __init__(self, results: int, kept: tuple[str, ...]) -> None:
+    def __init__(self, results: int, kept: tuple[str, ...], resumable: bool = True) -> None:
         self.results = results
         self.kept = kept
+        self.resumable = resumable
         super().__init__(f"interrupted after {results} results" + (f"; kept in {', '.join(kept)}" if kept else ""))
 
 

@@ -657,12 +657,12 @@ def serve_operation(conn: Connection, device: str, log_path: str, environ: Mappi
     conn.send_bytes(_dumps(("ready", None)))
     while True:
         try:
-            case = _loads(conn.recv_bytes()).to(device)
+            case = _loads(conn.recv_bytes())
         except EOFError:
             return
         started = time.perf_counter()
-        try:
-            answer: Called | Fault = Called(_tree_moved(call(backend, case), "cpu", device), 0.0)
+        try:  # moving the case in runs out of memory as the call may: the same answer, and this worker goes on
+            answer: Called | Fault = Called(_tree_moved(call(backend, case.to(device)), "cpu", device), 0.0)
             answer = dataclasses.replace(answer, seconds=time.perf_counter() - started)
         except Exception as exc:  # the backend raised: sent back as in-process it would be judged
             answer = Fault(Verdict.ERROR, first_line(exc), time.perf_counter() - started, error_type=type(exc).__name__,

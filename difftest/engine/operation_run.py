@@ -4,8 +4,10 @@ operation's oracle once per contract, then through every backend, one verdict ea
 A backend that raises gets ERROR (its exception, its traceback) and the run goes on; one that cannot take a
 case here (unavailable, or its contract refuses the case) gets SKIP with the reason; an output the
 operation's comparison cannot read (the wrong shape) is ERROR with the comparison's words; an oracle or a
-comparison that raises is ERROR too ('checking the output: ...'), or SKIP where it ran out of memory. Results
-reach `on_result` as each is made.
+comparison that raises is ERROR too ('checking the output: ...'). Running out of memory earns no kernel a
+verdict: a case that could not be drawn or moved to the device (NotDrawn), a call that ran out (in-process or
+in its worker) and a check that ran out are each a SKIP that says so, and the run goes on. Results reach
+`on_result` as each is made.
 
 Under isolation (RunConfig.isolated: --isolate, the default on a GPU) each backend's calls run in a worker
 process of its own (difftest.engine.isolate.OperationWorker): a backend that kills its process (a segfault,
@@ -29,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from difftest.core import memory
 from difftest.core.errors import first_line
 from difftest.core.kinds import Isolation
 from difftest.core.lifetime import run_folder
@@ -38,15 +41,19 @@ from difftest.engine.config import RunConfig
 from difftest.engine.guards import Fault, formatted_traceback
 from difftest.engine.isolate import DEFAULT_TIMEOUT, Called, OperationWorker, cannot_pickle
 from difftest.engine.result import CaseResult, Judgement
+from difftest.engine.runner import NotDrawn
 
 
 @dataclasses.dataclass(frozen=True)
 class Drawn:
     """A case as drawn, with what the report keeps of where it came from."""
 
-    case: Any
+    case: Any  # or the NotDrawn of a case whose tensors ran out of memory: a SKIP for each backend
     spec: dict[str, object] | None = None  # the spec's JSON, when it was drawn from one
     backends: tuple[str, ...] | None = None  # the backends the plan chose for it; None: every one
+
+
+References = list[tuple[Any, Any]]  # (contract, the oracle's answer under it) for one case
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,16 +74,38 @@ def run_operation(op: Operation, backends: list[Named], cases: Iterable[Drawn], 
             return run_operation(op, backends, cases, config, on_result, made)
     results = []
     for drawn in cases:
-        case = drawn.case.validate().to(config.device)
-        references: dict[int, Any] = {}  # id(contract) -> the oracle's answer under it
+        case = _on_device(drawn, config.device)
+        references: References = []  # the oracle's answer under each contract seen on this case
         for named in backends:
             if drawn.backends is not None and named.name not in drawn.backends:
                 continue
-            result = run_one(op, named, case, config, drawn.spec, references, workers)
+            result = (_not_drawn(op, named, case, config) if isinstance(case, NotDrawn)
+                      else run_one(op, named, case, config, drawn.spec, references, workers))
             if on_result:
                 on_result(result)
             results.append(result)
     return results
+
+
+def _on_device(drawn: Drawn, device: str) -> Any:
+    """The drawn case, checked and on `device`; a NotDrawn when it is one or moving it ran out of memory."""
+    if isinstance(drawn.case, NotDrawn):
+        return drawn.case
+    try:
+        return drawn.case.validate().to(device)
+    except Exception as exc:
+        if not memory.ran_out(exc):
+            raise
+        return NotDrawn(drawn.case.name, drawn.case.describe(), drawn.case.rows,
+                        f"moving the case to {device}: {first_line(exc)}", drawn.spec)
+
+
+def _not_drawn(op: Operation, named: Named, case: NotDrawn, config: RunConfig) -> CaseResult:
+    """The SKIP of a backend on a case that ran out of memory before any backend was called."""
+    return CaseResult(verdict=Verdict.SKIP, seconds=0.0, reason=f"the case ran out of memory before any call "
+                      f"({case.reason}): no verdict", backend=named.name, case=case.name,
+                      description=case.description, rows=case.rows, device=config.device, encoding=None, layout=None,
+                      overridden=False, spec=case.spec, library=named.backend.contract.library, operation=op.kind)
 
 
 class Workers:
@@ -118,13 +147,13 @@ def operation_workers(op: Operation, config: RunConfig) -> Iterator[Workers | No
 
 
 def run_one(op: Operation, named: Named, case: Any, config: RunConfig, spec: dict[str, object] | None = None,
-            references: dict[int, Any] | None = None, workers: Workers | None = None) -> CaseResult:
+            references: References | None = None, workers: Workers | None = None) -> CaseResult:
     """One backend on one case (on the run's device), judged against the operation's oracle; under isolation
     the call runs in the backend's worker of `workers` (a run's; one made for this call when None)."""
     if config.isolated and workers is None:
         with operation_workers(op, config) as made:
             return run_one(op, named, case, config, spec, references, made)
-    references = {} if references is None else references
+    references = [] if references is None else references
     contract = named.backend.contract
     base = dict(backend=named.name, case=case.name, description=case.describe(), rows=case.rows, device=config.device,
                 encoding=None, layout=None, overridden=False, spec=spec, library=contract.library, operation=op.kind)
@@ -136,25 +165,38 @@ def run_one(op: Operation, named: Named, case: Any, config: RunConfig, spec: dic
     isolation = None if worker is None else Isolation.IN_PROCESS if in_process_note else Isolation.WORKER
     base.update(isolation=isolation, isolation_note=in_process_note)
     called = worker(case) if isinstance(worker, OperationWorker) else _called(op, named, case, config.device)
+    if isinstance(called, Fault) and memory.is_out_of_memory(called.error_type, called.reason):
+        return CaseResult(verdict=Verdict.SKIP, seconds=called.seconds, reason=f"the call ran out of memory "
+                          f"({called.reason.partition(chr(10))[0]}): no verdict", **base)
     if isinstance(called, Fault):  # raised, crashed or hung: its verdict, and the run goes on
         return CaseResult(verdict=called.verdict, seconds=called.seconds, reason=called.reason,
                           error_type=called.error_type, traceback=called.traceback, **base)
     got, seconds = called.output, called.seconds
     try:
-        if id(contract) not in references:
-            references[id(contract)] = op.reference(case, contract, config.oracle_kind)
-        judged: Judgement = op.judge(references[id(contract)], got, case, contract)
+        judged: Judgement = op.judge(_reference(op, case, contract, config, references), got, case, contract)
     except ValueError as exc:  # an output the comparison cannot read: the wrong shape
         return CaseResult(verdict=Verdict.ERROR, seconds=seconds, reason=first_line(exc),
                           error_type=type(exc).__name__, **base)
     except Exception as exc:  # the oracle or the comparison could not finish: said, and the run goes on
-        if _out_of_memory(exc):
+        if memory.ran_out(exc):
             return CaseResult(verdict=Verdict.SKIP, seconds=seconds, reason=f"checking the output ran out of "
                               f"memory: {first_line(exc)}", **base)
         return CaseResult(verdict=Verdict.ERROR, seconds=seconds, reason=f"checking the output: {first_line(exc)}",
                           error_type=type(exc).__name__, traceback=formatted_traceback(exc), **base)
     return CaseResult(verdict=judged.verdict, seconds=seconds, comparison=judged.comparison,
                       selection=judged.selection, headline=judged.headline, **base)
+
+
+def _reference(op: Operation, case: Any, contract: Any, config: RunConfig, references: References) -> Any:
+    """The oracle's answer on `case` under `contract`, made once per equal contract. Found by equality, not
+    id(): a backend whose contract is a property makes a new object per access, and a freed one's id is
+    reused by the next (the ragged oracle's width for one contract was handed to another's output)."""
+    for known, answer in references:
+        if known == contract:
+            return answer
+    answer = op.reference(case, contract, config.oracle_kind)
+    references.append((contract, answer))
+    return answer
 
 
 def _called(op: Operation, named: Named, case: Any, device: str) -> Called | Fault:
@@ -167,11 +209,6 @@ def _called(op: Operation, named: Named, case: Any, device: str) -> Called | Fau
         return Fault(Verdict.ERROR, first_line(exc), time.perf_counter() - started, error_type=type(exc).__name__,
                      traceback=formatted_traceback(exc))
     return Called(got, time.perf_counter() - started)
-
-
-def _out_of_memory(exc: Exception) -> bool:
-    """Whether `exc` is torch's out-of-memory error (CUDA), or the CPU allocator's."""
-    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
 
 
 def _synchronize(device: str) -> None:

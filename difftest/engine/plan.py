@@ -251,9 +251,7 @@ def _takes(contract: Contract, spec: CaseSpec, target: Target) -> bool:
 
     if contract.shape_reason(spec.next_n, spec.heads, spec.head_dim, spec.block_size) is not None:
         return False
-    if contract.max_context is not None and spec.max_model_len > contract.max_context:
-        return False
     footprint = estimate_bytes(spec, contract)
-    if contract.max_pool_bytes is not None and footprint.pool_bytes > contract.max_pool_bytes:
+    if contract.limits_reason(spec.max_model_len, footprint.pool_bytes, spec.total_batch, spec.next_n) is not None:
         return False
     return footprint.total(target.device) <= target.memory_bytes

@@ -546,10 +546,9 @@ def _reject_reason(plan: _Plan, spec: CaseSpec) -> str | None:
     if reason:
         return reason
     pool = estimate_bytes(spec).pool_bytes
-    if contract.max_context is not None and spec.max_model_len > contract.max_context:
-        return f"max_model_len={spec.max_model_len} exceeds the contract's max_context {contract.max_context}"
-    if contract.max_pool_bytes is not None and pool > contract.max_pool_bytes:
-        return f"a {pool}-byte pool exceeds the contract's max_pool_bytes {contract.max_pool_bytes}"
+    reason = contract.limits_reason(spec.max_model_len, pool, spec.total_batch, spec.next_n)
+    if reason:
+        return reason
     rows = spec.total_batch * spec.next_n
     return _scale_reason(plan, spec.max_model_len, pool, rows * spec.max_model_len, rows * spec.heads * spec.head_dim)
 

@@ -53,14 +53,14 @@ from multiprocessing.connection import wait as connection_wait
 from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
 from difftest.backends import Loaded, Origin, get_backends
 from difftest.core import hardware
 from difftest.core.case import Case
-from difftest.core.errors import SpecError, first_line, require
+from difftest.core.errors import Interrupted, SpecError, first_line, require
 from difftest.core.files import check_writable
 from difftest.core.kinds import Device, OracleKind
 from difftest.core.lifetime import die_with_parent
@@ -214,6 +214,7 @@ class CampaignOutcome:
     jobs: int = 1  # campaigns side by side that made it (Campaign.jobs)
     lost_jobs: tuple[str, ...] = ()  # jobs that died or raised before handing their results over, and how
     undrawn: tuple[str, ...] = ()  # "name: why" of each planned case that ran out of memory being drawn
+    interrupted: bool = False  # Ctrl-C or SIGTERM ended the drawing: these are the results before it
     phases: Phases | None = None  # None until the campaign is over
     budget: float = 0.0  # Campaign.budget
     config: RunConfig = dataclasses.field(default_factory=RunConfig)  # how its backends were fed
@@ -272,14 +273,31 @@ def fuzz(campaign: Campaign, on_progress: ProgressListener | None = None) -> Cam
     backends = get_backends(list(campaign.backends) if campaign.backends else None)
     drawn = _in_jobs(campaign, backends, clock) if campaign.jobs > 1 else _drawn(campaign, backends, clock)
     cases_done = time.monotonic()
+    if drawn.interrupted:
+        _keep_interrupted(campaign, drawn, outputs, started, cases_done - start)
     folder = _bundle_folder(campaign, drawn.found)
-    found = _kept(drawn, backends, campaign, clock, folder)
+    try:
+        found = _kept(drawn, backends, campaign, clock, folder)
+    except KeyboardInterrupt:  # while bundling or shrinking: the cases' results are whole, and kept
+        _keep_interrupted(campaign, drawn, outputs, started, cases_done - start)
     end = time.monotonic()
     outcome = dataclasses.replace(drawn, found=found, phases=Phases(cases_done - start, end - cases_done, end - start),
                                   budget=campaign.budget, config=campaign.config, bundles=folder,
                                   temporary=folder is not None and campaign.repro_dir is None)
     written = outputs.finish(outcome.results, campaign_info(campaign, outcome, started))
     return dataclasses.replace(outcome, written=written)
+
+
+def _keep_interrupted(campaign: Campaign, drawn: CampaignOutcome, outputs: Outputs, started: float,
+                      seconds: float) -> NoReturn:
+    """A campaign stopped by Ctrl-C or SIGTERM (a job scheduler's `timeout`) while drawing, bundling or
+    shrinking: its report and JUnit XML get the cases' results so far, marked incomplete, with no shrunk
+    bundles; then Interrupted says where they are."""
+    outcome = dataclasses.replace(drawn, phases=Phases(seconds, 0.0, seconds), budget=campaign.budget,
+                                  config=campaign.config)
+    outputs.finish(outcome.results, {**campaign_info(campaign, outcome, started), "incomplete": True})
+    kept = tuple(str(path) for path in (campaign.stream, campaign.report) if path)
+    raise Interrupted(len(outcome.results), kept, resumable=False)
 
 
 def _outputs(campaign: Campaign) -> Outputs:
@@ -302,16 +320,21 @@ def _drawn(campaign: Campaign, backends: list[Loaded], clock: _Clock, link: _Lin
     start = time.monotonic()
     stream = StreamOutput(campaign.stream, flush_seconds=STREAM_FLUSH_SECONDS) if campaign.stream else None
     outputs = Outputs([stream])
+    interrupted = False
     try:
         results = run(backends, state.items(), campaign.config, on_result=state.heard(outputs),
                       takes=state.takes, on_done=state.finished)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what was heard is kept, and the campaign reports it
+        if link is not None:  # a job of several: the parent stops every job and keeps their streamed parts
+            raise
+        results, interrupted = list(state.results), True
     finally:
         outputs.close()
     seconds = time.monotonic() - start
     warm = (state.warm[0] - start, state.warm[1]) if state.warm else (seconds, state.drawn)
     return CampaignOutcome(results, list(state.found.values()), state.drawn, seconds, state.batched,
                            state.launches, tuple(state.diverged), warm, tuple(state.retries),
-                           undrawn=tuple(state.undrawn))
+                           undrawn=tuple(state.undrawn), interrupted=interrupted)
 
 
 def _merged(found: list[Found]) -> list[Found]:
@@ -594,6 +617,7 @@ class _State:
         self.retries: list[Retry] = []
         self.drawn = self.batched = self.launches = 0
         self.undrawn: list[str] = []  # "name: why" of the planned cases that ran out of memory being drawn
+        self.results: list[CaseResult] = []  # every result heard, kept for a campaign that is interrupted
         self.warm: tuple[float, int] | None = None  # (time.monotonic(), cases drawn) at the first result
 
     def items(self) -> Iterator[Case | Batch]:
@@ -704,6 +728,7 @@ class _State:
     def heard(self, outputs: Outputs) -> Callable[[CaseResult], None]:
         def on_result(result: CaseResult) -> None:
             self.warm = self.warm or (time.monotonic(), self.drawn)
+            self.results.append(result)
             case = self.current.get(result.case)
             outputs.take(result, case)
             if result.verdict.failed and case is not None:

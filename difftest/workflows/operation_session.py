@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from difftest.backends import Origin
+from difftest.core import memory
 from difftest.core.errors import SpecError, first_line, require
 from difftest.core.kinds import CaseKind, OperationKind
 from difftest.core.operation import Operation
 from difftest.engine.config import RunConfig
 from difftest.engine.operation_run import Drawn, Named, operation_workers, run_one, run_operation
 from difftest.engine.result import CaseResult
+from difftest.engine.runner import NotDrawn
 from difftest.operations import operation
 from difftest.records.bundle import Bundle, write_bundle
 from difftest.records.report import config_info, environment_info, write_json
@@ -138,7 +140,14 @@ def _drawn(op: Operation, plan: list[tuple[Any, int, tuple[str, ...] | None]], r
         if request.budget is not None and time.time() - started > request.budget:
             left.extend(op.case_name(s, d) for s, d, _ in plan[index:])
             return
-        current[0] = op.build(spec, seed, request.config.device)
+        try:
+            current[0] = op.build(spec, seed, request.config.device)
+        except Exception as exc:  # drawing ran out of memory (a GPU shared with other runs): SKIPs, the run goes on
+            if not memory.ran_out(exc):
+                raise
+            name, drawn_from = op.case_name(spec, seed), spec.to_json()
+            yield Drawn(NotDrawn(name, name, 0, f"drawing it: {first_line(exc)}", drawn_from), drawn_from, takers)
+            continue
         yield Drawn(current[0], spec.to_json(), takers)
 
 

@@ -7,7 +7,8 @@ for that envelope. Every mutant runs the plan's cases in order under the run's c
 caught stops once a case of the family it names has failed (or, where that family is not in the plan, at its
 first failure): what is left would only confirm it. Then, within `budget` seconds, a fuzz round
 (difftest.workflows.fuzz) of fresh seeds runs the mutants still uncaught and the two that must pass. The top-k
-mutants run the same way on the top-k plan (difftest.workflows.selftest_topk).
+mutants run the same way on the top-k plan (difftest.workflows.selftest_topk). Without the plan (plan=False)
+the fuzz round runs every paged mutant, and the score is the campaign's alone: a catch by any family counts.
 
 A miss is explained from the plan: the family that would have reached it was left out (the plan's own
 reason), or what the mutant needs is not in the envelope (draft rows, a second head group, a judged tail,
@@ -41,6 +42,7 @@ from difftest.records.score import MutantScore, SelftestScore, Status
 from difftest.workflows import fuzz
 from difftest.workflows.running import run
 from difftest.workflows.selftest_topk import TopkTally, first_failure, run_topk
+from difftest.workflows.session import drawn_or_not
 
 Progress = Callable[[str], None]  # hears one line as each mutant first fails
 FUZZ_SEED_OFFSET = 7_000_000  # the fuzz round's seeds start past the plan's (fuzz.ROUND_SEEDS apart per round)
@@ -57,11 +59,14 @@ class SelftestRequest:
     mutants: tuple[str, ...] | None = None  # catalogue keys (or names); None: every kernel mutant
     regime: Regime = dataclasses.field(default_factory=Regime)  # bounds on the fuzz round's cases
     case_filter: tuple[str, ...] = ()  # fnmatch patterns on the plan's case names
+    plan: bool = True  # False: no planned paged cases, the score is the fuzz round's alone (budget needed)
     report: Path | None = None
     argv: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         require(self.budget is None or self.budget > 0, "budget", self.budget, "a number of seconds > 0")
+        require(self.plan or self.budget is not None, "budget", self.budget,
+                "a fuzz round's seconds when the plan is not run (plan=False)")
         require(self.config.repeat >= 2, "repeat", self.config.repeat,
                 "at least 2 launches per case: the nondeterministic mutant's launches must be compared")
 
@@ -110,7 +115,7 @@ def selftest(request: SelftestRequest, progress: Progress | None = None) -> Self
         backends = {spec.key: _loaded(spec, contract) for spec in specs if not spec.topk}
         target = Target.probe(Device(request.config.device))
         plan = envelope_plan(list(backends.values()), target, request.seed)
-        cases = filtered(plan.cases, request.case_filter) if request.case_filter else plan.cases
+        cases = _planned(plan, request)
         tally = _Tally(specs, cases, start, progress)
         results = run(list(backends.values()), _drawn(cases, request.config.device, tally), request.config,
                       on_result=tally.heard, takes=tally.takes) if backends else []
@@ -118,13 +123,20 @@ def selftest(request: SelftestRequest, progress: Progress | None = None) -> Self
     topk = run_topk([spec for spec in specs if spec.topk], target, request.config.device, request.config.repeat,
                     request.seed, start, progress)
     scores = [_topk_score(spec, topk) if spec.topk else
-              _score(spec, tally, plan, cases, contract, target, request.budget is not None) for spec in specs]
+              _score(spec, tally, plan, cases, contract, target, request) for spec in specs]
     outcome = SelftestOutcome(scores, results + tally.fuzz_results, plan, contract, request.template,
                               time.monotonic() - start, fuzz_seconds)
     if request.report is None:
         return outcome
     written = write_json(request.report, outcome.results, selftest_info(request, outcome), score_section(outcome))
     return dataclasses.replace(outcome, written=written)
+
+
+def _planned(plan: EnvelopePlan, request: SelftestRequest) -> list[PlannedCase]:
+    """The plan's cases the paged mutants run: none for a fuzz-round-only score, else those the filter keeps."""
+    if not request.plan:
+        return []
+    return filtered(plan.cases, request.case_filter) if request.case_filter else plan.cases
 
 
 def _chosen(keys: tuple[str, ...] | None) -> list[catalogue.MutantSpec]:
@@ -144,10 +156,11 @@ def _loaded(spec: catalogue.MutantSpec, contract: Contract) -> Loaded:
 
 
 def _drawn(cases: list[PlannedCase], device: str, tally: _Tally) -> Iterator[Any]:
-    """The planned cases drawn in order; those no mutant still runs are not drawn at all."""
+    """The planned cases drawn in order (a NotDrawn where drawing ran out of memory: SKIPs, which score
+    nothing); those no mutant still runs are not drawn at all."""
     for planned in cases:
         if any(tally.wants(name, planned.name) for name in tally.names):
-            yield planned.build(device)
+            yield drawn_or_not(planned, device)
 
 
 class _Tally:
@@ -234,10 +247,18 @@ def _fuzz_round(request: SelftestRequest, tally: _Tally, backends: dict[str, Loa
 # --------------------------------------------------------------------------- the score
 
 def _score(spec: catalogue.MutantSpec, tally: _Tally, plan: EnvelopePlan, cases: list[PlannedCase],
-           contract: Contract, target: Target, fuzzed: bool) -> MutantScore:
-    """A paged mutant's row: what happened to it and whether that is what was expected here."""
-    unreachable = None if spec.must_pass else _unreachable(spec, plan, cases, contract, target, fuzzed)
-    return _scored(spec, tally.failures[spec.name], tally.ran[spec.name], tally.first.get(spec.name), unreachable)
+           contract: Contract, target: Target, request: SelftestRequest) -> MutantScore:
+    """A paged mutant's row: what happened to it and whether that is what was expected here. Without the
+    plan, the fuzz round is expected to catch every mutant its envelope and scale can reach, by any family."""
+    fuzzed = request.budget is not None
+    if spec.must_pass:
+        unreachable = None
+    elif request.plan:
+        unreachable = _unreachable(spec, plan, cases, contract, target, fuzzed)
+    else:
+        unreachable = _out_of_reach(spec, contract, target)
+    return _scored(spec, tally.failures[spec.name], tally.ran[spec.name], tally.first.get(spec.name), unreachable,
+                   family_required=request.plan)
 
 
 def _topk_score(spec: catalogue.MutantSpec, tally: TopkTally) -> MutantScore:
@@ -250,9 +271,11 @@ def _topk_score(spec: catalogue.MutantSpec, tally: TopkTally) -> MutantScore:
 
 
 def _scored(spec: catalogue.MutantSpec, failures: list[tuple[Any, tuple[str, ...]]], ran: int,
-            first_seconds: float | None, unreachable: str | None) -> MutantScore:
+            first_seconds: float | None, unreachable: str | None, family_required: bool = True) -> MutantScore:
     """`spec`'s row from its failures (each a result, or anything with its case, verdict and reason, and the
-    families of its case), the cases it ran, and why its family could not reach it here (None: it could)."""
+    families of its case), the cases it ran, and why its family could not reach it here (None: it could).
+    `family_required`: a catch counts as expected only when a case of the expected family made it (a
+    fuzz-round-only score takes a catch by any family)."""
     expected = "pass" if spec.must_pass else getattr(spec.caught_by, "value", spec.caught_by)
     seen = dict(mutant=spec.name, bug_class=spec.bug_class.value, expected=expected,
                 production_only=spec.production_only, cases=ran, seconds=first_seconds,
@@ -266,20 +289,32 @@ def _scored(spec: catalogue.MutantSpec, failures: list[tuple[Any, tuple[str, ...
                                why=f"{result.verdict.value} on {result.case}: {result.reason or 'see its result'}")
         return MutantScore(**seen, status=Status.PASSED, expected_here=True, ok=True)
     if failures:
-        off = unreachable is None and expected not in seen["caught_by"]
+        off = family_required and unreachable is None and expected not in seen["caught_by"]
         why = (f"expected {expected}, whose cases did not fail it" if off
                else f"{expected} not reached here ({unreachable})" if unreachable else "")
         return MutantScore(**seen, status=Status.CAUGHT, expected_here=unreachable is None, ok=not off, why=why)
     if unreachable is not None:
         return MutantScore(**seen, status=Status.MISSED, expected_here=False, ok=True, why=unreachable)
-    return MutantScore(**seen, status=Status.MISSED, expected_here=True, ok=False,
-                       why=f"{expected} reached, and none of its cases failed it")
+    why = (f"{expected} reached, and none of its cases failed it" if family_required
+           else f"the fuzz round's {ran} cases did not fail it")
+    return MutantScore(**seen, status=Status.MISSED, expected_here=True, ok=False, why=why)
 
 
 def _families_caught(failures: list[tuple[Any, tuple[str, ...]]], expected: str) -> tuple[str, ...]:
     """The families of the failing cases, the expected one first."""
     families = sorted({f for _result, families in failures for f in families})
     return tuple(sorted(families, key=lambda f: f != expected))
+
+
+def _out_of_reach(spec: catalogue.MutantSpec, contract: Contract, target: Target) -> str | None:
+    """Why no fuzz case here can reach `spec`'s bug (outside the envelope, or production scale on a small
+    target); None when one can."""
+    unmet = catalogue.unmet(spec, contract)
+    if unmet:
+        return "not in the envelope: " + "; ".join(unmet)
+    if spec.production_only and target.scale == Scale.SMALL:
+        return f"needs production scale; this is a {target.scale.value}-scale run"
+    return None
 
 
 def _unreachable(spec: catalogue.MutantSpec, plan: EnvelopePlan, cases: list[PlannedCase], contract: Contract,

@@ -241,13 +241,18 @@ def _drawn(cases: list[PlannedCase], device: str, deadline: float | None, left: 
         if deadline is not None and time.monotonic() > deadline:
             left.extend(c.name for c in cases[index:])
             return
-        try:
-            case: Case | NotDrawn = planned.build(device)
-        except Exception as exc:
-            if not memory.ran_out(exc):
-                raise
-            case = _not_drawn(planned, device, exc)
-        yield case
+        yield drawn_or_not(planned, device)
+
+
+def drawn_or_not(planned: PlannedCase, device: str) -> Case | NotDrawn:
+    """`planned` drawn on `device`, or the NotDrawn of a case that ran out of memory being drawn (a GPU shared
+    with other runs): its backends' results are SKIPs that say so."""
+    try:
+        return planned.build(device)
+    except Exception as exc:
+        if not memory.ran_out(exc):
+            raise
+        return _not_drawn(planned, device, exc)
 
 
 def _not_drawn(planned: PlannedCase, device: str, exc: BaseException) -> NotDrawn:

@@ -355,6 +355,28 @@ def test_ctrl_c_keeps_what_finished_and_resume_completes_it_with_nothing_lost_or
     assert sorted(_pairs(load_results(report))) == sorted(pairs)
 
 
+def test_a_fuzz_campaign_stopped_by_sigterm_keeps_its_results_in_the_report_marked_incomplete(tmp_path):
+    """`timeout` ends a campaign whose in-flight case outlasts the job: the report holds the stream's results
+    (no shrinking, no bundles), and the one line says where, with no --resume (a campaign has none)."""
+    stream, report = tmp_path / "f.jsonl", tmp_path / "f.json"
+    args = ["fuzz", "--budget", "10m", "--backends", "torch", "--backend-module", "tests.broken_backends:slow",
+            "--no-batching", "--stream", str(stream), "--report", str(report)]
+    child = subprocess.Popen([sys.executable, "-m", "difftest.cli", *args], cwd=REPO_ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: _stream_results(stream) >= 4, child)
+        child.send_signal(signal.SIGTERM)
+        out, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == ExitStatus.INTERRUPTED, f"{child.returncode=}\n{out}\n{err}"
+    assert err.strip().startswith("difftest: interrupted after ") and "--resume" not in err, err
+    assert f"kept in {stream}, {report}" in err, err
+    doc = json.loads(report.read_text())
+    assert doc["run"]["incomplete"] is True and doc["run"]["campaign"]["phases"]["shrinking"] == 0.0, doc["run"]
+    assert len(load_results(report)) >= 4
+
+
 def test_a_backend_raising_keyboard_interrupt_is_no_ctrl_c(tmp_path, capsys):
     report = tmp_path / "r.json"
     code = main(["run", *SMALL, "--backend-module", "tests.broken_backends:interrupts", "--report", str(report)])

@@ -128,7 +128,9 @@ def test_the_backend_is_deep_gemms_native_variant_with_flag_gems_schedule(on_pat
     folder = on_path("flag_gems-5.0.2")
     backend = load_backend(fg.NAME)
     native = load_backend("deepgemm").contract
-    assert backend.contract == dataclasses.replace(native, library=(
+    # DeepGEMM's batch limit is its metadata kernel's shared memory, the kernel FlagGems' schedule replaces.
+    assert native.max_batch == deep_gemm.SM90_MAX_BATCH == 58112
+    assert backend.contract == dataclasses.replace(native, max_batch=None, library=(
         f"{native.library}; schedule: flag-gems 5.0.2 (get_paged_mqa_logits_metadata from {folder / fg.FILE})"))
     assert backend.backend.variant is deep_gemm.VARIANTS["deepgemm"]
     assert backend.unavailable_reason("cpu") == "DeepGEMM runs on CUDA GPUs only (device cpu)"

@@ -4,17 +4,25 @@ under isolation one that aborts or hangs its worker is CRASH or TIMEOUT."""
 from __future__ import annotations
 
 import dataclasses
+import math
+
+import torch
 
 from difftest.backends.torch_topk import TorchTopk
-from difftest.core.kinds import Isolation, OperationKind
+from difftest.core.kinds import Isolation, LogitsForm, MaskConvention, OperationKind
+from difftest.core.ragged import RaggedContract
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
 from difftest.engine.operation_run import Drawn, Named, run_operation
+from difftest.engine.result import Judgement
+from difftest.engine.runner import NotDrawn
 from difftest.operations import operation
-from tests.broken_topk import Aborts, Sleeps
+from tests.broken_topk import Aborts, RunsOutOfMemory, Sleeps
+from tests.difftest.operations.planted import OracleRagged
 from tests.planted_topk import PLANTED
 
 TOPK = operation(OperationKind.TOPK)
+RAGGED = operation(OperationKind.RAGGED_LOGITS)
 
 
 class Raises(TorchTopk):
@@ -47,6 +55,26 @@ def test_an_oracle_that_raises_or_runs_out_of_memory_is_a_verdict_not_the_end_of
         results = run_operation(op, [Named("torch-topk", TorchTopk())], [Drawn(_case()), Drawn(_case())], RunConfig())
         assert [r.verdict for r in results] == [verdict, verdict]
         assert results[0].reason.startswith("checking the output")
+
+
+def test_a_call_that_runs_out_of_memory_earns_no_verdict_in_process_or_in_its_worker():
+    """A GPU shared with other runs: the call's out-of-memory error is a SKIP that says so, not the kernel's
+    ERROR or CRASH; the worker lives on for the next case."""
+    cases = [Drawn(_case()), Drawn(_case())]
+    for isolate in (False, True):
+        results = run_operation(TOPK, [Named("oom", RunsOutOfMemory()), Named("torch-topk", TorchTopk())], cases,
+                                RunConfig(isolate=isolate))
+        assert [r.verdict for r in results] == [Verdict.SKIP, Verdict.PASS] * 2
+        assert results[0].reason == ("the call ran out of memory (CUDA out of memory. Tried to allocate 818.00 MiB "
+                                     "(planted)): no verdict")
+
+
+def test_a_case_that_ran_out_of_memory_being_drawn_is_a_skip_for_each_backend_and_the_run_goes_on():
+    lost = NotDrawn("big-s0", "big-s0", 0, "drawing it: CUDA out of memory", None)
+    results = run_operation(TOPK, [Named("torch-topk", TorchTopk())], [Drawn(lost), Drawn(_case())], RunConfig())
+    assert [(r.case, r.verdict) for r in results] == [("big-s0", Verdict.SKIP), (_case().name, Verdict.PASS)]
+    assert results[0].reason == ("the case ran out of memory before any call (drawing it: CUDA out of memory): "
+                                 "no verdict")
 
 
 def test_under_isolation_a_backend_that_aborts_is_a_crash_and_the_next_backend_and_case_still_run():
@@ -85,3 +113,55 @@ def test_a_backend_that_cannot_be_pickled_runs_in_process_and_says_why():
     result, = run_operation(TOPK, [Named("local", Local())], [Drawn(_case())], RunConfig(isolate=True))
     assert result.verdict == Verdict.PASS and result.isolation == Isolation.IN_PROCESS
     assert "cannot travel to a worker process" in result.isolation_note
+
+
+class FreshRelative(OracleRagged):
+    """Right, window-relative; its contract a property that makes a new object at every access."""
+
+    name = "fresh-relative"
+
+    @property
+    def contract(self):
+        return RaggedContract(form=LogitsForm.WINDOW_RELATIVE, mask=MaskConvention.TAIL_NEG_INF, library="test")
+
+
+class FreshAbsolute(FreshRelative):
+    """Right, absolute (a row's key j at column j, keys columns wide); a fresh contract object per access."""
+
+    name = "fresh-absolute"
+
+    @property
+    def contract(self):
+        return RaggedContract(form=LogitsForm.ABSOLUTE, mask=MaskConvention.TAIL_NEG_INF, library="test")
+
+    def __call__(self, inputs, out):
+        relative = super().__call__(inputs, out)
+        absolute = torch.full_like(relative, -math.inf)
+        for row, (start, end) in enumerate(zip(inputs.k_start.tolist(), inputs.k_end.tolist(), strict=True)):
+            absolute[row, start:end] = relative[row, :end - start]
+        return absolute
+
+
+def test_the_oracle_is_made_once_per_equal_contract_and_each_contract_is_judged_against_its_own():
+    """Contracts made per access are new objects each time, and a freed one's id goes to the next (on the H200
+    the ragged oracle at one contract's width was handed to another's output: ERROR on shape). Found by
+    equality: equal contracts share one answer, a different contract gets its own."""
+    made, judged = [], []
+
+    def reference(case, contract, oracle):
+        made.append(contract.form)
+        return contract.width(case)
+
+    def judge(width, got, case, contract):
+        judged.append((contract.form, width == contract.width(case)))
+        return Judgement(Verdict.PASS, "")
+
+    op = dataclasses.replace(RAGGED, reference=reference, judge=judge)
+    backends = [Named(f"{b.name}-{i}", b) for i, b in enumerate((FreshRelative(), FreshAbsolute(), FreshRelative()))]
+    case = RAGGED.build(RAGGED.suite()[0], 0, "cpu")
+    results = run_operation(op, backends, [Drawn(case)], RunConfig())
+    assert [r.verdict for r in results] == [Verdict.PASS] * 3
+    assert made == [LogitsForm.WINDOW_RELATIVE, LogitsForm.ABSOLUTE]
+    assert judged == [(LogitsForm.WINDOW_RELATIVE, True), (LogitsForm.ABSOLUTE, True),
+                      (LogitsForm.WINDOW_RELATIVE, True)]
+    assert case.keys != case.seqlen_k, "the two widths differ on this case"

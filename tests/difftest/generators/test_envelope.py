@@ -543,6 +543,22 @@ def test_row_families_start_a_row_with_keys_just_under_and_one_just_past_the_lim
     assert rows * unit < limit + 2 * unit + s.next_n * unit, "no more rows than reaching the limit takes"
 
 
+def test_a_declared_max_batch_leaves_out_the_cases_that_hand_more_requests_with_the_reason():
+    """DeepGEMM's sm90 metadata kernel holds one uint32 per request in shared memory: 58112 at most. The q-row
+    families need 2^31 q bytes of rows (B = 65537 at H 64, D 128, next_n 4): left out, the limit named; a
+    flattened encoding hands B * next_n requests."""
+    native = dataclasses.replace(DEEPGEMM_LIKE, max_batch=58112)
+    planned, omitted = _plan(native, H200)
+    assert all(p.spec.total_batch <= 58112 for p in planned)
+    reasons = {o.family: o.reason for o in omitted}
+    assert "requests in one call exceed the contract's max_batch 58112" in reasons[EdgeFamily.Q_ROW_2_31_BYTES]
+    flat = dataclasses.replace(native, length_encoding=LengthEncoding.FLATTENED, next_n=None)
+    assert all(p.spec.total_batch * p.spec.next_n <= 58112 for p in _plan(flat, H200)[0])
+    assert native.limits_reason(1024, 0, 58113, 4) == "58113 requests in one call exceed the contract's max_batch 58112"
+    assert flat.limits_reason(1024, 0, 14529, 4) == "58116 requests in one call exceed the contract's max_batch 58112"
+    assert native.limits_reason(1024, 0, 58112, 4) is None
+
+
 def test_offset_families_are_left_out_at_small_scale_with_the_numbers():
     _, omitted = _plan(OPEN, SMALL)
     reasons = {o.family: o.reason for o in omitted}

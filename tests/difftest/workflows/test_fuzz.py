@@ -3,6 +3,7 @@ that draws it again."""
 
 from __future__ import annotations
 
+import json
 import shlex
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 from difftest.backends import get_backends
 from difftest.cli import main
-from difftest.core.errors import SpecError
+from difftest.core.errors import Interrupted, SpecError
 from difftest.core.kinds import ExitStatus
 from difftest.core.verdict import Verdict
 from difftest.engine.batch import Retry, batch_key
@@ -162,3 +163,18 @@ def test_an_isolated_campaign_shrinks_a_crash_in_a_worker_and_keeps_a_hang_as_fo
     [found] = hung.found
     assert found.signature.verdict == Verdict.TIMEOUT and found.bundle is not None
     assert found.shrunk is None and found.unshrunk is None
+
+
+def test_a_stop_while_shrinking_keeps_the_cases_results_in_the_report_marked_incomplete(monkeypatch, tmp_path):
+    """SIGTERM (a job's time limit) or Ctrl-C in the last phase: what the cases found is whole, and kept."""
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fuzz_module, "_kept", stopped)
+    report = tmp_path / "f.json"
+    with pytest.raises(Interrupted) as raised:
+        fuzz(Campaign(budget=3.0, backends=("torch", PLANTED), until_failures=1, regime=TOY, report=report))
+    assert raised.value.kept == (str(report),) and not raised.value.resumable
+    doc = json.loads(report.read_text())
+    assert doc["run"]["incomplete"] is True and doc["run"]["campaign"]["signatures"]
+    assert len(doc["results"]) == raised.value.results > 0

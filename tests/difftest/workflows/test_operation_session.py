@@ -3,10 +3,12 @@ caught (and bundled, replayed, shrunk), a right backend passing, the report's ow
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from difftest.backends import torch_topk, vllm_ragged
 from difftest.cli import main
@@ -14,6 +16,7 @@ from difftest.core.kinds import ExitStatus, OperationKind
 from difftest.core.verdict import Verdict
 from difftest.records.bundle import load_bundle
 from difftest.records.serialize import load_results
+from difftest.workflows import operation_session
 from tests.broken_topk import Aborts, Sleeps
 from tests.difftest.operations.planted import EarlyMaskRagged, OracleRagged, WholeRowTopk
 
@@ -83,6 +86,27 @@ def test_an_isolated_topk_run_gives_a_crash_and_a_timeout_their_verdicts_and_goe
     by = {name: {r.verdict for r in results if r.backend == name} for name in ("aborts", "sleeps", "torch-topk")}
     assert by == {"aborts": {Verdict.CRASH}, "sleeps": {Verdict.TIMEOUT}, "torch-topk": {Verdict.PASS}}
     assert len(results) == 3 * 6 and all("SIGABRT" in r.reason for r in results if r.backend == "aborts")
+
+
+def test_a_case_whose_drawing_runs_out_of_memory_is_a_skip_and_the_run_goes_on(monkeypatch, tmp_path):
+    """The GPU shared with other runs: the first case cannot be drawn; its results are SKIPs that say so, no
+    backend earns a verdict from it, and the next case runs."""
+    real = operation_session.operation(OperationKind.TOPK)
+    first = real.suite()[0]
+
+    def build(spec, seed, device):
+        if spec.name == first.name:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 818.00 MiB (planted)")
+        return real.build(spec, seed, device)
+
+    monkeypatch.setattr(operation_session, "operation", lambda kind: dataclasses.replace(real, build=build))
+    report = tmp_path / "t.json"
+    assert main(["run", "--op", "topk", "--cases", "random", "--backends", "torch-topk", "--report", str(report)]) \
+        == ExitStatus.OK
+    results = load_results(report)
+    assert results[0].verdict == Verdict.SKIP and results[0].case.startswith(first.name)
+    assert results[0].reason.startswith("the case ran out of memory before any call (drawing it: CUDA out of memory.")
+    assert {r.verdict for r in results[1:]} == {Verdict.PASS}
 
 
 def test_topk_envelope_run_of_torch_topk_passes(tmp_path):

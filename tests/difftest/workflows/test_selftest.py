@@ -13,12 +13,15 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from difftest.backends import mutants
 from difftest.backends.user import backend
 from difftest.cli import main
 from difftest.core.kinds import ExitStatus, MaskConvention, MetamorphicRelation, TopkRelation
 from difftest.core.schema import validate
+from difftest.core.verdict import Verdict
+from difftest.engine.plan import PlannedCase
 from difftest.generators.envelope import EdgeFamily
 from difftest.records.report import Report
 from difftest.records.score import Status
@@ -105,6 +108,45 @@ def test_an_expectation_that_does_not_hold_fails_the_selftest(monkeypatch):
         "expected tile-multiples, whose cases did not fail it")
     assert fnuz.status == Status.FALSE_POSITIVE and not fnuz.ok and fnuz.why.startswith("FAIL(value) on ")
     assert done.status == ExitStatus.FAILED
+
+
+def test_a_fuzz_round_alone_is_scored_by_any_family(capsys):
+    """Without the plan every paged mutant goes to the fuzz round, its seeds past the plan's, and a catch by
+    any family counts; a production-only mutant is out of reach at small scale, by name of the scale."""
+    done = selftest.selftest(SelftestRequest(plan=False, budget=8, mutants=("correct", "fp8_fnuz", "positions_int16")))
+    rows = {s.mutant: s for s in done.scores}
+    seed = lambda case: int(case.rsplit("-s", 1)[1])  # noqa: E731
+    assert done.fuzz_seconds and done.results and all(seed(r.case) >= selftest.FUZZ_SEED_OFFSET for r in done.results)
+    fnuz = rows["mutant-fp8-fnuz"]
+    assert fnuz.status == Status.CAUGHT and fnuz.ok and "fuzz" in fnuz.caught_by
+    assert seed(fnuz.first_case) >= selftest.FUZZ_SEED_OFFSET
+    assert rows["mutant-correct"].status == Status.PASSED and rows["mutant-correct"].cases > 0
+    int16 = rows["mutant-positions-int16"]
+    assert int16.status == Status.MISSED and int16.ok
+    assert int16.why == "needs production scale; this is a small-scale run"
+    assert done.status == ExitStatus.OK
+    assert main(["selftest", "--fuzz-only"]) == ExitStatus.USAGE
+    assert "--budget=None: expected a fuzz round's seconds when the plan is not run" in capsys.readouterr().err
+
+
+def test_a_case_that_runs_out_of_memory_being_drawn_scores_nothing_and_the_selftest_goes_on(monkeypatch):
+    """A GPU shared with other runs: the plan's first case cannot be drawn; its results are SKIPs, and the
+    mutant is caught by the next case of its family."""
+    real = PlannedCase.build
+
+    def build(self, device, **kwargs):
+        if self.name.startswith("shorter-than-next-n"):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 958.00 MiB (planted)")
+        return real(self, device, **kwargs)
+
+    monkeypatch.setattr(PlannedCase, "build", build)
+    done = selftest.selftest(SelftestRequest(case_filter=("shorter-than-next-n-*", "length-one-*"),
+                                             mutants=("correct", "after_empty")))
+    skipped = [r for r in done.results if r.case.startswith("shorter-than-next-n")]
+    assert skipped and {r.verdict for r in skipped} == {Verdict.SKIP}
+    assert "ran out of memory" in skipped[0].reason
+    rows = {s.mutant: s for s in done.scores}
+    assert rows["mutant-correct"].status == Status.PASSED
 
 
 def test_the_command_line(tmp_path, capsys):
