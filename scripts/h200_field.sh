@@ -70,12 +70,21 @@ step c2-sglang-torch-ref run c2-sglang-torch-ref sglang-torch-ref 120
 step d1-flashinfer run d1-flashinfer flashinfer-ref,flashinfer "$run_budget"
 
 # e: the fuzz campaign over every sm90 field backend and DeepGEMM.
-step e1-fuzz timeout -k 20 560 $dt fuzz --device cuda --budget "${FUZZ_BUDGET:-5m}" \
-  --backends vllm-step5,vllm-step5-paired,sglang-torch-ref,deepgemm,deepgemm-flaggems-schedule \
-  --repro-dir "$out/raw/fuzz-bundles" --stream "$out/raw/e1-fuzz.jsonl" --shrink-seconds 20
+# SIGTERM at FUZZ_LIMIT (default 480 s) still writes the report, marked incomplete: keep it under the call's
+# own limit, or the campaign ends with nothing printed (what happened to a 4-minute one beside five other jobs).
+step e1-fuzz timeout -k 20 "${FUZZ_LIMIT:-480}" $dt fuzz --device cuda --budget "${FUZZ_BUDGET:-5m}" \
+  --backends vllm-step5,vllm-step5-paired,deepgemm,deepgemm-flaggems-schedule \
+  --repro-dir "$out/raw/fuzz-bundles" --stream "$out/e1-fuzz.jsonl" --report "$out/e1-fuzz.json" \
+  --shrink-seconds 20 ${FUZZ_TIMEOUT:+--timeout "$FUZZ_TIMEOUT"}
+# The torch references (SGLang's, FlashInfer's per-block loop) in a campaign of their own: a reference's
+# production-scale case is slow, and the kernels' campaign must not wait on it.
+step e2-fuzz-references timeout -k 20 "${FUZZ_LIMIT:-480}" $dt fuzz --device cuda --budget "${FUZZ_BUDGET:-5m}" \
+  --backends sglang-torch-ref,flashinfer-ref --repro-dir "$out/raw/fuzz-ref-bundles" --stream "$out/e2-fuzz.jsonl" \
+  --report "$out/e2-fuzz.json" --shrink-seconds 20
 
 # f: TileLang (its own carry).
 step f1-tilelang-backends first "$tilelang" $dt backends --device cuda
 step f2-tilelang run_first "$tilelang" f2-tilelang sglang-tilelang "$run_budget"
-step f3-tilelang-fuzz first "$tilelang" timeout -k 20 200 $dt fuzz --device cuda --budget "${TILELANG_FUZZ_BUDGET:-90s}" \
-  --backends sglang-tilelang --repro-dir "$out/raw/tilelang-bundles" --stream "$out/raw/f3-tilelang-fuzz.jsonl"
+step f3-tilelang-fuzz first "$tilelang" timeout -k 20 "${TILELANG_FUZZ_LIMIT:-200}" $dt fuzz --device cuda --budget "${TILELANG_FUZZ_BUDGET:-90s}" \
+  --backends sglang-tilelang --repro-dir "$out/raw/tilelang-bundles" --stream "$out/f3-tilelang-fuzz.jsonl" \
+  --report "$out/f3-tilelang-fuzz.json"

@@ -24,16 +24,20 @@ for op in topk ragged-logits indexer; do
   step "$op-in-process" /usr/bin/time -f "wall %e s" $dt run --op "$op" --device cuda --cases random --no-isolate \
     --report "$out/$op-in-process.json"
 done
-step topk-crash python3 - "$out/topk-crash.json" <<'PY'
+# A file, not stdin: the workers start by spawn, which imports the main module again (from its path; hence
+# the __main__ guard).
+cat > "$out/topk_crash.py" <<'PY'
 import sys
 from difftest.backends import torch_topk
 from difftest.cli import main
 from tests.broken_topk import Aborts, Sleeps
-for backend in (Aborts, Sleeps):
-    torch_topk.TOPK_BACKENDS[backend.name] = backend
-sys.exit(main(["run", "--op", "topk", "--device", "cuda", "--cases", "random", "--timeout", "5", "--backends",
-               "aborts,sleeps,torch-topk", "--report", sys.argv[1], "-v"]))
+if __name__ == "__main__":
+    for backend in (Aborts, Sleeps):
+        torch_topk.TOPK_BACKENDS[backend.name] = backend
+    sys.exit(main(["run", "--op", "topk", "--device", "cuda", "--cases", "random", "--timeout", "5", "--backends",
+                   "aborts,sleeps,torch-topk", "--report", sys.argv[1], "-v"]))
 PY
+step topk-crash python3 "$out/topk_crash.py" "$out/topk-crash.json"
 
 python3 - "$out" > "$out/summary.txt" <<'PY'
 import json, pathlib, sys

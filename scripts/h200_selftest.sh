@@ -35,26 +35,38 @@ step 00-environment 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,memor
 python3 -c "import torch, triton; print(\"torch\", torch.__version__, \"triton\", triton.__version__, torch.cuda.get_device_capability())"
 python3 -c "import deep_gemm; print(\"deep_gemm\", getattr(deep_gemm, \"__version__\", \"?\"), deep_gemm.__file__)" || echo "deep_gemm: not importable (step 02 will skip DeepGEMM)"'
 
-# 1. The score under `difftest run`'s defaults on cuda (the production-scale envelope plan, isolated workers,
-#    the fused oracle, --repeat 2), then a fuzz round of FUZZ_BUDGET for the mutants still uncaught and the four
-#    that must pass. The report's `selftest` section is the score; its results stay out (they are many MB).
-step 01-selftest "$SELFTEST_LIMIT" $dt selftest --device cuda --budget "$FUZZ_BUDGET" --report "$out/01-selftest.full.json"
-if [ -f "$out/01-selftest.full.json" ]; then
-  python3 - "$out/01-selftest.full.json" "$out/01-selftest-score.json" <<'EOF'
+summarise() {  # summarise FULL SCORE: the report's `selftest` section and run facts; the results stay out (many MB)
+  [ -f "$1" ] || return 0
+  python3 - "$1" "$2" <<'EOF'
 import json, sys
 report = json.load(open(sys.argv[1]))
 score = dict(report["selftest"], run={k: report["run"].get(k) for k in ("command", "seconds", "device", "gpu", "budget")})
 json.dump(score, open(sys.argv[2], "w"), indent=1)
 EOF
-  rm -f "$out/01-selftest.full.json"
-fi
+  rm -f "$1"
+}
+
+# 1. The score under `difftest run`'s defaults on cuda (the production-scale envelope plan, isolated workers,
+#    the fused oracle, --repeat 2), then a fuzz round of FUZZ_BUDGET for the mutants still uncaught and the four
+#    that must pass. The report's `selftest` section is the score; its results stay out (they are many MB).
+step 01-selftest "$SELFTEST_LIMIT" $dt selftest --device cuda --budget "$FUZZ_BUDGET" --report "$out/01-selftest.full.json"
+summarise "$out/01-selftest.full.json" "$out/01-selftest-score.json"
+
+# 3. The score of a fuzz campaign alone (--fuzz-only): no planned case, every paged mutant in a FUZZ_ONLY_BUDGET
+#    campaign (default 5m), a catch by any family counting.
+step 03-fuzz-only "${FUZZ_ONLY_LIMIT:-450}" $dt selftest --device cuda --fuzz-only --budget "${FUZZ_ONLY_BUDGET:-5m}" \
+  --report "$out/03-fuzz-only.full.json"
+summarise "$out/03-fuzz-only.full.json" "$out/03-fuzz-only-score.json"
 
 # 2. DeepGEMM's relations at its declared longest context, 262144 tokens (the contract allows no more), with
 #    no oracle at all (--oracle none): native and flattened DeepGEMM judged against each other, every
-#    relation checked on both. Full requests, then one empty request inside the batch (the zero-length finding).
+#    relation checked on both. Full requests, then one empty request inside the batch (the zero-length finding),
+#    then 384 full requests: 100.7M keys, whose exact float64 oracle would need 105.6 GB for itself
+#    (difftest.core.memory.torch_oracle_bytes) beside the 13.3 GB case and each kernel's copy of it.
 if python3 -c "import deep_gemm" 2>/dev/null || python3 -c "import vllm.third_party.deep_gemm" 2>/dev/null; then
   for spec in '{"name":"long-full","batch":4,"next_n":2,"heads":64,"head_dim":128,"block_size":64,"max_model_len":262144,"length_dist":"full"}' \
-              '{"name":"long-empty","lengths":[262144,0,131073,262144],"next_n":2,"heads":64,"head_dim":128,"block_size":64,"max_model_len":262144}'; do
+              '{"name":"long-empty","lengths":[262144,0,131073,262144],"next_n":2,"heads":64,"head_dim":128,"block_size":64,"max_model_len":262144}' \
+              '{"name":"exact-out-of-reach","batch":384,"next_n":2,"heads":64,"head_dim":128,"block_size":64,"max_model_len":262144,"length_dist":"full"}'; do
     name=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['name'])" "$spec")
     step "02-relations-$name" "$RELATIONS_LIMIT" $dt run --device cuda --backends deepgemm,deepgemm-flattened \
       --oracle none --metamorphic --spec "$spec" --report "$out/02-relations-$name.json" --verbose
