@@ -77,7 +77,7 @@ from difftest.core.prefetch import Prefetched
 from difftest.core.verdict import Verdict
 from difftest.engine.batch import Batch, BatchKey, Retry, batch_key, merge
 from difftest.engine.config import RunConfig
-from difftest.engine.isolate import exit_description
+from difftest.engine.isolate import DEFAULT_TIMEOUT, exit_description
 from difftest.engine.plan import MAX_SEED, PlannedCase, build_together, envelope_plan
 from difftest.engine.result import CaseResult
 from difftest.generators.envelope import Target, estimate_bytes
@@ -268,6 +268,7 @@ def fuzz(campaign: Campaign, on_progress: ProgressListener | None = None) -> Cam
     hears where it is (a few times a second at most)."""
     start, started = time.monotonic(), time.time()
     hardware.require_device(campaign.config.device)  # this host's, not the campaign's: checked where it runs
+    campaign = bounded(campaign)
     outputs = _outputs(campaign)
     clock = _Clock(start, campaign, on_progress)
     backends = get_backends(list(campaign.backends) if campaign.backends else None)
@@ -286,6 +287,18 @@ def fuzz(campaign: Campaign, on_progress: ProgressListener | None = None) -> Cam
                                   temporary=folder is not None and campaign.repro_dir is None)
     written = outputs.finish(outcome.results, campaign_info(campaign, outcome, started))
     return dataclasses.replace(outcome, written=written)
+
+
+def bounded(campaign: Campaign) -> Campaign:
+    """`campaign` with its isolated calls waiting at most its budget (DEFAULT_TIMEOUT at most) where it gave no
+    timeout: a call that never answers (a hang, a compilation that does not end) is a TIMEOUT within the
+    campaign's time, not a campaign that outlives its budget by DEFAULT_TIMEOUT (FlagGems' metadata at 65537
+    requests on the H200: docs/findings/flaggems-metadata-whole-batch-program.md)."""
+    config = campaign.config
+    if config.timeout is not None or not config.isolated:
+        return campaign
+    return dataclasses.replace(campaign, config=dataclasses.replace(config,
+                                                                    timeout=min(DEFAULT_TIMEOUT, campaign.budget)))
 
 
 def _keep_interrupted(campaign: Campaign, drawn: CampaignOutcome, outputs: Outputs, started: float,

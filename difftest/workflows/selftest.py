@@ -177,6 +177,7 @@ class _Tally:
         self.failures: dict[str, list[tuple[CaseResult, tuple[str, ...]]]] = {name: [] for name in self.names}
         self.first: dict[str, float] = {}
         self.fuzz_results: list[CaseResult] = []
+        self.fuzz_families: dict[str, set[str]] = {name: set() for name in self.names}  # families each ran
         # The families each mutant's expectation can be met by in this plan: where its family has cases.
         planned_families = {f for case in cases for f in case.families}
         self.expecting = {name: spec.caught_by.value for name, spec in self.specs.items()
@@ -225,6 +226,7 @@ class _Tally:
             if result.verdict == Verdict.SKIP or result.backend not in self.specs:
                 continue
             self.ran[result.backend] += 1
+            self.fuzz_families[result.backend].update(result.reach.families if result.reach else ())
             if result.verdict.failed:
                 families = (*(result.reach.families if result.reach else ()), catalogue.FUZZ)
                 self._failed(result, families)
@@ -256,7 +258,7 @@ def _score(spec: catalogue.MutantSpec, tally: _Tally, plan: EnvelopePlan, cases:
     elif request.plan:
         unreachable = _unreachable(spec, plan, cases, contract, target, fuzzed)
     else:
-        unreachable = _out_of_reach(spec, contract, target)
+        unreachable = _out_of_reach(spec, contract, target) or _not_drawn(spec, tally)
     return _scored(spec, tally.failures[spec.name], tally.ran[spec.name], tally.first.get(spec.name), unreachable,
                    family_required=request.plan)
 
@@ -315,6 +317,16 @@ def _out_of_reach(spec: catalogue.MutantSpec, contract: Contract, target: Target
     if spec.production_only and target.scale == Scale.SMALL:
         return f"needs production scale; this is a {target.scale.value}-scale run"
     return None
+
+
+def _not_drawn(spec: catalogue.MutantSpec, tally: _Tally) -> str | None:
+    """Why a fuzz round alone could not have been expected to catch `spec`: it ran no case of the family that
+    reaches the bug (a large family left out for the memory free then, or not drawn in a short round); None
+    when it did, or when any case can reach it."""
+    family = getattr(spec.caught_by, "value", None)
+    if family is None or family == EdgeFamily.RANDOM.value or family in tally.fuzz_families[spec.name]:
+        return None
+    return f"{family}: the fuzz round ran no case of it (of {tally.ran[spec.name]} cases)"
 
 
 def _unreachable(spec: catalogue.MutantSpec, plan: EnvelopePlan, cases: list[PlannedCase], contract: Contract,

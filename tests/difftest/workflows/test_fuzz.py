@@ -178,3 +178,15 @@ def test_a_stop_while_shrinking_keeps_the_cases_results_in_the_report_marked_inc
     doc = json.loads(report.read_text())
     assert doc["run"]["incomplete"] is True and doc["run"]["campaign"]["signatures"]
     assert len(doc["results"]) == raised.value.results > 0
+
+
+def test_an_isolated_campaign_with_no_timeout_waits_on_a_call_at_most_its_budget():
+    """A call that never answers (FlagGems' metadata compiling for minutes at 65537 requests on the H200) must
+    end as a TIMEOUT inside the campaign, not keep the campaign 600 s past its budget."""
+    isolated = Campaign(budget=90.0, config=RunConfig(isolate=True))
+    assert fuzz_module.bounded(isolated).config.timeout == 90.0
+    assert fuzz_module.bounded(Campaign(budget=3600.0, config=RunConfig(isolate=True))).config.timeout == 600.0
+    chosen = Campaign(budget=90.0, config=RunConfig(timeout=500.0))
+    assert fuzz_module.bounded(chosen) is chosen  # the user's --timeout stands
+    in_process = Campaign(budget=90.0)  # the CPU's default: no workers, nothing to time out
+    assert fuzz_module.bounded(in_process) is in_process

@@ -26,6 +26,7 @@ from difftest.generators.envelope import EdgeFamily
 from difftest.records.report import Report
 from difftest.records.score import Status
 from difftest.workflows import selftest
+from difftest.workflows.fuzz import CampaignOutcome
 from difftest.workflows.selftest import SelftestRequest
 from tests import planted
 from tests.user_backends import logits_with_limits
@@ -127,6 +128,20 @@ def test_a_fuzz_round_alone_is_scored_by_any_family(capsys):
     assert done.status == ExitStatus.OK
     assert main(["selftest", "--fuzz-only"]) == ExitStatus.USAGE
     assert "--budget=None: expected a fuzz round's seconds when the plan is not run" in capsys.readouterr().err
+
+
+def test_a_fuzz_round_that_ran_no_case_of_a_family_does_not_count_its_mutant_as_missed(monkeypatch):
+    """On a GPU other runs fill, the round may leave a large family out (or a short round not draw it): the
+    mutant that family reaches is not reachable here, said with the family and the round's case count."""
+    monkeypatch.setattr(selftest.fuzz, "fuzz", lambda campaign: CampaignOutcome([], [], 0, 0.0))
+    done = selftest.selftest(SelftestRequest(plan=False, budget=1, mutants=("correct", "stale_column", "fp8_fnuz")))
+    rows = {s.mutant: s for s in done.scores}
+    stale = rows["mutant-stale-column"]
+    assert stale.status == Status.MISSED and stale.ok and not stale.expected_here
+    assert stale.why == "stale-tables: the fuzz round ran no case of it (of 0 cases)"
+    fnuz = rows["mutant-fp8-fnuz"]  # a random case can reach it: a miss is one
+    assert fnuz.status == Status.MISSED and not fnuz.ok and fnuz.why == "the fuzz round's 0 cases did not fail it"
+    assert done.status == ExitStatus.FAILED
 
 
 def test_a_case_that_runs_out_of_memory_being_drawn_scores_nothing_and_the_selftest_goes_on(monkeypatch):
