@@ -11,6 +11,7 @@ path on disk that the user never wrote.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,9 @@ from difftest_pytest.selection import Selection, case_ids
 if TYPE_CHECKING:
     from _pytest._code.code import TerminalRepr
 
+    from difftest.core.operation import Operation
+    from difftest.engine.config import RunConfig
+    from difftest.engine.operation_run import Workers
     from difftest.engine.plan import PlannedCase
 
 COLLECTOR = "difftest"
@@ -35,6 +39,22 @@ class DifftestSuite(pytest.Collector):
         """A pytest node (from_parent's keywords) over the run's selection."""
         super().__init__(**kwargs)
         self.selection = selection
+        self._held = contextlib.ExitStack()  # the operation items' shared workers, closed at teardown
+        self._workers: dict[OperationKind, Workers | None] = {}
+
+    def operation_workers(self, op: Operation, config: RunConfig) -> Workers | None:
+        """The workers every item of `op` shares (one per backend, each started by its first call), or None
+        when the run is not isolated: a worker per item would start a CUDA context and compile the kernel again
+        for every case."""
+        from difftest.engine.operation_run import operation_workers  # deferred: loads torch
+
+        if op.kind not in self._workers:
+            self._workers[op.kind] = self._held.enter_context(operation_workers(op, config))
+        return self._workers[op.kind]
+
+    def teardown(self) -> None:
+        """Let the workers the items shared exit."""
+        self._held.close()
 
     def collect(self) -> Iterator[SuiteItem]:
         """One item per (backend, case), backend-major, named 'suite[backend::case id]' (selection.case_ids:
@@ -115,8 +135,9 @@ class OperationItem(pytest.Item):
         settings = self.parent.selection.settings
         op = operation(settings.op)
         case = op.build(self.spec, self.seed, settings.device)
-        result = run_one(op, Named(self.backend_id, op.backends()[self.backend_id]()), case,
-                         RunConfig(device=settings.device))
+        config = RunConfig(device=settings.device)
+        result = run_one(op, Named(self.backend_id, op.backends()[self.backend_id]()), case, config,
+                         workers=self.parent.operation_workers(op, config))
         if result.verdict == Verdict.SKIP:
             pytest.skip(result.reason or "skipped")
         if result.verdict.failed:
