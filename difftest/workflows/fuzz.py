@@ -261,18 +261,21 @@ class _Clock:
         self.on_progress(Progress(moment - self.start, cases, signatures, doing))
 
 
-def fuzz(campaign: Campaign, on_progress: ProgressListener | None = None) -> CampaignOutcome:
+def fuzz(campaign: Campaign, on_progress: ProgressListener | None = None,
+         on_result: Callable[[CaseResult], None] | None = None) -> CampaignOutcome:
     """Run `campaign` within its budget: cases (drawn by `jobs` campaigns side by side, each its share of the
     plan, when jobs > 1) until its failure count or the time to shrink what it found, then a bundle per
     signature, shrunk in turn in what is left; last its report and JUnit XML where asked for. `on_progress`
-    hears where it is (a few times a second at most)."""
+    hears where it is (a few times a second at most); `on_result` each result as it comes (one job's campaign:
+    the outcome's results are the ones that count, a batch's failure tried again included)."""
     start, started = time.monotonic(), time.time()
     hardware.require_device(campaign.config.device)  # this host's, not the campaign's: checked where it runs
     campaign = bounded(campaign)
     outputs = _outputs(campaign)
     clock = _Clock(start, campaign, on_progress)
     backends = get_backends(list(campaign.backends) if campaign.backends else None)
-    drawn = _in_jobs(campaign, backends, clock) if campaign.jobs > 1 else _drawn(campaign, backends, clock)
+    drawn = (_in_jobs(campaign, backends, clock) if campaign.jobs > 1
+             else _drawn(campaign, backends, clock, on_result=on_result))
     cases_done = time.monotonic()
     if drawn.interrupted:
         _keep_interrupted(campaign, drawn, outputs, started, cases_done - start)
@@ -326,7 +329,8 @@ def _outputs(campaign: Campaign) -> Outputs:
                     JUnitOutput(campaign.junit, "difftest fuzz") if campaign.junit else None])
 
 
-def _drawn(campaign: Campaign, backends: list[Loaded], clock: _Clock, link: _Link | None = None) -> CampaignOutcome:
+def _drawn(campaign: Campaign, backends: list[Loaded], clock: _Clock, link: _Link | None = None,
+           on_result: Callable[[CaseResult], None] | None = None) -> CampaignOutcome:
     """The campaign's cases, run until its budget or failure count, nothing kept yet; as one job of several
     (`link`), its share of the plan, until the campaign's stop too."""
     state = _State(campaign, backends, link, clock)
@@ -335,7 +339,7 @@ def _drawn(campaign: Campaign, backends: list[Loaded], clock: _Clock, link: _Lin
     outputs = Outputs([stream])
     interrupted = False
     try:
-        results = run(backends, state.items(), campaign.config, on_result=state.heard(outputs),
+        results = run(backends, state.items(), campaign.config, on_result=state.heard(outputs, on_result),
                       takes=state.takes, on_done=state.finished)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what was heard is kept, and the campaign reports it
         if link is not None:  # a job of several: the parent stops every job and keeps their streamed parts
@@ -738,7 +742,7 @@ class _State:
             self.current.pop(case.name, None)
         self.takers.pop(item.case.name if isinstance(item, Batch) else item.name, None)
 
-    def heard(self, outputs: Outputs) -> Callable[[CaseResult], None]:
+    def heard(self, outputs: Outputs, also: Callable[[CaseResult], None] | None = None) -> Callable[[CaseResult], None]:
         def on_result(result: CaseResult) -> None:
             self.warm = self.warm or (time.monotonic(), self.drawn)
             self.results.append(result)
@@ -747,6 +751,8 @@ class _State:
             if result.verdict.failed and case is not None:
                 self._record(result, case)
             self.clock.tell(self.drawn, len(self.found), "drawing cases")
+            if also is not None:
+                also(result)
         return on_result
 
     def _record(self, result: CaseResult, case: Case) -> None:

@@ -178,6 +178,7 @@ class _Tally:
         self.first: dict[str, float] = {}
         self.fuzz_results: list[CaseResult] = []
         self.fuzz_families: dict[str, set[str]] = {name: set() for name in self.names}  # families each ran
+        self.fuzz_first: dict[str, float] = {}  # seconds to each mutant's first failing result in the round
         # The families each mutant's expectation can be met by in this plan: where its family has cases.
         planned_families = {f for case in cases for f in case.families}
         self.expecting = {name: spec.caught_by.value for name, spec in self.specs.items()
@@ -214,10 +215,17 @@ class _Tally:
     def _failed(self, result: CaseResult, families: tuple[str, ...]) -> None:
         self.failures[result.backend].append((result, families))
         if result.backend not in self.first:
-            self.first[result.backend] = time.monotonic() - self.start
+            now = time.monotonic() - self.start
+            self.first[result.backend] = self.fuzz_first.get(result.backend, now)
             if self.progress is not None:
                 self.progress(first_failure(result.backend, result.verdict, result.case, families,
                                             self.first[result.backend]))
+
+    def fuzz_heard(self, result: CaseResult) -> None:
+        """A fuzz round's result as it comes: when each mutant first failed (the round's outcome, at its end,
+        is what counts)."""
+        if result.verdict.failed and result.backend in self.specs:
+            self.fuzz_first.setdefault(result.backend, time.monotonic() - self.start)
 
     def fuzzed(self, results: list[CaseResult]) -> None:
         """The fuzz round's results: a failure counts as caught by 'fuzz' and its case's families."""
@@ -241,7 +249,7 @@ def _fuzz_round(request: SelftestRequest, tally: _Tally, backends: dict[str, Loa
     campaign = fuzz.Campaign(budget=float(request.budget or 0), backends=tuple(
         f"{catalogue.__name__}:{key}" for key in keys), config=request.config, seed=request.seed + FUZZ_SEED_OFFSET,
         shrink_seconds=0, regime=request.regime, batching=not request.config.metamorphic)
-    outcome = fuzz.fuzz(campaign)
+    outcome = fuzz.fuzz(campaign, on_result=tally.fuzz_heard)
     tally.fuzzed(outcome.results)
     return outcome.phases.total if outcome.phases else outcome.seconds
 

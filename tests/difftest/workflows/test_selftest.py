@@ -121,6 +121,7 @@ def test_a_fuzz_round_alone_is_scored_by_any_family(capsys):
     fnuz = rows["mutant-fp8-fnuz"]
     assert fnuz.status == Status.CAUGHT and fnuz.ok and "fuzz" in fnuz.caught_by
     assert seed(fnuz.first_case) >= selftest.FUZZ_SEED_OFFSET
+    assert fnuz.seconds < done.seconds - 2, "timed as its first failing result came, not at the round's end"
     assert rows["mutant-correct"].status == Status.PASSED and rows["mutant-correct"].cases > 0
     int16 = rows["mutant-positions-int16"]
     assert int16.status == Status.MISSED and int16.ok
@@ -133,7 +134,7 @@ def test_a_fuzz_round_alone_is_scored_by_any_family(capsys):
 def test_a_fuzz_round_that_ran_no_case_of_a_family_does_not_count_its_mutant_as_missed(monkeypatch):
     """On a GPU other runs fill, the round may leave a large family out (or a short round not draw it): the
     mutant that family reaches is not reachable here, said with the family and the round's case count."""
-    monkeypatch.setattr(selftest.fuzz, "fuzz", lambda campaign: CampaignOutcome([], [], 0, 0.0))
+    monkeypatch.setattr(selftest.fuzz, "fuzz", lambda campaign, **_: CampaignOutcome([], [], 0, 0.0))
     done = selftest.selftest(SelftestRequest(plan=False, budget=1, mutants=("correct", "stale_column", "fp8_fnuz")))
     rows = {s.mutant: s for s in done.scores}
     stale = rows["mutant-stale-column"]
