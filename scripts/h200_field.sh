@@ -82,6 +82,12 @@ step e2-fuzz-references timeout -k 20 "${FUZZ_LIMIT:-480}" $dt fuzz --device cud
   --backends sglang-torch-ref,flashinfer-ref --repro-dir "$out/raw/fuzz-ref-bundles" --stream "$out/e2-fuzz.jsonl" \
   --report "$out/e2-fuzz.json" --shrink-seconds 20
 
+# DeepGEMM 0.34.0's bf16 logits beside its fp32 entry point, the vllm 0.34.0 tree first on the path (the 0.33.0
+# build takes no logits_dtype).
+step e3-fuzz-bf16 first "$dg034" timeout -k 20 "${FUZZ_LIMIT:-480}" $dt fuzz --device cuda --budget "${FUZZ_BUDGET:-5m}" \
+  --backends deepgemm-bf16-logits,deepgemm --repro-dir "$out/raw/fuzz-bf16-bundles" --stream "$out/e3-fuzz.jsonl" \
+  --report "$out/e3-fuzz.json" --shrink-seconds 20
+
 # f: TileLang (its own carry).
 step f1-tilelang-backends first "$tilelang" $dt backends --device cuda
 step f2-tilelang run_first "$tilelang" f2-tilelang sglang-tilelang "$run_budget"
