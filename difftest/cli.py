@@ -217,14 +217,16 @@ def _add_operation(command: argparse.ArgumentParser) -> None:
 # Options of `run` and `fuzz` that only the paged-logits operation takes (its own engine's), by destination.
 PAGED_ONLY = ("spec", "next_n", "block_sizes", "batch", "max_model_len", "heads", "head_dim", "junit", "ledger",
               "resume", "shard", "gpus", "time", "fail_slow", "sanitize", "encoding", "layout", "backend_module",
-              "case_filter", "max_batch", "max_context", "block_size", "shrink_seconds")
+              "case_filter", "max_batch", "max_context", "block_size", "shrink_seconds", "metamorphic")
 
 
 def _paged_only(args: argparse.Namespace, also: tuple[str, ...] = ()) -> None:
     """SpecError naming the first option given that an operation other than paged logits does not take."""
     for dest in PAGED_ONLY + also:
-        if getattr(args, dest, None) not in (None, False, [], ()):
-            raise SpecError("--" + dest.replace("_", "-"), getattr(args, dest),
+        value = getattr(args, dest, None)
+        if value not in (None, False, [], ()):
+            shown = ",".join(getattr(v, "value", str(v)) for v in value) if isinstance(value, (list, tuple)) else value
+            raise SpecError("--" + dest.replace("_", "-"), shown,
                             f"an option of --op paged-logits only, not of --op {args.op.value}")
 
 

@@ -128,6 +128,9 @@ def test_fuzz_of_an_operation_draws_random_specs_within_its_budget(planted, tmp_
 def test_an_option_of_paged_logits_only_is_refused_with_the_operation(capsys):
     assert main(["run", "--op", "topk", "--spec", "{}"]) == ExitStatus.USAGE
     assert "--spec" in capsys.readouterr().err
+    # The top-k relations are difftest.engine.topk_metamorphic's, from Python: the flag would check nothing.
+    assert main(["run", "--op", "topk", "--metamorphic"]) == ExitStatus.USAGE
+    assert "--metamorphic=" in capsys.readouterr().err
 
 
 def test_backends_lists_every_operation(capsys):
