@@ -66,7 +66,7 @@ class SelftestRequest:
     def __post_init__(self) -> None:
         require(self.budget is None or self.budget > 0, "budget", self.budget, "a number of seconds > 0")
         require(self.plan or self.budget is not None, "budget", self.budget,
-                "a fuzz round's seconds when the plan is not run (plan=False)")
+                "a fuzz round's seconds when the plan is not run")
         require(self.config.repeat >= 2, "repeat", self.config.repeat,
                 "at least 2 launches per case: the nondeterministic mutant's launches must be compared")
 
