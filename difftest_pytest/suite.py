@@ -82,7 +82,23 @@ class DifftestSuite(pytest.Collector):
                                                 backend_id=backend_id, spec=spec, seed=seed)
 
 
-class SuiteItem(pytest.Item):
+class _SuiteNode(pytest.Item):
+    """What the suite's items share: a failure shows its assertion's text alone (the row table, or the verdict
+    and headline), anything else the usual traceback; the headline names the item under the collector."""
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
+                     style: Any = None) -> str | TerminalRepr:
+        """The assertion's text alone for a divergence; the usual traceback for anything else."""
+        if isinstance(excinfo.value, AssertionError):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        """Where the item comes from, as the failure headline shows it."""
+        return self.path, None, f"{COLLECTOR}::{self.name}"
+
+
+class SuiteItem(_SuiteNode):
     """One backend on one case: difftest.check, so a failure is the row table and its replay line."""
 
     def __init__(self, *, backend_id: str, planned: PlannedCase, **kwargs: Any) -> None:
@@ -103,19 +119,8 @@ class SuiteItem(pytest.Item):
 
         check(self.selection.backend(self.backend_id), self.selection.build(self.planned))
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
-                     style: Any = None) -> str | TerminalRepr:
-        """The row table alone for a divergence; the usual traceback for anything else."""
-        if isinstance(excinfo.value, AssertionError):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo, style)
 
-    def reportinfo(self) -> tuple[Any, int | None, str]:
-        """Where the item comes from, as the failure headline shows it."""
-        return self.path, None, f"{COLLECTOR}::{self.name}"
-
-
-class OperationItem(pytest.Item):
+class OperationItem(_SuiteNode):
     """One backend of an operation other than paged logits on one case of its suite, through the operation
     runner (difftest.engine.operation_run): a failure is its verdict and headline, a SKIP its reason."""
 
@@ -143,18 +148,6 @@ class OperationItem(pytest.Item):
         if result.verdict.failed:
             raise AssertionError(f"{self.backend_id} on {case.name} [{case.describe()}]: {result.verdict.value}: "
                                  f"{result.headline or result.reason}")
-
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
-                     style: Any = None) -> str | TerminalRepr:
-        """The verdict and headline alone for a failure; the usual traceback for anything else."""
-        if isinstance(excinfo.value, AssertionError):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo, style)
-
-    def reportinfo(self) -> tuple[Any, int | None, str]:
-        """Where the item comes from, as the failure headline shows it."""
-        return self.path, None, f"{COLLECTOR}::{self.name}"
-
 
 class SuitePlugin:
     """Adds the suite's items to the session; registered only with --difftest-suite."""

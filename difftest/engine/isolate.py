@@ -492,11 +492,9 @@ class Worker:
     def _died(self, seconds: float, while_: str = "the call") -> Fault:
         """CRASH: how the process ended and the last lines it wrote."""
         assert self.process is not None
-        self.process.join(10)
-        how = exit_description(self.process.exitcode)
-        tail = crash_summary(self.log_path)
+        fault = _death(self.process, self.log_path, seconds, while_)
         self.stop()
-        return Fault(Verdict.CRASH, f"worker {how} during {while_}" + (f"; stderr: {tail}" if tail else ""), seconds)
+        return fault
 
     def kill(self) -> None:
         """SIGKILL the process (a hung kernel ignores anything gentler) and forget it."""
@@ -508,14 +506,27 @@ class Worker:
     def stop(self) -> None:
         """Close the pipe (a live worker exits on EOF), reap the process, forget both."""
         self._started_soon()
-        if self.conn is not None:
-            self.conn.close()
-        if self.process is not None:
-            self.process.join(10)
-            if self.process.is_alive():
-                self.process.kill()
-                self.process.join()
+        _reap(self.process, self.conn)
         self.process, self.conn, self.ready = None, None, False
+
+
+def _death(process: multiprocessing.process.BaseProcess, log_path: Path, seconds: float, while_: str) -> Fault:
+    """The CRASH of a worker that died during `while_`: how its process ended and the last lines it wrote."""
+    process.join(10)
+    tail = crash_summary(log_path)
+    return Fault(Verdict.CRASH, f"worker {exit_description(process.exitcode)} during {while_}"
+                 + (f"; stderr: {tail}" if tail else ""), seconds)
+
+
+def _reap(process: multiprocessing.process.BaseProcess | None, conn: Connection | None) -> None:
+    """Close the pipe (a live worker exits on EOF) and reap the process, killed if it lingers."""
+    if conn is not None:
+        conn.close()
+    if process is not None:
+        process.join(10)
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 def exit_description(exitcode: int | None) -> str:
@@ -765,11 +776,9 @@ class OperationWorker:
     def _died(self, seconds: float, while_: str = "the call") -> Fault:
         """CRASH: how the process ended and the last lines it wrote."""
         assert self.process is not None
-        self.process.join(10)
-        how = exit_description(self.process.exitcode)
-        tail = crash_summary(self.log_path)
+        fault = _death(self.process, self.log_path, seconds, while_)
         self.stop()
-        return Fault(Verdict.CRASH, f"worker {how} during {while_}" + (f"; stderr: {tail}" if tail else ""), seconds)
+        return fault
 
     def kill(self) -> None:
         """SIGKILL the process (a hung kernel ignores anything gentler) and forget it."""
@@ -779,13 +788,7 @@ class OperationWorker:
 
     def stop(self) -> None:
         """Close the pipe (a live worker exits on EOF), reap the process, forget both."""
-        if self.conn is not None:
-            self.conn.close()
-        if self.process is not None:
-            self.process.join(10)
-            if self.process.is_alive():
-                self.process.kill()
-                self.process.join()
+        _reap(self.process, self.conn)
         self.process, self.conn = None, None
 
 
