@@ -30,6 +30,9 @@ export DIFFTEST_TOPK_DEPS=$PWD/$deps PYTHONUNBUFFERED=1
 export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")}
 [ -d "$deps/cuda_home/include" ] && [ "${1:-}" != setup ] && export CUDA_HOME=$PWD/$deps/cuda_home
 
+VLLM_TOPK=vllm-top-k-per-row-prefill,vllm-top-k-per-row-decode,vllm-persistent-topk,vllm-cooperative-topk
+JIT_TOPK=flaggems-bucket-topk,sglang-jit-topk-v2-ragged,sglang-jit-fast-topk,flashinfer-top-k-ragged
+
 case "${1:-}" in
   setup)
     mkdir -p "$deps/flashinfer" "$deps/site"
@@ -54,14 +57,28 @@ case "${1:-}" in
   build)
     timeout "${BUILD_LIMIT:-570}" python3 scripts/topk_campaign.py --build 2>&1 | tee "$out/build.txt"
     ;;
-  run)
-    timeout "${RUN_LIMIT:-570}" python3 scripts/topk_campaign.py --out "$out" 2>&1 | tee "$out/run.txt"
+  run)  # BACKENDS (comma-separated, default every top-k backend) and TAG name the outputs under $out/TAG/:
+        # the family table (topk_campaign.py, each case twice), `difftest run --op topk` defaults and a
+        # FUZZ_BUDGET campaign, each under its own hard timeout
+    dir=$out/${TAG:-all} && mkdir -p "$dir"
+    chosen=${BACKENDS:-$(python3 -c "import sys; sys.path[:0]=['scripts']
+from topk_campaign import backends; print(','.join(backends()))")}
+    timeout "${TABLE_LIMIT:-150}" python3 scripts/topk_campaign.py --out "$dir" --backends "$chosen" 2>&1 | tee "$dir/table.txt"
+    { echo "\$ difftest run --op topk --device cuda --backends $chosen --budget ${RUN_BUDGET:-90}"
+      timeout $((${RUN_BUDGET:-90} + 60)) python3 -m difftest.cli run --op topk --device cuda --backends "$chosen" \
+        --budget "${RUN_BUDGET:-90}" --report "$dir/run.json" --repro-dir "$dir/repro/run" 2>&1
+      echo "exit status: $?"; } | tee "$dir/run.txt"
+    { echo "\$ difftest fuzz --op topk --device cuda --backends $chosen --budget ${FUZZ_BUDGET:-120s}"
+      timeout "${FUZZ_LIMIT:-200}" python3 -m difftest.cli fuzz --op topk --device cuda --backends "$chosen" \
+        --budget "${FUZZ_BUDGET:-120s}" --report "$dir/fuzz.json" --repro-dir "$dir/repro/fuzz" 2>&1
+      echo "exit status: $?"; } | tee "$dir/fuzz.txt"
     ;;
   vllm)  # one call, carry [".device-deps/topk/carry-vllm"]: vLLM's compiled top-k kernels, unpacked and run
-    bash "$0" unpack-vllm && RUN_LIMIT=${RUN_LIMIT:-450} bash "$0" run
+    bash "$0" unpack-vllm && TAG=vllm BACKENDS=${BACKENDS:-$VLLM_TOPK} bash "$0" run
     ;;
   jit)  # one call, carry [".device-deps/topk/carry-small"]: FlagGems' Triton top-k and the JIT builds, then a run
-    bash "$0" setup && BUILD_LIMIT=${BUILD_LIMIT:-330} bash "$0" build; RUN_LIMIT=${RUN_LIMIT:-180} bash "$0" run
+    bash "$0" setup && BUILD_LIMIT=${BUILD_LIMIT:-300} bash "$0" build
+    TAG=jit BACKENDS=${BACKENDS:-$JIT_TOPK} bash "$0" run
     ;;
   *)
     echo "usage: bash scripts/h200_topk.sh setup|unpack-vllm|build|run|vllm|jit" >&2; exit 2 ;;

@@ -1,9 +1,11 @@
 """Every top-k backend that loads here on every edge family of its contract, at the device's scale: the
-verdict, the headline and the first mismatch of each case, until the top-k operation is wired into
-`difftest run` (docs/reference/topk.md). Run by scripts/h200_topk.sh on the GPU machine (PYTHONPATH=.):
+verdict, the headline and whether a second call selects the same set, one line per family (beside `difftest
+run --op topk`, which judges the same plan with guards and isolation). Run by scripts/h200_topk.sh on the GPU
+machine (PYTHONPATH=.):
 
-    python3 scripts/topk_campaign.py --out reports/h200/topk     (writes results.jsonl and README.md)
-    python3 scripts/topk_campaign.py --build                     (only the JIT builds, each timed)
+    python3 scripts/topk_campaign.py --out reports/h200/topk/all   (writes results.jsonl and README.md)
+    python3 scripts/topk_campaign.py --backends vllm-persistent-topk --out DIR
+    python3 scripts/topk_campaign.py --build                       (only the JIT builds, each timed)
 
 A backend that cannot load is listed with its reason; one that raises is ERROR with the first line; each
 case runs twice, and a second selected set that differs from the first is recorded (ties may differ: the
@@ -79,12 +81,14 @@ def judge(backend: object, spec: TopkSpec, device: str) -> dict[str, object]:
             "warnings": [first_line(w.message) for w in caught]}
 
 
-def campaign(out: Path, device: str) -> None:
-    """Every backend on every planned spec; results.jsonl and a README.md table."""
+def campaign(out: Path, device: str, chosen: set[str] | None = None) -> None:
+    """Every backend (or those `chosen`) on every planned spec; results.jsonl and a README.md table."""
     out.mkdir(parents=True, exist_ok=True)
     target = Target.probe(Device(device), Scale.PRODUCTION if device == "cuda" else Scale.SMALL)
     lines, table = [], []
     for name, backend in backends().items():
+        if chosen is not None and name not in chosen:
+            continue
         reason = backend.unavailable_reason(device)
         if reason:
             table.append(f"| {name} | - | SKIP: {reason} |")
@@ -104,7 +108,7 @@ def campaign(out: Path, device: str) -> None:
                          f"{record.get('headline') or record.get('reason') or record.get('error')} |")
     (out / "results.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     (out / "README.md").write_text(
-        f"# Top-k backends at {target.scale.value} scale\n\nCommand: `bash scripts/h200_topk.sh run` "
+        f"# Top-k backends at {target.scale.value} scale\n\nCommand: `bash scripts/h200_topk.sh run` (TAG, BACKENDS) "
         f"(scripts/topk_campaign.py), device {device}. Every case is seed 0 of its family "
         "(difftest.generators.topk.topk_plan).\n\n"
         "| backend | case | verdict |\n|---|---|---|\n" + "\n".join(table) + "\n")
@@ -114,12 +118,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("reports/h200/topk"))
     parser.add_argument("--build", action="store_true", help="only build and time the JIT backends")
+    parser.add_argument("--backends", help="comma-separated top-k backends (default: every one)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     if args.build:
         build(args.device)
     else:
-        campaign(args.out, args.device)
+        campaign(args.out, args.device, set(args.backends.split(",")) if args.backends else None)
 
 
 if __name__ == "__main__":
