@@ -108,6 +108,10 @@ class VllmTopk:
     def __call__(self, inputs: TopkInputs, out: torch.Tensor | None) -> torch.Tensor:
         """int32 [rows, k] indices relative to each window's start, -1 past the window length."""
         logits, k, rows = inputs.logits, inputs.k, inputs.rows
+        # A worker process never asked unavailable_reason: the .so is loaded where the call runs
+        reason = _load()
+        if reason:
+            raise RuntimeError(reason)
         indices = torch.full((rows, k), -1, dtype=torch.int32, device=logits.device)
         op = getattr(torch.ops._C, self.kernel.op)
         if self.kernel.window == WindowForm.STARTS_ENDS:
