@@ -26,13 +26,14 @@ from difftest import __version__
 from difftest.core import lifetime
 from difftest.core.errors import Interrupted, OutputError, SpecError
 from difftest.core.kinds import (
+    RELATIONS,
+    AnyRelation,
     CacheLayout,
     CaseKind,
     CiSystem,
     Device,
     ExitStatus,
     LengthEncoding,
-    MetamorphicRelation,
     OperationKind,
     OracleKind,
     SanitizerTool,
@@ -111,16 +112,30 @@ def _path(text: str) -> Path:
     return Path(text)
 
 
-def _relations(text: str) -> tuple[MetamorphicRelation, ...]:
-    """The relations of 'all' or of comma-separated relation names, in MetamorphicRelation's order."""
-    names = set(_names(text))
-    if names == {"all"}:
-        return tuple(MetamorphicRelation)
-    unknown = sorted(names - {r.value for r in MetamorphicRelation})
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected 'all' or comma-separated relations among "
-                                         f"{[r.value for r in MetamorphicRelation]}")
-    return tuple(r for r in MetamorphicRelation if r.value in names)
+def _relation_names(text: str) -> tuple[str, ...]:
+    """An argparse type: the comma-separated names of `text`, at least one; whose relations they must be waits
+    for --op (_relations)."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 'all' or comma-separated relation names")
+    return names
+
+
+def _relations(op: OperationKind, names: tuple[str, ...]) -> tuple[AnyRelation, ...]:
+    """The relations of --metamorphic `names` ('all': every one) for --op `op`, in its enum's order; SpecError
+    naming the option's value and the relations `op` has, or the operations that have some."""
+    if not names:
+        return ()
+    kind, shown = RELATIONS.get(op), ",".join(names)
+    if kind is None:
+        raise SpecError("--metamorphic", shown, f"an option of --op {' or '.join(k.value for k in RELATIONS)}, the "
+                                                f"operations with metamorphic relations, not of --op {op.value}")
+    if set(names) == {"all"}:
+        return tuple(kind)
+    known = [r.value for r in kind]
+    if not set(names) <= set(known):
+        raise SpecError("--metamorphic", shown, f"'all' or comma-separated relations of --op {op.value} among {known}")
+    return tuple(r for r in kind if r.value in names)
 
 
 def _enum(kind: type[enum.Enum]) -> Callable[[str], enum.Enum]:
@@ -217,7 +232,7 @@ def _add_operation(command: argparse.ArgumentParser) -> None:
 # Options of `run` and `fuzz` that only the paged-logits operation takes (its own engine's), by destination.
 PAGED_ONLY = ("spec", "next_n", "block_sizes", "batch", "max_model_len", "heads", "head_dim", "junit", "ledger",
               "resume", "shard", "gpus", "time", "fail_slow", "sanitize", "encoding", "layout", "backend_module",
-              "case_filter", "max_batch", "max_context", "block_size", "shrink_seconds", "metamorphic")
+              "case_filter", "max_batch", "max_context", "block_size", "shrink_seconds")
 
 
 def _paged_only(args: argparse.Namespace, also: tuple[str, ...] = ()) -> None:
@@ -260,13 +275,15 @@ def _add_feeding(command: argparse.ArgumentParser, repeat: int = 1) -> None:
                               f"or unstable = FAIL(nondeterministic) (default: {repeat})")
 
 
-def _add_metamorphic(command: argparse.ArgumentParser) -> None:
-    command.add_argument("--metamorphic", type=_relations, nargs="?", const=tuple(MetamorphicRelation), default=(),
+def _add_metamorphic(command: argparse.ArgumentParser, ops: tuple[OperationKind, ...] = tuple(RELATIONS)) -> None:
+    """--metamorphic, as `run` (every operation with relations, by --op) and `selftest` (paged logits) take it."""
+    names = "; ".join(f"--op {op.value}: {', '.join(r.value for r in RELATIONS[op])}" for op in ops)
+    command.add_argument("--metamorphic", type=_relation_names, nargs="?", const=("all",), default=(),
                          metavar="RELATIONS",
                          help="after each result that ran, check these metamorphic relations on its case (all when "
-                              "none are named; comma-separated among "
-                              f"{', '.join(r.value for r in MetamorphicRelation)}): one more launch of the case and "
-                              "one of each related case; a relation that does not hold is FAIL(metamorphic)")
+                              f"none are named; comma-separated among {names}): a launch of each related case "
+                              "(paged logits: and one more of the case); a relation that does not hold is "
+                              "FAIL(metamorphic)")
 
 
 def _add_loudness(command: argparse.ArgumentParser) -> None:
@@ -383,7 +400,7 @@ def _add_selftest(commands: argparse._SubParsersAction) -> None:
     selftest.add_argument("--report", type=Path, metavar="PATH", help="write every result and the score (its "
                           "`selftest` section) as JSON here")
     _add_feeding(selftest, repeat=2)  # the nondeterministic mutants' launches are compared
-    _add_metamorphic(selftest)
+    _add_metamorphic(selftest, (OperationKind.PAGED_LOGITS,))
     _add_regime(selftest, "bounds on the fuzz round's cases (default: the whole envelope)")
     _add_loudness(selftest)
 
@@ -716,8 +733,9 @@ def _run_operation(args: argparse.Namespace) -> int:
     from difftest.workflows.operation_session import OperationRequest, execute_operation  # deferred: loads torch
 
     _paged_only(args)
+    config = _run_config(args, metamorphic=_relations(args.op, args.metamorphic))
     request = OperationRequest(operation=args.op, cases=args.cases, seed=args.seed, count=args.count or 1,
-                               backends=args.backends, config=_run_config(args), report=args.report,
+                               backends=args.backends, config=config, report=args.report,
                                stream=args.stream, repro_dir=args.repro_dir, budget=args.budget, argv=tuple(args.argv))
     outcome = execute_operation(request)
     _print_operation(outcome.results, args.verbose)
@@ -810,7 +828,7 @@ def _run_request(args: argparse.Namespace) -> RunRequest:
                          case_filter=tuple(args.case_filter), shard=Shard.parse(args.shard) if args.shard else None)
     names = (args.backends or ()) + tuple(args.backend_module)
     config = _run_config(args, sanitize=args.sanitize, sanitize_all=args.sanitize_all, time=args.time,
-                         metamorphic=args.metamorphic)
+                         metamorphic=_relations(args.op, args.metamorphic))
     return RunRequest(suite=suite, backends=names or None, config=config, report=args.report, stream=args.stream,
                       junit=args.junit, resume=args.resume, repro_dir=args.repro_dir, gpus=args.gpus,
                       budget=args.budget, argv=tuple(args.argv), overwrite=args.overwrite, fail_slow=args.fail_slow,
@@ -975,8 +993,9 @@ def _shrink_operation(args: argparse.Namespace, bundle: Bundle) -> int:
     folder = write_bundle(args.out or bundle.path.parent, found.case, found.result, bundle.config,
                           Origin(found.result.backend, registered=True), found.result.library,
                           field="--out" if args.out else "bundle")
+    violated = "".join(f"\n    metamorphic: {violation.describe()}" for violation in found.result.metamorphic)
     print(f"shrunk {bundle.case.describe()}\n    to {found.case.describe()}: {found.result.verdict.value}: "
-          f"{found.result.headline}\nbundle: {folder}")
+          f"{found.result.headline}{violated}\nbundle: {folder}")
     return ExitStatus.OK
 
 
@@ -1105,7 +1124,8 @@ def cmd_selftest(args: argparse.Namespace) -> int:
 
     regime = Regime(max_batch=args.max_batch, max_context=args.max_context, heads=args.heads,
                     head_dim=args.head_dim, block_size=args.block_size)
-    request = selftest.SelftestRequest(config=_run_config(args, metamorphic=args.metamorphic),
+    relations = _relations(OperationKind.PAGED_LOGITS, args.metamorphic)  # selftest's relations: its paged cases'
+    request = selftest.SelftestRequest(config=_run_config(args, metamorphic=relations),
                                        template=args.backend_template, budget=args.budget, seed=args.seed,
                                        mutants=args.mutants, regime=regime, case_filter=tuple(args.case_filter),
                                        plan=not args.fuzz_only, report=args.report, argv=tuple(args.argv))

@@ -1,6 +1,6 @@
-"""Top-k backends that kill or hang the process that calls them: what worker isolation must contain for an
-operation other than paged logits (difftest.engine.isolate.OperationWorker); and one whose call runs out of
-memory, which earns it no verdict. Right otherwise (TorchTopk)."""
+"""Top-k backends that kill or hang the process that calls them (one only on rows wider than it takes): what
+worker isolation must contain for an operation other than paged logits (difftest.engine.isolate.OperationWorker);
+and one whose call runs out of memory, which earns it no verdict. Right otherwise (TorchTopk)."""
 
 from __future__ import annotations
 
@@ -40,3 +40,16 @@ class RunsOutOfMemory(TorchTopk):
 
     def __call__(self, inputs: TopkInputs, out: torch.Tensor | None) -> torch.Tensor:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 818.00 MiB (planted)")
+
+
+class NarrowBuffer(TorchTopk):
+    """Right on rows of up to 64 columns; a wider row aborts the process (a kernel's assertion on a row buffer of
+    64 columns, a limit its contract does not declare)."""
+
+    name = "narrow-buffer"
+
+    def __call__(self, inputs: TopkInputs, out: torch.Tensor | None) -> torch.Tensor:
+        if inputs.logits.shape[1] > 64:
+            os.write(2, b"planted: a row wider than the 64-column buffer\n")
+            os.abort()
+        return super().__call__(inputs, out)

@@ -154,6 +154,15 @@ class TopkRelation(str, enum.Enum):
     PERMUTE_COLUMNS = "permute-columns"  # each window's columns shuffled: the same values chosen
 
 
+AnyRelation = MetamorphicRelation | TopkRelation  # a relation of some operation's
+
+# The metamorphic relations of each operation that has some: RunConfig.metamorphic holds one operation's, the
+# CLI's --metamorphic names them, a bundle records them. Paged logits checks its own in its own runner
+# (difftest.engine.metamorphic); top-k through its Operation (difftest.engine.topk_metamorphic).
+RELATIONS: dict[OperationKind, type[MetamorphicRelation] | type[TopkRelation]] = {
+    OperationKind.PAGED_LOGITS: MetamorphicRelation, OperationKind.TOPK: TopkRelation}
+
+
 class TimingMethod(str, enum.Enum):
     """How a backend's launches were timed (`difftest run --time K`, difftest.engine.timing)."""
 

@@ -58,6 +58,10 @@ class Operation:
     # shrink moves: (case, still_fails(case) -> bool, contract, seconds) -> the smallest failing case found;
     # None: the operation's own shrinker (paged logits: difftest.workflows.shrink, probing in a worker)
     shrink: Callable[[Any, Callable[[Any], bool], Any, float], Any] | None
+    # metamorphic relations (difftest.core.kinds.RELATIONS, RunConfig.metamorphic), checked on each result that
+    # ran, after judging: (case, output, contract, relations, launch) -> the violations, launch(case) calling the
+    # backend on a related case where it runs (difftest.engine.operation_run); None: no relations here
+    relate: Callable[[Any, Any, Any, Any, Callable[[Any], Any]], tuple[Any, ...]] | None
 
     @property
     def name(self) -> str:

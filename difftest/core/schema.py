@@ -37,10 +37,12 @@ from typing import Annotated, Any, ClassVar, TypeVar
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     GetPydanticSchema,
     PlainSerializer,
     PlainValidator,
+    Tag,
     TypeAdapter,
     ValidationError,
 )
@@ -216,6 +218,13 @@ def ListOf(item: Any, high: int, what: str, low: int = 0) -> Any:
 def TupleOf(item: Any, high: int, what: str, low: int = 0) -> Any:
     """A JSON list read as a tuple (a record's immutable sequence)."""
     return Annotated[tuple[item, ...], Field(min_length=low, max_length=high), Expect(what)]
+
+
+def EitherOf(pick: Callable[[Any], str], what: str, **kinds: Any) -> Any:
+    """A value validated as the one of `kinds` (Records, by tag) that `pick` names, handed the JSON or the
+    instance: its errors are that kind's alone, at its fields' paths."""
+    tagged = tuple(Annotated[kind, Tag(tag)] for tag, kind in kinds.items())
+    return Annotated[typing.Union[tagged], Discriminator(pick), Expect(what)]  # noqa: UP007  # a tuple of members
 
 
 def TableOf(key: Any, value: Any, what: str) -> Any:
@@ -514,10 +523,20 @@ def _walk(model: Any, loc: tuple[Any, ...]) -> tuple[str, Any, bool]:
                 return f"{path} key {step!r}", key_type, False
             path += f"[{step!r}]"
             annotation = value_type
+        elif isinstance(step, str) and _tagged(base, step) is not None:  # an EitherOf's tag: that kind's fields
+            annotation = _tagged(base, step)
         else:  # a union member's tag, or a step the annotation does not explain
             continue
     annotation, optional = _strip(annotation)
     return path, annotation, optional
+
+
+def _tagged(annotation: Any, tag: str) -> Any:
+    """The member of a union `annotation` tagged `tag` (EitherOf), or None."""
+    if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
+        return None
+    return next((member for member in typing.get_args(annotation)
+                 if any(isinstance(m, Tag) and m.tag == tag for m in getattr(member, "__metadata__", ()))), None)
 
 
 def leaf(annotation: Any) -> tuple[Rule | None, Any]:

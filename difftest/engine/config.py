@@ -6,7 +6,7 @@ import dataclasses
 import math
 
 from difftest.core.errors import require
-from difftest.core.kinds import CacheLayout, LengthEncoding, MetamorphicRelation, OracleKind, SanitizerTool
+from difftest.core.kinds import RELATIONS, AnyRelation, CacheLayout, LengthEncoding, OracleKind, SanitizerTool
 
 DEVICES = ("cpu", "cuda")
 MAX_REPEAT = 1000  # launches per case; more is a typo, not a stability study
@@ -29,9 +29,10 @@ class RunConfig:
     oracle: OracleKind | None = None  # None: FAST on cuda, EXACT on cpu
     startup_timeout: float = 600.0  # seconds a worker may take to import and build its backend (a JIT library)
     time: int | None = None  # launches timed per case after the checked ones (median; engine.timing); None: none
-    # Metamorphic relations checked on every result that ran (difftest.engine.metamorphic): a violated one is
-    # FAIL(metamorphic), each check one more launch of the case and one of each related case
-    metamorphic: tuple[MetamorphicRelation, ...] = ()
+    # Metamorphic relations checked on every result that ran, one operation's (difftest.core.kinds.RELATIONS:
+    # paged logits' difftest.engine.metamorphic, top-k's difftest.engine.topk_metamorphic): a violated one is
+    # FAIL(metamorphic), each check a launch of each related case (paged logits: and one more of the case)
+    metamorphic: tuple[AnyRelation, ...] = ()
 
     def __post_init__(self) -> None:
         require(self.device in DEVICES, "device", self.device, f"one of {list(DEVICES)}")
@@ -57,9 +58,10 @@ class RunConfig:
         require(self.time is None or (type(self.time) is int and 1 <= self.time <= MAX_TIME), "time", self.time,
                 f"an integer in [1, {MAX_TIME}]: launches timed per case (None: no timing)")
         relations = self.metamorphic
-        require(isinstance(relations, tuple) and all(isinstance(r, MetamorphicRelation) for r in relations)
-                and len(set(relations)) == len(relations), "metamorphic", relations,
-                f"a tuple of distinct difftest.MetamorphicRelation {[r.value for r in MetamorphicRelation]}")
+        require(isinstance(relations, tuple) and all(isinstance(r, AnyRelation) for r in relations)
+                and len({type(r) for r in relations}) <= 1 and len(set(relations)) == len(relations), "metamorphic",
+                relations, "a tuple of distinct relations of one operation: " + "; ".join(
+                    f"{kind.value}: {[r.value for r in relation]}" for kind, relation in RELATIONS.items()))
 
     @property
     def isolated(self) -> bool:

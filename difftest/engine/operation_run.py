@@ -9,6 +9,11 @@ verdict: a case that could not be drawn or moved to the device (NotDrawn), a cal
 in its worker) and a check that ran out are each a SKIP that says so, and the run goes on. Results reach
 `on_result` as each is made.
 
+With RunConfig.metamorphic, each judged result then has the operation's relations checked on its case
+(Operation.relate; top-k's in difftest.engine.topk_metamorphic), each related case called where the case was:
+a relation that does not hold makes the result FAIL(metamorphic), unless the oracle's verdict is worse, and
+the violations (the relation, the related case) go into it.
+
 Under isolation (RunConfig.isolated: --isolate, the default on a GPU) each backend's calls run in a worker
 process of its own (difftest.engine.isolate.OperationWorker): a backend that kills its process (a segfault,
 an abort) gets CRASH with the signal and its stderr's tail, one that outlasts the run's timeout gets TIMEOUT
@@ -32,11 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from difftest.core import memory
-from difftest.core.errors import first_line
-from difftest.core.kinds import Isolation
+from difftest.core.errors import first_line, require
+from difftest.core.kinds import RELATIONS, Isolation
 from difftest.core.lifetime import run_folder
 from difftest.core.operation import Operation
-from difftest.core.verdict import Verdict
+from difftest.core.verdict import Verdict, worst
 from difftest.engine.config import RunConfig
 from difftest.engine.guards import Fault, formatted_traceback
 from difftest.engine.isolate import DEFAULT_TIMEOUT, Called, OperationWorker, cannot_pickle
@@ -148,11 +153,13 @@ def operation_workers(op: Operation, config: RunConfig) -> Iterator[Workers | No
 
 def run_one(op: Operation, named: Named, case: Any, config: RunConfig, spec: dict[str, object] | None = None,
             references: References | None = None, workers: Workers | None = None) -> CaseResult:
-    """One backend on one case (on the run's device), judged against the operation's oracle; under isolation
-    the call runs in the backend's worker of `workers` (a run's; one made for this call when None)."""
+    """One backend on one case (on the run's device), judged against the operation's oracle, then the run's
+    relations checked on it; under isolation the calls run in the backend's worker of `workers` (a run's; one
+    made for this call when None). SpecError naming `metamorphic` for relations the operation has not."""
     if config.isolated and workers is None:
         with operation_workers(op, config) as made:
             return run_one(op, named, case, config, spec, references, made)
+    relations_asked(op, config)
     references = [] if references is None else references
     contract = named.backend.contract
     base = dict(backend=named.name, case=case.name, description=case.describe(), rows=case.rows, device=config.device,
@@ -183,8 +190,43 @@ def run_one(op: Operation, named: Named, case: Any, config: RunConfig, spec: dic
                               f"memory: {first_line(exc)}", **base)
         return CaseResult(verdict=Verdict.ERROR, seconds=seconds, reason=f"checking the output: {first_line(exc)}",
                           error_type=type(exc).__name__, traceback=formatted_traceback(exc), **base)
-    return CaseResult(verdict=judged.verdict, seconds=seconds, comparison=judged.comparison,
-                      selection=judged.selection, headline=judged.headline, **base)
+    result = CaseResult(verdict=judged.verdict, seconds=seconds, comparison=judged.comparison,
+                        selection=judged.selection, headline=judged.headline, **base)
+    return _related(op, named, case, got, result, config, worker)
+
+
+def relations_asked(op: Operation, config: RunConfig) -> None:
+    """SpecError naming `metamorphic` when the run asks for relations that `op` does not check here."""
+    kind = RELATIONS.get(op.kind)
+    require(not config.metamorphic or (op.relate is not None and kind is not None
+                                       and all(isinstance(r, kind) for r in config.metamorphic)),
+            "metamorphic", tuple(r.value for r in config.metamorphic),
+            f"relations of the {op.name} operation: {[r.value for r in kind]}" if op.relate and kind
+            else f"none: the {op.name} operation has no relations this runner checks")
+
+
+def _related(op: Operation, named: Named, case: Any, got: Any, result: CaseResult, config: RunConfig,
+             worker: OperationWorker | str | None) -> CaseResult:
+    """`result` (judged) with the run's relations checked on its case, each related case called as the case was
+    (in the backend's worker, else in-process): a violated one is FAIL(metamorphic) unless a worse verdict
+    stands, the violations in the result. Checking that raises is an ERROR that says so, out of memory a note."""
+    if not config.metamorphic or op.relate is None:
+        return result
+
+    def launch(other: Any) -> Called | Fault:
+        return worker(other) if isinstance(worker, OperationWorker) else _called(op, named, other, config.device)
+
+    try:
+        violations = op.relate(case, got, named.backend.contract, config.metamorphic, launch)
+    except Exception as exc:  # deriving or judging a related case could not finish: said, and the run goes on
+        if memory.ran_out(exc):
+            return dataclasses.replace(result, reason=f"the relations ran out of memory: {first_line(exc)}")
+        return dataclasses.replace(result, verdict=Verdict.ERROR, reason=f"checking the relations: {first_line(exc)}",
+                                   error_type=type(exc).__name__, traceback=formatted_traceback(exc))
+    if not violations:
+        return result
+    return dataclasses.replace(result, metamorphic=violations, verdict=worst([result.verdict,
+                                                                              Verdict.FAIL_METAMORPHIC]))
 
 
 def _reference(op: Operation, case: Any, contract: Any, config: RunConfig, references: References) -> Any:

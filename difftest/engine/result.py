@@ -10,7 +10,15 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from difftest.core.kinds import CacheLayout, Device, Isolation, LengthEncoding, MetamorphicRelation, OperationKind
+from difftest.core.kinds import (
+    CacheLayout,
+    Device,
+    Isolation,
+    LengthEncoding,
+    MetamorphicRelation,
+    OperationKind,
+    TopkRelation,
+)
 from difftest.core.schema import (
     MAX_BATCH,
     MAX_ITEMS,
@@ -20,6 +28,7 @@ from difftest.core.schema import (
     MAX_ROWS,
     Bool,
     Count,
+    EitherOf,
     Float,
     Int,
     IntList,
@@ -36,6 +45,7 @@ from difftest.core.schema import (
     validate,
 )
 from difftest.core.spec import CaseSpec
+from difftest.core.topk import MAX_WIDTH
 from difftest.core.verdict import Verdict
 from difftest.engine.comparison import Comparison
 from difftest.engine.guards import MAX_TRACEBACK_CHARS
@@ -121,6 +131,48 @@ class Violation(Record):
                 f"{', '.join(self.related)}, {self.expected!r} expected")
 
 
+@dataclasses.dataclass(frozen=True)
+class TopkViolation(Record):
+    """A top-k metamorphic relation that does not hold for a backend on a case (difftest.engine.topk_metamorphic):
+    the related case (derived from the case by `relation` with a fixed seed, so the case and the relation draw it
+    again), the rows whose chosen candidates or pads do not follow from the case's, and the first such row's
+    chosen candidate values (descending) and pads on either side; or, with no rows, why the related case gave
+    no answer to relate (`note`)."""
+
+    relation: Member(TopkRelation)
+    related: Name  # the related case's name: '<case>~<relation>'
+    rows: RowTuple
+    row: Int(0, MAX_ROWS)
+    chosen: TupleOf(JsonFloat, MAX_WIDTH, "a list of values")  # the first row's chosen values on the case
+    related_chosen: TupleOf(JsonFloat, MAX_WIDTH, "a list of values")  # and on the related case
+    pads: Int(0, MAX_WIDTH)
+    related_pads: Int(0, MAX_WIDTH)
+    expected_pads: Int(-MAX_WIDTH, MAX_WIDTH)  # the case's pads less what the contract's rule takes away
+    note: Text() = ""
+
+    def describe(self) -> str:
+        """'add-neg-inf does not hold on 2 rows; first row 0: 5 candidates chosen and 11 pads on the case (largest
+        [..]), 5 and 0 on c~add-neg-inf (largest [..]), where 11 pads follow', or the relation, the related case
+        and the note when the related case gave no answer."""
+        if not self.rows:
+            return f"{self.relation.value} on {self.related}: {self.note}"
+        rows = f"{len(self.rows)} row{'s' if len(self.rows) > 1 else ''}"
+        return (f"{self.relation.value} does not hold on {rows}; first row {self.row}: {len(self.chosen)} candidates "
+                f"chosen and {self.pads} pads on the case (largest {_shown(self.chosen)}), {len(self.related_chosen)} "
+                f"and {self.related_pads} on {self.related} (largest {_shown(self.related_chosen)}), where "
+                f"{self.expected_pads} pads follow")
+
+
+def _shown(values: tuple[float, ...]) -> str:
+    return "[" + ", ".join(f"{v:g}" for v in values[:4]) + (", ...]" if len(values) > 4 else "]")
+
+
+def _violation_kind(violation: object) -> str:
+    """'topk' for a top-k relation's violation (as JSON or a TopkViolation), else 'paged'."""
+    relation = violation.get("relation") if isinstance(violation, dict) else getattr(violation, "relation", None)
+    return "topk" if relation in {r.value for r in TopkRelation} else "paged"
+
+
 # A paged-logits result's spec is a CaseSpec (checked as one: CaseResult.checked); another operation's is its own
 # spec's JSON, checked here as a JSON object only (its operation's from_json reads it).
 SpecJson = Rule(lambda v: type(v) is dict and len(v) <= 64, "a JSON object of at most 64 spec fields").type(dict)
@@ -166,7 +218,9 @@ class CaseResult(Record):
     operation: Member(OperationKind) = OperationKind.PAGED_LOGITS
     selection: Selection | None = None  # a top-k stage's selected set against the oracle's
     headline: Text() | None = None  # an operation's one-line judgement (paged logits: None, the comparison says it)
-    metamorphic: TupleOf(Violation, 64, "a list of violated relations") = ()  # the relations it violated, if checked
+    # the relations it violated, if checked (a top-k result's are TopkViolations)
+    metamorphic: TupleOf(EitherOf(_violation_kind, "a violated relation", paged=Violation, topk=TopkViolation), 64,
+                         "a list of violated relations") = ()
 
     def checked(self) -> None:
         """A paged-logits result's spec is a CaseSpec."""

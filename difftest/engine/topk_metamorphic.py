@@ -16,6 +16,9 @@ contract's index convention; -inf and columns outside the window are no candidat
 both answers (any choice among ties is as good), and the pads (-1 slots) are as the rule says. The related
 case is derived from the case alone (its random choices from a fixed seed), so the case and the relation's
 name draw the pair again.
+
+`relate` is what the operation runner calls on a result that ran (`RunConfig.metamorphic`; the related cases
+launched where the backend runs, a violation FAIL(metamorphic)); `check` is the same from Python, in-process.
 """
 
 from __future__ import annotations
@@ -27,12 +30,19 @@ from collections.abc import Callable, Sequence
 import torch
 
 from difftest.backends.topk_base import TopkBackend
+from difftest.core import memory
+from difftest.core.errors import require
 from difftest.core.kinds import IndexConvention, TopkPadding, TopkRelation
 from difftest.core.topk import TopkCase, TopkContract, encode_topk
+from difftest.engine.guards import Fault
+from difftest.engine.isolate import Called
+from difftest.engine.result import TopkViolation
 from difftest.oracles.topk import rank_to_value, rank_values
 
 SEED = 20261205  # the relations' random choices
 ADDED = 16  # -inf entries add-neg-inf inserts into every window
+
+Launch = Callable[[TopkCase], Called | Fault]  # the backend on a case, where it runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,33 +54,6 @@ class TopkRelated:
     gained: torch.Tensor  # int64 [rows]
 
 
-@dataclasses.dataclass(frozen=True)
-class TopkViolation:
-    """A relation that does not hold: the related case, the rows where it fails, and the first such row's
-    chosen candidates and pads on either side."""
-
-    relation: TopkRelation
-    related: str  # the related case's name: '<case>~<relation>'
-    rows: tuple[int, ...]
-    row: int
-    chosen: tuple[float, ...]  # the first row's chosen candidate values on the case, descending
-    related_chosen: tuple[float, ...]  # and on the related case
-    pads: int
-    related_pads: int
-    expected_pads: int
-
-    def describe(self) -> str:
-        """'add-neg-inf: 3 rows; row 0: 5 candidates chosen, 10 on add-neg-inf's case; pads 11, 0 (expected 11)'."""
-        return (f"{self.relation.value}: {len(self.rows)} rows; row {self.row}: {len(self.chosen)} candidates chosen "
-                f"(largest {_shown(self.chosen)}), {len(self.related_chosen)} on {self.related} (largest "
-                f"{_shown(self.related_chosen)}); pads {self.pads}, {self.related_pads} (expected "
-                f"{self.expected_pads})")
-
-
-def _shown(values: tuple[float, ...]) -> str:
-    return "[" + ", ".join(f"{v:g}" for v in values[:4]) + (", ...]" if len(values) > 4 else "]")
-
-
 def related(case: TopkCase, relation: TopkRelation) -> TopkRelated | None:
     """`case` changed by `relation`; None where it changes nothing (no window to shuffle)."""
     generator = torch.Generator().manual_seed(SEED + list(TopkRelation).index(relation))
@@ -78,18 +61,49 @@ def related(case: TopkCase, relation: TopkRelation) -> TopkRelated | None:
 
 
 def check(backend: TopkBackend, case: TopkCase, relations: Sequence[TopkRelation]) -> tuple[TopkViolation, ...]:
-    """The relations `backend` does not keep on `case` (each related case it takes launched once)."""
+    """The relations `backend` does not keep on `case`, the case and each related case it takes launched once in
+    this process (an exception the backend raises propagates)."""
     contract = backend.contract
     answer = backend(encode_topk(case, contract), None)
+    return relate(case, answer, contract, relations, lambda other: Called(backend(encode_topk(other, contract), None),
+                                                                           0.0))
+
+
+def relate(case: TopkCase, answer: torch.Tensor, contract: TopkContract, relations: Sequence[TopkRelation],
+           launch: Launch) -> tuple[TopkViolation, ...]:
+    """The relations that do not hold for a backend whose answer on `case` is `answer`, each related case the
+    contract takes run through `launch` once; a related case it cannot take, or whose call ran out of memory,
+    relates nothing."""
+    require(all(isinstance(r, TopkRelation) for r in relations), "metamorphic", tuple(relations),
+            f"relations of the topk operation: {[r.value for r in TopkRelation]}")
     violations = []
     for relation in relations:
         change = related(case, relation)
         if change is None or contract.accepts(change.case, str(case.device.type)) is not None:
             continue
-        related_answer = backend(encode_topk(change.case, contract), None)
-        violation = judge(case, answer, change, related_answer, contract)
+        violation = _related_answer(case, answer, change, launch(change.case), contract)
         violations += [violation] if violation is not None else []
     return tuple(violations)
+
+
+def _related_answer(case: TopkCase, answer: torch.Tensor, change: TopkRelated, called: Called | Fault,
+                    contract: TopkContract) -> TopkViolation | None:
+    """Whether the backend's call on the related case follows from `answer`: judged when it answered in shape;
+    a violation saying so when it did not answer (raised, crashed, hung) or answered another shape."""
+    if isinstance(called, Fault):
+        if memory.is_out_of_memory(called.error_type, called.reason):
+            return None  # no verdict for want of memory, as on a case
+        return _unanswered(change, f"{called.verdict.value} on the related case: {called.reason.partition(chr(10))[0]}")
+    got = called.output
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != (case.rows, case.k):
+        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+        return _unanswered(change, f"indices of shape {shape} on the related case, expected {(case.rows, case.k)}")
+    return judge(case, answer, change, got, contract)
+
+
+def _unanswered(change: TopkRelated, why: str) -> TopkViolation:
+    """The violation of a related case the backend gave no answer on, though it gave one on the case."""
+    return TopkViolation(change.relation, change.case.name, (), 0, (), (), 0, 0, 0, why)
 
 
 def judge(case: TopkCase, answer: torch.Tensor, change: TopkRelated, related_answer: torch.Tensor,

@@ -200,4 +200,4 @@ INDEXER = Operation(
     headlines=(Headline.SELECTION, Headline.MASK), case_type=IndexerCase, spec_type=IndexerSpec,
     contract_type=IndexerContract, backends=backends, suite=suite, envelope=envelope,
     random_spec=random_indexer_spec, build=build_indexer_case, case_name=indexer_case_name,
-    load_case=IndexerCase.load, reference=reference, call=call, judge=judge, shrink=shrink)
+    load_case=IndexerCase.load, reference=reference, call=call, judge=judge, shrink=shrink, relate=None)

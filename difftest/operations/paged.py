@@ -62,4 +62,4 @@ PAGED_LOGITS = Operation(
     kind=OperationKind.PAGED_LOGITS, summary="decode: fp8 MQA logits over a paged KV cache",
     headlines=(Headline.MASK,), case_type=Case, spec_type=CaseSpec, contract_type=Contract,
     backends=builtin_backends, suite=suite, envelope=envelope, random_spec=None, build=build_case,
-    case_name=case_name, load_case=Case.load, reference=reference, call=call, judge=judge, shrink=None)
+    case_name=case_name, load_case=Case.load, reference=reference, call=call, judge=judge, shrink=None, relate=None)

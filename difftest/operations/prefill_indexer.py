@@ -106,4 +106,4 @@ PREFILL_INDEXER = Operation(
     headlines=(Headline.SELECTION, Headline.MASK), case_type=PrefillIndexerCase, spec_type=PrefillIndexerSpec,
     contract_type=IndexerContract, backends=backends, suite=suite, envelope=envelope, random_spec=random_spec,
     build=build_prefill_indexer_case, case_name=prefill_indexer_case_name, load_case=PrefillIndexerCase.load,
-    reference=reference, call=call, judge=judge, shrink=shrink)
+    reference=reference, call=call, judge=judge, shrink=shrink, relate=None)

@@ -67,4 +67,4 @@ RAGGED_LOGITS = Operation(
     headlines=(Headline.MASK,), case_type=RaggedCase, spec_type=RaggedSpec, contract_type=RaggedContract,
     backends=ragged_backends, suite=default_ragged_specs, envelope=envelope, random_spec=random_spec,
     build=build_ragged_case, case_name=ragged_case_name, load_case=RaggedCase.load, reference=reference,
-    call=call, judge=judge, shrink=shrink)
+    call=call, judge=judge, shrink=shrink, relate=None)

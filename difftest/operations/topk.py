@@ -12,6 +12,7 @@ from difftest.core.operation import Operation, Planned
 from difftest.core.topk import TopkCase, TopkContract, encode_topk
 from difftest.engine.result import Judgement, Selection
 from difftest.engine.topk_comparison import TopkComparison, compare_topk
+from difftest.engine.topk_metamorphic import relate
 from difftest.generators.envelope import Scale, Target
 from difftest.generators.topk import (
     Outside,
@@ -81,5 +82,5 @@ TOPK = Operation(
     headlines=(Headline.SELECTION,), case_type=TopkCase, spec_type=TopkSpec, contract_type=TopkContract,
     backends=topk_backends, suite=default_topk_specs, envelope=envelope, random_spec=random_spec,
     build=build_topk_case, case_name=topk_case_name, load_case=TopkCase.load, reference=reference, call=call,
-    judge=judge, shrink=shrink)
+    judge=judge, shrink=shrink, relate=relate)
 

@@ -26,7 +26,15 @@ from difftest.backends import Origin
 from difftest.core.case import Case
 from difftest.core.errors import OutputError, SpecError, require
 from difftest.core.files import atomic_write, sync_folder
-from difftest.core.kinds import CacheLayout, Device, LengthEncoding, MetamorphicRelation, OperationKind, OracleKind
+from difftest.core.kinds import (
+    RELATIONS,
+    AnyRelation,
+    CacheLayout,
+    Device,
+    LengthEncoding,
+    OperationKind,
+    OracleKind,
+)
 from difftest.core.schema import (
     MAX_COMMAND,
     MAX_NAME,
@@ -37,6 +45,7 @@ from difftest.core.schema import (
     Name,
     OneOf,
     Record,
+    Rule,
     Text,
     TupleOf,
     one_line,
@@ -54,6 +63,11 @@ from difftest.records.commands import replay_command
 
 CASE_FILE, INFO_FILE = "case.npz", "bundle.json"
 MAX_BUNDLE_INFO_BYTES = 1 << 28  # bundle.json: a comparison lists its bad rows, up to one per row
+
+
+_RELATIONS = {r.value: r for kind in RELATIONS.values() for r in kind}  # every operation's, by name
+Relation = Rule(lambda v: type(v) is str and v in _RELATIONS, f"one of {list(_RELATIONS)}", _RELATIONS.get).type(
+    AnyRelation)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -79,7 +93,8 @@ class BundleInfo(Record):
     startup_timeout: Float(0.0, MAX_STARTUP_TIMEOUT) | None = None
     oracle: Member(OracleKind) | None = None
     repeat: Int(1, MAX_REPEAT) = 1
-    metamorphic: TupleOf(Member(MetamorphicRelation), 64, "a list of metamorphic relations") = ()
+    # the relations checked, its operation's (RunConfig.metamorphic)
+    metamorphic: TupleOf(Relation, 64, "a list of metamorphic relations") = ()
     verdict: Member(Verdict)
     reason: Text() | None = None
     comparison: Comparison | None = None
@@ -99,6 +114,13 @@ class BundleInfo(Record):
                          isolate=self.isolate, timeout=self.timeout, oracle=self.oracle, repeat=self.repeat,
                          metamorphic=self.metamorphic, startup_timeout=default.startup_timeout
                          if self.startup_timeout is None else self.startup_timeout)
+
+    def checked(self) -> None:
+        """The relations are those of the bundle's operation."""
+        kind = RELATIONS.get(self.operation)
+        require(not self.metamorphic or (kind is not None and all(isinstance(r, kind) for r in self.metamorphic)),
+                "metamorphic", [r.value for r in self.metamorphic],
+                f"relations of the {self.operation.value} operation: {[r.value for r in kind or ()]}")
 
     def dumped(self, out: dict[str, object]) -> dict[str, object]:
         """bundle.json; a paged-logits bundle without the operation's fields, as bundles were before operations."""

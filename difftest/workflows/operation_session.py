@@ -20,13 +20,14 @@ from difftest.core.errors import SpecError, first_line, require
 from difftest.core.kinds import CaseKind, OperationKind
 from difftest.core.operation import Operation
 from difftest.engine.config import RunConfig
-from difftest.engine.operation_run import Drawn, Named, operation_workers, run_one, run_operation
+from difftest.engine.operation_run import Drawn, Named, operation_workers, relations_asked, run_one, run_operation
 from difftest.engine.result import CaseResult
 from difftest.engine.runner import NotDrawn
 from difftest.operations import operation
 from difftest.records.bundle import Bundle, write_bundle
 from difftest.records.report import config_info, environment_info, write_json
 from difftest.records.serialize import ResultStream
+from difftest.workflows.shrink import Failure
 
 Listener = Callable[[CaseResult], None]
 
@@ -50,6 +51,7 @@ class OperationRequest:
     def __post_init__(self) -> None:
         require(self.count >= 1, "count", self.count, "an integer >= 1")
         require(self.budget is None or self.budget > 0, "budget", self.budget, "a number of seconds > 0")
+        relations_asked(operation(self.operation), self.config)
 
     @property
     def stream_path(self) -> Path | None:
@@ -181,15 +183,24 @@ class OperationShrink:
 
 
 def shrink_operation(bundle: Bundle, seconds: float, name: str | None = None) -> OperationShrink:
-    """Reduce a bundle's case with its operation's shrink moves while its backend still fails it with the
-    recorded verdict; SpecError when it does not fail so now."""
+    """Reduce a bundle's case with its operation's shrink moves while its backend still fails it the way it does
+    now, with the recorded verdict (an ERROR: the same exception type; a FAIL(metamorphic): the same relation
+    violated); SpecError when it does not fail so now."""
     op = operation(bundle.operation)
     require(op.shrink is not None, "operation", op.name, "an operation with shrink moves")
     named = bundle_backend(bundle, name)
     with operation_workers(op, bundle.config) as workers:  # under isolation, one worker for every probe
+        first = run_one(op, named, bundle.case, bundle.config, workers=workers)
+        failure = Failure.of(first)
+        if failure is None or failure.verdict != bundle.verdict:
+            raise SpecError("bundle", str(bundle.path), f"a case that still fails with {bundle.verdict.value} (it "
+                            f"gives {first.verdict.value} now)")
+        # A FAIL(metamorphic) probe checks the relation it must still violate, other probes none (the oracle's
+        # verdict ranks above a violation): as the paged shrink (difftest.workflows.shrink).
+        probe = dataclasses.replace(bundle.config, metamorphic=(failure.relation,) if failure.relation else ())
 
         def still_fails(case: Any) -> bool:
-            return run_one(op, named, case, bundle.config, workers=workers).verdict == bundle.verdict
+            return failure.matches(run_one(op, named, case, probe, workers=workers))
 
         try:
             smallest = op.shrink(bundle.case, still_fails, named.backend.contract, seconds)

@@ -13,7 +13,7 @@ from pathlib import Path
 from difftest.backends import Backend, Loaded
 from difftest.core.case import Case
 from difftest.core.errors import require
-from difftest.core.kinds import OracleKind
+from difftest.core.kinds import MetamorphicRelation, OracleKind
 from difftest.core.lifetime import scratch
 from difftest.core.verdict import Verdict, worst
 from difftest.engine import consensus, metamorphic, runner
@@ -60,6 +60,9 @@ def metamorphic_step(config: RunConfig) -> runner.Amend | None:
     (unless a worse verdict stands) and the violations go into the result."""
     if not config.metamorphic:
         return None
+    require(all(isinstance(r, MetamorphicRelation) for r in config.metamorphic), "metamorphic",
+            tuple(r.value for r in config.metamorphic),
+            f"relations of the paged-logits operation: {[r.value for r in MetamorphicRelation]}")
     return lambda result, backend, case, executor: _related(result, backend, case, executor, config)
 
 

@@ -36,7 +36,7 @@ import torch
 from difftest.backends import Backend, as_loaded
 from difftest.core.case import Case, select_sequences
 from difftest.core.errors import SpecError, require
-from difftest.core.kinds import Fp8Flavour, MetamorphicRelation
+from difftest.core.kinds import AnyRelation, Fp8Flavour
 from difftest.core.spec import CaseSpec, Stale, Values, case_name
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
@@ -58,7 +58,7 @@ class Failure:
 
     verdict: Verdict
     error_type: str | None = None  # the exception class of an ERROR
-    relation: MetamorphicRelation | None = None  # the first metamorphic relation a FAIL(metamorphic) violated
+    relation: AnyRelation | None = None  # the first metamorphic relation a FAIL(metamorphic) violated
 
     @classmethod
     def of(cls, result: CaseResult) -> Failure | None:

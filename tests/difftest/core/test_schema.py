@@ -40,7 +40,7 @@ from difftest.core import schema
 from difftest.core.case_archive import ArchiveMeta, CaseMeta
 from difftest.core.contract import Siblings
 from difftest.core.errors import SpecError
-from difftest.core.kinds import ExitStatus, Isolation, SanitizerTool
+from difftest.core.kinds import ExitStatus, Isolation, OperationKind, SanitizerTool, TopkRelation
 from difftest.core.ragged import RaggedMeta
 from difftest.core.schema import to_jsonable
 from difftest.core.spec import Stale, Values
@@ -50,7 +50,7 @@ from difftest.engine.comparison import Comparison, Mismatch
 from difftest.engine.config import RunConfig
 from difftest.engine.explain import Example, Explanation, Pattern, Relation, Rounding
 from difftest.engine.performance import SiblingRace, SiblingTime
-from difftest.engine.result import CallMemory, CaseResult, Reach, Selection, Violation
+from difftest.engine.result import CallMemory, CaseResult, Reach, Selection, TopkViolation, Violation
 from difftest.engine.sanitize import Finding, SanitizerReport
 from difftest.engine.stability import Stability, StabilityKind
 from difftest.engine.timing import Timing
@@ -99,7 +99,15 @@ FULL = dataclasses.replace(
         explanation=Explanation(Relation(Pattern.TILE_TRUNCATED, tile=4, rounding=Rounding.DOWN), 2, 2, next_n=2,
                                 draft_rows=(0, 1), example=Example(2, 7, 6, 1, 0, 8), right_windows=1,
                                 differences=((-1, 2),), alternatives=(Relation(Pattern.CONSTANT_OFFSET, offset=-1),))))
-RESULTS = [RESULT, FULL]
+# A top-k result the relations failed: its violation is a TopkViolation (a paged one's a Violation).
+TOPK_RELATED = CaseResult(
+    backend="mutant-topk-padded-past-window", case="short-s0", description="rows=2 width=64 k=16", rows=2,
+    verdict=Verdict.FAIL_METAMORPHIC, device="cpu", encoding=None, layout=None, overridden=False, seconds=0.01,
+    spec={"name": "short", "k": 16}, operation=OperationKind.TOPK, headline="0/2 rows select a wrong set",
+    selection=Selection(2, (), 0, {}, None),
+    metamorphic=(TopkViolation(TopkRelation.ADD_NEG_INF, "short-s0~add-neg-inf", (0, 1), 0, (2.5, 1.0), (2.5, 1.0),
+                               14, 0, 14),))
+RESULTS = [RESULT, FULL, TOPK_RELATED]
 BUNDLE = write_bundle(WORK / "bundles", CASE, RESULT, RunConfig(), BOUNDARY.origin, "planted")
 BUNDLE_INFO = json.loads((BUNDLE / INFO_FILE).read_text())
 with zipfile.ZipFile(BUNDLE / CASE_FILE) as _archive:
@@ -246,8 +254,8 @@ def _folder() -> Path:
 RECORDS = [CaseResult, Comparison, Mismatch, Explanation, Relation, Example, Stability, SanitizerReport, Finding, Reach,
            Origin, Timing, Siblings, BackendSummary, SiblingRace, SiblingTime, CallMemory, CaseSpec, BundleInfo, Report,
            Entry, MergedFile, Divergence, ArchiveMeta, CaseMeta, TopkSpec, TopkMeta, RaggedSpec,
-           RaggedMeta, Suite, Include, Exclude, Phases, Selection, Violation, MutantScore, SelftestScore, IndexerSpec,
-           PrefillIndexerSpec]
+           RaggedMeta, Suite, Include, Exclude, Phases, Selection, Violation, TopkViolation, MutantScore, SelftestScore,
+           IndexerSpec, PrefillIndexerSpec]
 
 
 def _bounded(annotation: Any) -> bool:

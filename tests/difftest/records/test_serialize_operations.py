@@ -1,11 +1,15 @@
-"""Results of operations as JSON and back; a result written before operations existed reads as paged logits."""
+"""Results of operations as JSON and back (a top-k result's violated relations too); a result written before
+operations existed reads as paged logits."""
 
 from __future__ import annotations
 
-from difftest.core.kinds import CacheLayout, LengthEncoding, OperationKind
+import pytest
+
+from difftest.core.errors import SpecError
+from difftest.core.kinds import CacheLayout, LengthEncoding, OperationKind, TopkRelation
 from difftest.core.schema import to_jsonable
 from difftest.core.verdict import Verdict
-from difftest.engine.result import CaseResult, Selection
+from difftest.engine.result import CaseResult, Selection, TopkViolation
 
 
 def _paged() -> CaseResult:
@@ -24,3 +28,16 @@ def test_a_topk_result_round_trips_with_its_selection_and_its_own_spec():
                         spec={"name": "x", "k": 8, "width": 64}, operation=OperationKind.TOPK, headline="1/4 rows",
                         selection=Selection(4, (2,), 3, {"FAIL(missing)": (2,)}, "row 2"))
     assert CaseResult.from_json(to_jsonable(result), "result.") == result
+
+
+def test_a_topk_violation_round_trips_and_a_bad_field_of_it_is_named_at_its_path():
+    violation = TopkViolation(TopkRelation.PERMUTE_COLUMNS, "c~permute-columns", (3,), 3, (9.0, 8.0), (9.0, 1.0), 0, 0,
+                              0)
+    result = CaseResult(backend="b", case="c", description="d", rows=4, verdict=Verdict.FAIL_METAMORPHIC,
+                        device="cpu", encoding=None, layout=None, overridden=False, seconds=0.1,
+                        operation=OperationKind.TOPK, metamorphic=(violation,))
+    data = to_jsonable(result)
+    assert CaseResult.from_json(data, "result.") == result
+    data["metamorphic"][0]["related_pads"] = -2
+    with pytest.raises(SpecError, match=r"^result\.metamorphic\[0\]\.related_pads=-2: expected an integer in "):
+        CaseResult.from_json(data, "result.")

@@ -1,18 +1,22 @@
 """`difftest run/fuzz/replay/shrink --op` end to end on the CPU for ragged logits and top-k: a planted bug
-caught (and bundled, replayed, shrunk), a right backend passing, the report's own headline, reports that load."""
+caught (and bundled, replayed, shrunk), a right backend passing, the report's own headline, reports that load;
+top-k's metamorphic relations (--metamorphic) failing a planted bug the oracle passes, through replay and
+shrink."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from difftest.backends import torch_topk, vllm_ragged
+from difftest.backends import mutants, torch_topk, vllm_ragged
 from difftest.cli import main
-from difftest.core.kinds import ExitStatus, OperationKind
+from difftest.core.errors import SpecError
+from difftest.core.kinds import ExitStatus, OperationKind, TopkRelation
 from difftest.core.verdict import Verdict
 from difftest.records.bundle import load_bundle
 from difftest.records.serialize import load_results
@@ -128,9 +132,67 @@ def test_fuzz_of_an_operation_draws_random_specs_within_its_budget(planted, tmp_
 def test_an_option_of_paged_logits_only_is_refused_with_the_operation(capsys):
     assert main(["run", "--op", "topk", "--spec", "{}"]) == ExitStatus.USAGE
     assert "--spec" in capsys.readouterr().err
-    # The top-k relations are difftest.engine.topk_metamorphic's, from Python: the flag would check nothing.
-    assert main(["run", "--op", "topk", "--metamorphic"]) == ExitStatus.USAGE
-    assert "--metamorphic=" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--op", "topk", "--metamorphic", "add-neg-inf,scale-q"], "--metamorphic='add-neg-inf,scale-q': expected 'all' "
+     "or comma-separated relations of --op topk among ['add-neg-inf', 'permute-columns']"),
+    (["--metamorphic", "permute-columns"], "--metamorphic='permute-columns': expected 'all' or comma-separated "
+     "relations of --op paged-logits among ['permute-pages', "),
+    (["--op", "ragged-logits", "--metamorphic"], "--metamorphic='all': expected an option of --op paged-logits or "
+     "topk, the operations with metamorphic relations, not of --op ragged-logits"),
+])
+def test_metamorphic_takes_the_relations_of_the_operation_and_refuses_others_in_one_line(capsys, argv, line):
+    assert main(["run", *argv]) == ExitStatus.USAGE
+    (said,) = capsys.readouterr().err.splitlines()
+    assert said.startswith(f"difftest: error: {line}"), said
+
+
+@pytest.fixture
+def padded_past_window(monkeypatch):
+    """The catalogue's top-k mutant that pads only past the window (vLLM's convention under a contract that
+    promises -1 past the candidates), registered as a top-k backend for the test."""
+    monkeypatch.setitem(torch_topk.TOPK_BACKENDS, "mutant-topk-padded-past-window",
+                        functools.partial(mutants.topk_mutant, "topk_padded_past_window"))
+
+
+def test_topk_run_with_metamorphic_fails_what_the_oracle_passes_and_its_bundle_replays_and_shrinks_so(
+        padded_past_window, tmp_path, capsys):
+    """The suite's windows hold no -inf, so the oracle passes the mutant; add-neg-inf puts -inf in and it returns
+    them where -1 belongs."""
+    report, repro = tmp_path / "t.json", tmp_path / "repro"
+    code = main(["run", "--op", "topk", "--cases", "random", "--backends", "torch-topk,mutant-topk-padded-past-window",
+                 "--metamorphic", "--device", "cpu", "--report", str(report), "--repro-dir", str(repro)])
+    out = capsys.readouterr().out
+    assert code == ExitStatus.FAILED
+    assert "FAIL(metamorphic) (topk)" in out and "metamorphic: add-neg-inf does not hold on " in out
+    results = load_results(report)
+    by = {name: {r.verdict for r in results if r.backend == name} for name in {r.backend for r in results}}
+    assert by == {"torch-topk": {Verdict.PASS}, "mutant-topk-padded-past-window": {Verdict.FAIL_METAMORPHIC}}
+    failed = next(r for r in results if r.verdict.failed)
+    assert [v.related for v in failed.metamorphic] == [f"{failed.case}~add-neg-inf"]
+    bundle = load_bundle(_bundles(repro)[0])
+    assert bundle.config.metamorphic == tuple(TopkRelation)
+    assert main(["replay", str(bundle.path)]) == ExitStatus.FAILED
+    assert "verdict: FAIL(metamorphic) (the same as recorded" in capsys.readouterr().out
+    assert main(["shrink", str(bundle.path), "--seconds", "5", "--out", str(tmp_path / "small")]) == ExitStatus.OK
+    assert "metamorphic: add-neg-inf does not hold on " in capsys.readouterr().out
+    small = load_bundle(_bundles(tmp_path / "small")[0])
+    assert small.verdict == Verdict.FAIL_METAMORPHIC and small.case.rows * small.case.width < bundle.case.rows \
+        * bundle.case.width
+    assert main(["replay", str(small.path)]) == ExitStatus.FAILED
+    assert "metamorphic: add-neg-inf does not hold on 1 row; first row 0" in capsys.readouterr().out
+
+
+def test_a_topk_bundle_naming_relations_of_another_operation_is_refused(padded_past_window, tmp_path):
+    repro = tmp_path / "repro"
+    main(["run", "--op", "topk", "--cases", "random", "--backends", "mutant-topk-padded-past-window",
+          "--metamorphic", "add-neg-inf", "--repro-dir", str(repro)])
+    info = _bundles(repro)[0] / "bundle.json"
+    info.write_text(info.read_text().replace('"add-neg-inf"', '"scale-q"'))
+    with pytest.raises(SpecError, match=r"bundle.json metamorphic=\['scale-q'\]: expected relations of the topk "
+                                        r"operation: \['add-neg-inf', 'permute-columns'\]"):
+        load_bundle(info.parent)
 
 
 def test_backends_lists_every_operation(capsys):
