@@ -1,6 +1,7 @@
 """Top-k backends that kill or hang the process that calls them (one only on rows wider than it takes): what
 worker isolation must contain for an operation other than paged logits (difftest.engine.isolate.OperationWorker);
-and one whose call runs out of memory, which earns it no verdict. Right otherwise (TorchTopk)."""
+one whose call runs out of memory, which earns it no verdict; one stopped as by SIGTERM. Right otherwise
+(TorchTopk)."""
 
 from __future__ import annotations
 
@@ -52,4 +53,21 @@ class NarrowBuffer(TorchTopk):
         if inputs.logits.shape[1] > 64:
             os.write(2, b"planted: a row wider than the 64-column buffer\n")
             os.abort()
+        return super().__call__(inputs, out)
+
+
+class StoppedOnThirdCall(TorchTopk):
+    """Right for two calls; the third raises KeyboardInterrupt, as the SIGTERM of a scheduler's `timeout` (which
+    difftest's shells turn into one) arrives while a kernel runs."""
+
+    name = "stopped-on-third-call"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __call__(self, inputs: TopkInputs, out: torch.Tensor | None) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == 3:
+            raise KeyboardInterrupt
         return super().__call__(inputs, out)

@@ -1,7 +1,9 @@
 """`difftest run --op X` (and `fuzz`, `replay`, `shrink`) for an operation other than paged logits, as library
 calls: plan the operation's cases (each backend's envelope, or the operation's fixed suite), run them through
 the operation runner (difftest.engine.operation_run), stream every result, write a bundle for every failure
-and the JSON report. Paged logits keeps its own session (difftest.workflows.session). Nothing here prints.
+(a campaign: for the first failure of each backend and verdict) and the JSON report. A Ctrl-C or SIGTERM
+(a scheduler's `timeout`) keeps what finished in the report, marked incomplete. Paged logits keeps its own
+session (difftest.workflows.session). Nothing here prints.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from typing import Any
 
 from difftest.backends import Origin
 from difftest.core import memory
-from difftest.core.errors import SpecError, first_line, require
+from difftest.core.errors import Interrupted, SpecError, first_line, require
 from difftest.core.kinds import CaseKind, OperationKind
 from difftest.core.operation import Operation
+from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
 from difftest.engine.operation_run import Drawn, Named, operation_workers, relations_asked, run_one, run_operation
 from difftest.engine.result import CaseResult
@@ -109,8 +112,10 @@ def execute_operation(request: OperationRequest, on_result: Listener | None = No
     info = run_info(request, started, len(plan))
     stream = ResultStream(request.stream_path) if request.stream_path else None
     written: list[Path] = []
+    finished: list[CaseResult] = []
 
     def heard(result: CaseResult) -> None:
+        finished.append(result)
         if stream:
             stream.write(result)
         if request.repro_dir and result.verdict.failed:
@@ -125,6 +130,9 @@ def execute_operation(request: OperationRequest, on_result: Listener | None = No
             stream.header(info)
         results = run_operation(op, backends, _drawn(op, plan, request, started, not_started, current),
                                 request.config, heard)
+    except KeyboardInterrupt:
+        info = {**run_info(request, started, len(plan)), "not_started": not_started, "incomplete": True}
+        _keep_interrupted(request.report, finished, info, request.stream_path)
     finally:
         if stream:
             stream.close()
@@ -227,12 +235,38 @@ class OperationCampaign:
 
 def fuzz_operation(campaign: OperationCampaign, on_result: Listener | None = None) -> OperationOutcome:
     """Random specs of the operation (Operation.random_spec), each with a fresh seed, through every backend
-    until the budget is spent (or `until_failures` failing results); a bundle for every failure under
-    repro_dir."""
+    until the budget is spent (or `until_failures` failing results); under repro_dir a bundle for the first
+    failure of each backend and verdict (a campaign repeats a failure thousands of times: one reproducer of
+    each is what a reader replays and shrinks)."""
     op = operation(campaign.operation)
     require(op.random_spec is not None, "operation", op.name, "an operation that draws random specs")
     backends = chosen_backends(op, campaign.backends)
-    rng, started, results, bundles = random.Random(campaign.seed), time.time(), [], 0
+    rng, started, results = random.Random(campaign.seed), time.time(), []
+    bundled: set[tuple[str, Verdict]] = set()
+
+    def heard(result: CaseResult, case: Any) -> None:
+        results.append(result)
+        signature = (result.backend, result.verdict)
+        if campaign.repro_dir and result.verdict.failed and signature not in bundled:
+            bundled.add(signature)
+            write_bundle(campaign.repro_dir, case, result, campaign.config, Origin(result.backend, True),
+                         result.library)
+        if on_result:
+            on_result(result)
+
+    try:
+        _campaign(op, backends, campaign, rng, started, results, heard)
+    except KeyboardInterrupt:
+        _keep_interrupted(campaign.report, results, {**_campaign_info(op, campaign, started), "incomplete": True})
+    info = _campaign_info(op, campaign, started)
+    if campaign.report:
+        write_json(campaign.report, results, info)
+    return OperationOutcome(results, info, bundles=len(bundled))
+
+
+def _campaign(op: Operation, backends: list[Named], campaign: OperationCampaign, rng: random.Random,
+              started: float, results: list[CaseResult], heard: Callable[[CaseResult, Any], None]) -> None:
+    """Draw and run random cases until the budget or `until_failures` ends the campaign."""
     with operation_workers(op, campaign.config) as workers:  # under isolation, kept from case to case
         while time.time() - started < campaign.budget:
             spec = op.random_spec(rng, campaign.config.device)
@@ -241,19 +275,22 @@ def fuzz_operation(campaign: OperationCampaign, on_result: Listener | None = Non
                 case = op.build(spec, seed, campaign.config.device)
             except SpecError:  # a drawn spec the generator refuses (windows that cannot fit): draw again
                 continue
-            for result in run_operation(op, backends, [Drawn(case, spec.to_json())], campaign.config, on_result,
-                                        workers):
-                results.append(result)
-                if campaign.repro_dir and result.verdict.failed:
-                    write_bundle(campaign.repro_dir, case, result, campaign.config, Origin(result.backend, True),
-                                 result.library)
-                    bundles += 1
+            run_operation(op, backends, [Drawn(case, spec.to_json())], campaign.config,
+                          lambda result, case=case: heard(result, case), workers)
             if campaign.until_failures and sum(r.verdict.failed for r in results) >= campaign.until_failures:
-                break
-    info = {"command": "difftest " + shlex.join(campaign.argv), "operation": op.name, "seed": campaign.seed,
+                return
+
+
+def _campaign_info(op: Operation, campaign: OperationCampaign, started: float) -> dict[str, object]:
+    return {"command": "difftest " + shlex.join(campaign.argv), "operation": op.name, "seed": campaign.seed,
             "device": campaign.config.device, "budget": campaign.budget, **environment_info(started),
             "seconds": round(time.time() - started, 3), **config_info(campaign.config)}
-    if campaign.report:
-        write_json(campaign.report, results, info)
-    return OperationOutcome(results, info, bundles=bundles)
 
+
+def _keep_interrupted(report: Path | None, results: list[CaseResult], info: dict[str, object],
+                      stream: Path | None = None) -> None:
+    """A run or campaign stopped by Ctrl-C or SIGTERM: the report gets what finished, marked incomplete; then
+    Interrupted says how many results and where."""
+    if report:
+        write_json(report, results, info)
+    raise Interrupted(len(results), tuple(str(p) for p in (stream, report) if p), resumable=False) from None

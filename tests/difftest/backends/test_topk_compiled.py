@@ -7,6 +7,8 @@ import pytest
 
 from difftest.backends import flashinfer_topk, sglang_topk, topk_base, vllm_topk
 from difftest.core.kinds import IndexConvention, RowStride, TopkPadding, WindowForm
+from difftest.core.topk import encode_topk
+from difftest.generators.topk import TopkSpec, WindowDist, build_topk_case
 
 COMPILED = {**vllm_topk.TOPK_BACKENDS, **sglang_topk.TOPK_BACKENDS, **flashinfer_topk.TOPK_BACKENDS}
 
@@ -39,3 +41,17 @@ def test_declared_conventions_follow_the_notes():
     v2 = sglang_topk.SglangJitTopk("sglang-jit-topk-v2-ragged").contract
     assert v2.index == IndexConvention.ABSOLUTE and v2.max_k == 2048 and v2.mutates_logits
     assert flashinfer_topk.FlashInferTopk().contract.max_k == 2048
+
+
+def test_a_vllm_call_loads_the_extension_itself(monkeypatch, tmp_path):
+    """An isolated worker calls the backend without asking unavailable_reason first: the call loads the .so
+    (here it cannot: no file), rather than finding torch.ops._C without the op."""
+    monkeypatch.setenv(topk_base.DEPS_VARIABLE, str(tmp_path))
+    vllm_topk._load.cache_clear()  # the load is cached per process: this test's answer must not stay
+    backend = vllm_topk.VllmTopk("vllm-persistent-topk")
+    case = build_topk_case(TopkSpec(rows=2, width=64, k=8, windows=WindowDist.FULL), 0, "cpu")
+    try:
+        with pytest.raises(RuntimeError, match=r"torch\.ops\.load_library\(.*_C_stable_libtorch\.abi3\.so'\) fail"):
+            backend(encode_topk(case, backend.contract), None)
+    finally:
+        vllm_topk._load.cache_clear()

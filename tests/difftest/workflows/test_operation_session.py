@@ -21,7 +21,7 @@ from difftest.core.verdict import Verdict
 from difftest.records.bundle import load_bundle
 from difftest.records.serialize import load_results
 from difftest.workflows import operation_session
-from tests.broken_topk import Aborts, Sleeps
+from tests.broken_topk import Aborts, Sleeps, StoppedOnThirdCall
 from tests.difftest.operations.planted import EarlyMaskRagged, OracleRagged, WholeRowTopk
 
 
@@ -127,6 +127,32 @@ def test_fuzz_of_an_operation_draws_random_specs_within_its_budget(planted, tmp_
                  "--repro-dir", str(tmp_path / "repro")]) == status
     results = load_results(report)
     assert results and {r.operation.value for r in results} == {op}
+
+
+@pytest.mark.parametrize("command", [["run", "--cases", "random"], ["fuzz", "--budget", "30s"]])
+def test_a_run_or_campaign_stopped_by_sigterm_keeps_what_finished_in_its_report(monkeypatch, tmp_path, capsys,
+                                                                               command):
+    """`timeout` ends a command with SIGTERM (the shells make it a KeyboardInterrupt): the results before it are
+    in the report, marked incomplete, and the command says where."""
+    monkeypatch.setitem(torch_topk.TOPK_BACKENDS, StoppedOnThirdCall.name, StoppedOnThirdCall)
+    report = tmp_path / "t.json"
+    code = main([command[0], "--op", "topk", *command[1:], "--backends", StoppedOnThirdCall.name,
+                 "--report", str(report)])
+    assert code == ExitStatus.INTERRUPTED
+    err = capsys.readouterr().err
+    assert "interrupted after 2 results; kept in " in err and str(report) in err
+    loaded = json.loads(report.read_text())
+    assert loaded["run"]["incomplete"] is True and [r["verdict"] for r in loaded["results"]] == ["PASS", "PASS"]
+
+
+def test_a_campaign_bundles_the_first_failure_of_each_backend_and_verdict(planted, tmp_path, capsys):
+    repro = tmp_path / "repro"
+    assert main(["fuzz", "--op", "topk", "--budget", "2s", "--backends", "planted-whole-row-topk,torch-topk",
+                 "--report", str(tmp_path / "f.json"), "--repro-dir", str(repro)]) == ExitStatus.FAILED
+    failing = [r for r in load_results(tmp_path / "f.json") if r.verdict.failed]
+    signatures = {(r.backend, r.verdict) for r in failing}
+    assert len(failing) > len(signatures) and len(_bundles(repro)) == len(signatures)
+    assert f"{len(signatures)} bundle(s) under {repro}" in capsys.readouterr().out
 
 
 def test_an_option_of_paged_logits_only_is_refused_with_the_operation(capsys):
