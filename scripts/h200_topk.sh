@@ -20,6 +20,12 @@
 #                                             tree for that call, `git checkout -- reports docs bench` after)
 #   carry [".device-deps/topk/carry-small"]:  bash scripts/h200_topk.sh jit    (setup, build within
 #                                             BUILD_LIMIT=330 s, run within RUN_LIMIT=180 s: FlagGems, FlashInfer, SGLang)
+#
+# FlashInfer's top-k prebuilt here (`bash scripts/prepare_topk_deps.sh flashinfer-aot`: sm_90a, 15 MiB) skips its JIT
+# build: carry ".device-deps/topk/flashinfer-aot" too and `setup` and `run` copy it into flashinfer/data/aot/, which
+# FlashInfer loads before building anything (flashinfer/jit/env.py get_aot_artifacts), e.g. in one call
+#   carry [".device-deps/topk/carry-small", ".device-deps/topk/flashinfer-aot"]:  bash scripts/h200_topk.sh setup &&
+#     TAG=flashinfer BACKENDS=flashinfer-top-k-ragged bash scripts/h200_topk.sh run
 set -uo pipefail
 deps=.device-deps/topk
 out=reports/h200/topk
@@ -30,6 +36,13 @@ export DIFFTEST_TOPK_DEPS=$PWD/$deps PYTHONUNBUFFERED=1
 export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")}
 [ -d "$deps/cuda_home/include" ] && [ "${1:-}" != setup ] && export CUDA_HOME=$PWD/$deps/cuda_home
 
+install_flashinfer_aot() {  # the carried prebuilt modules where FlashInfer looks first, when both are here
+  [ -d "$deps/flashinfer-aot" ] && [ -d "$deps/flashinfer/flashinfer" ] || return 0
+  mkdir -p "$deps/flashinfer/flashinfer/data/aot"
+  cp -r "$deps/flashinfer-aot"/. "$deps/flashinfer/flashinfer/data/aot/"
+  echo "FlashInfer AOT modules: $(cd "$deps/flashinfer-aot" && ls -d */ | tr -d / | tr '\n' ' ')"
+}
+
 VLLM_TOPK=vllm-top-k-per-row-prefill,vllm-top-k-per-row-decode,vllm-persistent-topk,vllm-cooperative-topk
 JIT_TOPK=flaggems-bucket-topk,sglang-jit-topk-v2-ragged,sglang-jit-fast-topk,flashinfer-top-k-ragged
 
@@ -38,6 +51,7 @@ case "${1:-}" in
     mkdir -p "$deps/flashinfer" "$deps/site"
     python3 -m tarfile -e "$deps/carry-small/flashinfer-0.7.2.post1.tar.xz" "$deps/flashinfer"
     python3 -m pip install -q --no-index --no-deps --target "$deps/site" "$deps"/carry-small/whl/*.whl
+    install_flashinfer_aot
     # FlashInfer's topk.cu includes curand.h, which the CUDA toolkit image may lack; torch's cu13 wheels ship it
     # (nvidia/cu13/include). Then $deps/cuda_home is the toolkit with those headers added to its include/.
     if [ ! -f "$CUDA_HOME/include/curand.h" ]; then
@@ -61,6 +75,7 @@ case "${1:-}" in
         # the family table (topk_campaign.py, each case twice), `difftest run --op topk` defaults and a
         # FUZZ_BUDGET campaign, each under its own hard timeout
     dir=$out/${TAG:-all} && mkdir -p "$dir"
+    install_flashinfer_aot
     chosen=${BACKENDS:-$(python3 -c "import sys; sys.path[:0]=['scripts']
 from topk_campaign import backends; print(','.join(backends()))")}
     timeout "${TABLE_LIMIT:-150}" python3 scripts/topk_campaign.py --out "$dir" --backends "$chosen" 2>&1 | tee "$dir/table.txt"

@@ -16,8 +16,24 @@
 #   carry-vllm/   (60.8 MiB: a call of its own)
 #     vllm_C-0.33.0.tar.xz              vllm/_C_stable_libtorch.abi3.so as vllm_C/_C_stable_libtorch.abi3.so
 #
+# `bash scripts/prepare_topk_deps.sh flashinfer-aot` also builds FlashInfer's top-k module here, ahead of time, for
+# the H200 alone (its JIT build outlasts a 10-minute device call: cub_topk.cu alone took 671 s on 2 cores):
+#   flashinfer-aot/topk/topk.so         flashinfer/jit/topk.py's JitSpec built by its own build() (FlashInfer's flags,
+#                                       FLASHINFER_CUDA_ARCH_LIST=9.0a: sm_90a cubins only) with nvcc 13 from $CUDA_HOME
+#                                       or PATH, MAX_JOBS=2 by default (1118 s on 2 cores; 15 MiB); build.ninja
+#                                       beside it records the commands. scripts/h200_topk.sh copies the folder into
+#                                       flashinfer/data/aot/, the first place FlashInfer looks before building
+# That step needs .venv (`make .venv/bin/difftest`: FlashInfer reads its build flags through torch) and fetches the
+# host Python's apache-tvm-ffi 0.1.11 (the carried wheel is for 3.12), nvidia-curand 10.4.0.35's curand headers when
+# the toolkit lacks them, and links against an empty libcuda.so.1 stub when the toolkit has no stubs/libcuda.so.
+#
 # Idempotent: an entry already there is kept.
 set -euo pipefail
+step=${1:-}
+case $step in
+  ""|flashinfer-aot) ;;
+  *) echo "usage: bash scripts/prepare_topk_deps.sh [flashinfer-aot]" >&2; exit 2 ;;
+esac
 out=.device-deps/topk
 cache=${DIFFTEST_WHEEL_CACHE:-$HOME/.cache/difftest-wheels}
 mkdir -p "$out/carry-small/whl" "$out/carry-vllm" "$cache"
@@ -68,4 +84,41 @@ if [ ! -f "$out/carry-vllm/vllm_C-0.33.0.tar.xz" ]; then
   mkdir -p "$tmp/vcroot/vllm_C" && mv "$tmp/vc/vllm/_C_stable_libtorch.abi3.so" "$tmp/vcroot/vllm_C/"
   archive "$tmp/vcroot" "$out/carry-vllm/vllm_C-0.33.0.tar.xz"
 fi
-du -sh "$out/carry-small" "$out/carry-vllm"
+if [ "$step" = flashinfer-aot ] && [ ! -f "$out/flashinfer-aot/topk/topk.so" ]; then
+  py=$PWD/.venv/bin/python
+  [ -x "$py" ] || { echo "flashinfer-aot needs .venv: make .venv/bin/difftest" >&2; exit 1; }
+  # the toolkit nvcc runs from (nvcc may be a wrapper script on PATH): its dry run names its own bin/
+  toolkit=$(dirname "$("${CUDA_HOME:+$CUDA_HOME/bin/}nvcc" --dryrun -c -x cu /dev/null -o /dev/null 2>&1 \
+    | sed -n 's/^#\$ _HERE_=//p')")
+  python3 -m tarfile -e "$out/carry-small/flashinfer-0.7.2.post1.tar.xz" "$tmp/fi"
+  "$py" -m pip install -q --no-deps --target "$tmp/site" --find-links "$out/carry-small/whl" \
+    apache-tvm-ffi==0.1.11 ninja==1.13.2 nvidia-ml-py==13.615.71
+  # A toolkit of its own: $toolkit's entries, plus curand.h (topk.cu includes it) and a libcuda.so for FlashInfer's
+  # `-lcuda` (the module calls no driver function, so the linker's --as-needed drops it: the .so needs libcudart.so.13)
+  mkdir -p "$tmp/cuda/include" "$tmp/cuda/lib64"
+  for entry in "$toolkit"/*; do
+    case $(basename "$entry") in include|lib64) ;; *) ln -sfn "$entry" "$tmp/cuda/" ;; esac
+  done
+  ln -sf "$toolkit"/include/* "$tmp/cuda/include/" && ln -sf "$(readlink -f "$toolkit/lib64")"/* "$tmp/cuda/lib64/"
+  if [ ! -f "$toolkit/include/curand.h" ]; then
+    unzip -q -o "$(wheel nvidia-curand 10.4.0.35 'nvidia_curand-10.4.0.35-*.whl')" 'nvidia/cu13/include/curand*' \
+      -d "$tmp/curand"
+    ln -sf "$tmp"/curand/nvidia/cu13/include/curand*.h "$tmp/cuda/include/"
+  fi
+  if [ ! -e "$tmp/cuda/lib64/stubs/libcuda.so" ]; then
+    mkdir -p "$tmp/cuda/lib64/stubs" && : > "$tmp/empty.c"
+    cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$tmp/cuda/lib64/stubs/libcuda.so" "$tmp/empty.c"
+  fi
+  start=$(date +%s)
+  ( cd "$tmp" && FLASHINFER_WORKSPACE_BASE=$tmp/ws FLASHINFER_CUDA_ARCH_LIST=9.0a CUDA_HOME=$tmp/cuda \
+      MAX_JOBS=${MAX_JOBS:-2} PATH=$tmp/site/bin:$PATH PYTHONPATH=$tmp/site:$tmp/fi "$py" -c "
+from flashinfer.jit.topk import gen_topk_module
+spec = gen_topk_module()
+spec.build(verbose=True)
+print(spec.jit_library_path)" ) > "$tmp/build.txt" 2>&1 || { tail -40 "$tmp/build.txt" >&2; exit 1; }
+  echo "flashinfer-aot: topk.so built in $(( $(date +%s) - start )) s" >&2
+  built=$(tail -1 "$tmp/build.txt")
+  mkdir -p "$tmp/aot/topk" && cp "$built" "$(dirname "$built")/build.ninja" "$tmp/aot/topk/"
+  mv "$tmp/aot" "$out/flashinfer-aot"
+fi
+du -sh "$out/carry-small" "$out/carry-vllm" $([ -d "$out/flashinfer-aot" ] && echo "$out/flashinfer-aot")
