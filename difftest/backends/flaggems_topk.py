@@ -20,10 +20,19 @@ Conventions, read from the kernel and confirmed under the interpreter (TopkContr
 
 The candidate list of the threshold bin is written without a bound (:141-146, 221-229): a bin holding more
 than 4096 candidates writes into the next row's list, and the last row's past the buffer
-(docs/findings/flaggems-bucket-topk-candidate-overflow.md). This adapter allocates the buffer exactly as the
-wrapper does, followed by a guard of `width` int32 slots (the most a row can write past its list), counts
+(docs/findings/flaggems-bucket-topk-candidate-overflow.md). The first pass covers ceil(width / BS) * BS lanes
+and every lane outside the window, those past the width included, loads as -inf (bin 0): a row whose window
+holds at most k values lists every other lane, up to the last of its last block. So a row lists at most
+ceil(width / BS) * BS candidates, and BS reaches 8192 (LARGEST_BS): on the GPU the autotuner runs all ten
+configs on the first call of each (width, k), on the wrapper's own buffers. This adapter allocates
+the buffer exactly as the wrapper does, followed by a guard of ceil(width / 8192) * 8192 int32 slots, counts
 what lands there (OutOfBoundsWrite) and keeps this process's memory safe; the kernel's addressing is the
 wrapper's.
+
+`FlagGemsBucketTopk(overflow_lands_late=True)` runs, on the CPU only, the GPU schedule in which a row's
+candidates written into the next row's list land after that row has written its own and before it reads
+them (difftest.core.triton_interpret.late_cross_program_stores): what the interpreter's one-row-after-another
+order never shows.
 
 Which flag_gems: the first on sys.path (`pip install --no-deps flag-gems==5.0.2`, or the tree
 scripts/prepare_topk_deps.sh extracts). The file is loaded by path, its only flag_gems import (has_triton_tle)
@@ -49,7 +58,7 @@ from difftest.backends.topk_base import TopkBackend
 from difftest.core import hardware
 from difftest.core.kinds import IndexConvention, NanRanking, RowStride, TopkPadding, WindowForm
 from difftest.core.topk import TopkContract, TopkInputs
-from difftest.core.triton_interpret import interpreter_compat, load_kernel_defs
+from difftest.core.triton_interpret import interpreter_compat, late_cross_program_stores, load_kernel_defs
 
 DISTRIBUTION = "flag-gems"
 KERNEL_FILE = "fused/DSA/bin_topk.py"
@@ -57,11 +66,13 @@ KERNEL = "kernel_bucket_sort_topk"
 DEFINITIONS = ("convert_to_uint16", "convert_to_uint32", KERNEL)
 HISTOGRAM_SIZE = 256  # bucket_sort_topk_triton's constants (bin_topk.py:254-255)
 SMEM_INPUT_SIZE = 4096
-# One of the autotuner's ten configs (bin_topk.py:44-55), launched directly on the CPU. The kernel's
-# result does not depend on BS/BSS (block sizes of its loops); the largest blocks interpret fastest.
+# One of the autotuner's ten configs (bin_topk.py:44-55), launched directly on the CPU; large blocks interpret
+# fast. BS/BSS (block sizes of its loops) change only what the kernel gets wrong: how many lanes past the width
+# a row lists, how many -1 slots its padding lanes leave.
 CPU_CONFIG = {"BS": 1024, "BSS": 256}
 GUARD_FILL = -7  # what the guard past the candidate list holds until a write lands there
-LOGITS_GUARD = 8192  # floats after the logits: the largest BS of the autotuner's configs
+LARGEST_BS = 8192  # the largest BS of the autotuner's configs (bin_topk.py:53-54)
+LOGITS_GUARD = LARGEST_BS  # floats after the logits: the lanes a last block reads past the width
 
 
 class OutOfBoundsWrite(UserWarning):
@@ -159,6 +170,11 @@ def _guarded(logits: torch.Tensor) -> torch.Tensor:
     return storage[:rows * width].view(rows, width)
 
 
+def _lanes(width: int) -> int:
+    """The most lanes a row's first pass covers under any autotune config: ceil(width / 8192) * 8192."""
+    return -(-width // LARGEST_BS) * LARGEST_BS
+
+
 def _library() -> str:
     version = flaggems_version()
     path = kernel_file()
@@ -171,10 +187,13 @@ class FlagGemsBucketTopk:
 
     name = "flaggems-bucket-topk"
 
-    def __init__(self) -> None:
+    def __init__(self, overflow_lands_late: bool = False) -> None:
         self.contract = TopkContract(
             index=IndexConvention.ABSOLUTE, padding=TopkPadding.OUTSIDE_COLUMNS, window=WindowForm.STARTS_ENDS,
             nan=NanRanking.HIGHEST, row_stride=RowStride.EQUALS_WIDTH, library=_library())
+        self.overflow_lands_late = overflow_lands_late  # the GPU schedule emulated on the CPU (module docstring)
+        if overflow_lands_late:
+            self.name = f"{self.name}-overflow-lands-late"
         self.last_out_of_bounds = 0  # candidate ids the last call wrote past its list
 
     def unavailable_reason(self, device: str) -> str | None:
@@ -187,6 +206,8 @@ class FlagGemsBucketTopk:
         if _has_tle():
             return "FlagTree's triton.experimental.tle is present: bucket_sort_topk would run its TLE kernel instead"
         if device == "cuda":
+            if self.overflow_lands_late:
+                return "the late-overflow schedule is emulated under the interpreter (CPU); a GPU picks its own"
             reason = hardware.cuda_unavailable_reason()
             if reason or os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
                 return reason
@@ -202,31 +223,41 @@ class FlagGemsBucketTopk:
         logits, k = inputs.logits, inputs.k
         rows, width = logits.shape
         indices = torch.full((rows, k), -1, dtype=torch.int32, device=logits.device)
-        storage = torch.zeros(rows * SMEM_INPUT_SIZE + width, dtype=torch.int32, device=logits.device)
+        storage = torch.zeros(rows * SMEM_INPUT_SIZE + _lanes(width), dtype=torch.int32, device=logits.device)
         storage[rows * SMEM_INPUT_SIZE:] = GUARD_FILL
         candidates = storage[:rows * SMEM_INPUT_SIZE].view(rows, SMEM_INPUT_SIZE)
+        autotuned = False
         if rows:
-            self._launch(_guarded(logits), indices, candidates, inputs.row_starts, inputs.row_ends, width, k)
-        self._check_guard(storage[rows * SMEM_INPUT_SIZE:], width, k)
+            autotuned = self._launch(_guarded(logits), indices, candidates, inputs.row_starts, inputs.row_ends,
+                                     width, k)
+        self._check_guard(storage[rows * SMEM_INPUT_SIZE:], width, k, autotuned)
         return indices
 
     def _launch(self, logits: torch.Tensor, indices: torch.Tensor, candidates: torch.Tensor, starts: torch.Tensor,
-                ends: torch.Tensor, width: int, k: int) -> None:
+                ends: torch.Tensor, width: int, k: int) -> bool:
+        """Launch as the wrapper does; whether the autotuner ran its configs on these buffers first."""
         interpret = logits.device.type == "cpu"
         kernel = getattr(load_kernels(interpret), KERNEL)
         args = (logits, indices, candidates, starts, ends, width, k, HISTOGRAM_SIZE, SMEM_INPUT_SIZE)
         if not interpret:
+            tuned = len(kernel.cache)
             kernel[(logits.shape[0],)](*args)  # the autotuner picks BS/BSS, as in the wrapper
-            return
-        with interpreter_compat(), interpreter_extras():
+            return len(kernel.cache) > tuned
+        span = SMEM_INPUT_SIZE * candidates.element_size()
+        schedule = (late_cross_program_stores(candidates.data_ptr(), span) if self.overflow_lands_late
+                    else contextlib.nullcontext())
+        with interpreter_compat(), interpreter_extras(), schedule:
             kernel.fn[(logits.shape[0],)](*args, **CPU_CONFIG)
+        return False
 
-    def _check_guard(self, guard: torch.Tensor, width: int, k: int) -> None:
+    def _check_guard(self, guard: torch.Tensor, width: int, k: int, autotuned: bool) -> None:
         self.last_out_of_bounds = int((guard != GUARD_FILL).sum())
         if self.last_out_of_bounds:
+            trials = " (this call also ran the autotuner's configs on these buffers)" if autotuned else ""
             warnings.warn(f"{self.name} wrote {self.last_out_of_bounds} candidate ids past the end of its "
-                          f"[rows, {SMEM_INPUT_SIZE}] candidate list (width {width}, k {k}): a threshold bin held "
-                          f"more than {SMEM_INPUT_SIZE} candidates", OutOfBoundsWrite, stacklevel=2)
+                          f"[rows, {SMEM_INPUT_SIZE}] candidate list (width {width}, k {k}){trials}: a threshold "
+                          f"bin held more than {SMEM_INPUT_SIZE} candidates (a row's lanes outside its window, "
+                          f"up to a block past the width, count as -inf)", OutOfBoundsWrite, stacklevel=2)
 
 
 TOPK_BACKENDS: dict[str, Callable[[], TopkBackend]] = {"flaggems-bucket-topk": FlagGemsBucketTopk}

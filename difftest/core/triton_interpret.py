@@ -226,3 +226,48 @@ def _packed(self: Any, data: Any, axis: int, original_axis: int | None, ndim: in
             return np.expand_dims(data, axis)
         return data.reshape((1,) * ndim)
     return data.item() if original_axis is None else data
+
+
+@contextlib.contextmanager
+def late_cross_program_stores(base: int, span: int) -> Iterator[None]:
+    """Under the interpreter, one GPU schedule of a kernel whose programs write into each other's memory.
+
+    Program q owns the bytes [base + q * span, base + (q + 1) * span). The interpreter runs a grid's
+    programs one after another, so a store program p makes into a later program q's bytes is overwritten
+    when q writes them itself: what a GPU shows only if p's store lands first. Here it lands last: every
+    such store is recorded and replayed, in order, when q first loads from its own bytes (after writing
+    them). On a GPU, where the programs run at once, that is one order the hardware may pick. Stores a
+    program makes into its own bytes, or outside every program's, are untouched.
+    """
+    from triton.runtime import interpreter  # deferred: with the interpreter only
+
+    builder = interpreter.InterpreterBuilder
+    stock_store, stock_load = builder.create_masked_store, builder.create_masked_load
+    pending: list[tuple[int, np.ndarray, np.ndarray]] = []  # (program, addresses, values) of stores into later ones
+    replayed: set[int] = set()
+
+    def owner(addresses: np.ndarray) -> np.ndarray:
+        return (addresses.astype(np.int64) - base) // span  # negative below base
+
+    def store(self: Any, ptrs: Any, value: Any, mask: Any, *rest: Any) -> Any:
+        program = self.grid_idx[0]
+        later = mask.data & (owner(ptrs.data) > program)
+        if later.any():
+            pending.append((program, ptrs.data[later].copy(), value.data[later].copy()))
+        return stock_store(self, ptrs, value, mask, *rest)
+
+    def load(self: Any, ptrs: Any, mask: Any, *rest: Any) -> Any:
+        program = self.grid_idx[0]
+        if program not in replayed and (mask.data & (owner(ptrs.data) == program)).any():
+            replayed.add(program)
+            for writer, addresses, values in pending:
+                mine = owner(addresses) == program
+                if writer < program and mine.any():
+                    interpreter._interpreter.store(addresses[mine], values[mine], np.ones(int(mine.sum()), bool))
+        return stock_load(self, ptrs, mask, *rest)
+
+    builder.create_masked_store, builder.create_masked_load = store, load
+    try:
+        yield
+    finally:
+        builder.create_masked_store, builder.create_masked_load = stock_store, stock_load

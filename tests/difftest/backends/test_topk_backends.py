@@ -3,6 +3,7 @@ bucket_sort_topk under the Triton interpreter, with their declared conventions a
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -94,6 +95,64 @@ def test_flaggems_writes_past_its_candidate_list_when_a_bin_holds_more_than_4096
 
 
 @pytest.mark.skipif(FLAGGEMS_MISSING is not None, reason=str(FLAGGEMS_MISSING))
+def test_flaggems_guard_holds_what_a_row_lists_with_the_largest_block(monkeypatch):
+    """The first pass lists every lane of a row's blocks outside its window, those past the width too. At BS 8192
+    (a config the GPU's autotuner runs on the first call of a (width, k)) a window of 402 columns in a row of
+    1536 lists 8192 - 402 = 7790 candidates: 3694 past the row's 4096. A guard of `width` slots saturated at 1536
+    on the H200 (random-k512, 2026-12-04) and let the rest land in whatever memory followed."""
+    kernel = getattr(flaggems_topk.load_kernels(interpret=True), flaggems_topk.KERNEL)
+    assert flaggems_topk.LARGEST_BS == max(config.kwargs["BS"] for config in kernel.configs)
+    monkeypatch.setattr(flaggems_topk, "CPU_CONFIG", {"BS": 8192, "BSS": 1024})
+    case = build_topk_case(TopkSpec(rows=1, width=1536, k=512, starts=(318,), ends=(720,)), 0)
+    with pytest.warns(flaggems_topk.OutOfBoundsWrite, match="3694 candidate ids past"):
+        result, _ = _judge(FLAGGEMS, case)
+    assert FLAGGEMS.last_out_of_bounds == 3694 and result.verdict == Verdict.PASS, result.headline()
+
+
+def _overflowing_pair(victim: list[float], victim_window: tuple[int, int], k: int) -> TopkCase:
+    """Two rows of 4099 columns. Row 0's window is [0, 1): its other lanes (5119 at the CPU's BS 1024, at least
+    4127 at any BS) are its threshold bin, listed in lane order, so lanes 4097, 4098, ... land on row 1's list
+    positions 0, 1, ... Row 0 needs nothing past its one value, so it never reads them back."""
+    width = len(victim)
+    storage = torch.full((2, width), -math.inf)
+    storage[0, 0], storage[1] = 0.0, torch.tensor(victim)
+    return TopkCase("overflowing-pair", storage, width, torch.tensor([0, victim_window[0]]),
+                    torch.tensor([1, victim_window[1]]), k).validate()
+
+
+@pytest.mark.skipif(FLAGGEMS_MISSING is not None, reason=str(FLAGGEMS_MISSING))
+def test_flaggems_next_row_ranks_the_overflow_as_its_own_candidates_when_it_lands_late():
+    """docs/findings/flaggems-bucket-topk-candidate-overflow.md, smallest case (k 1). Row 1 holds -1.0 except 1.0
+    at column 10 and 1.5 at column 20: its threshold bin (top key byte 0xBF) lists [10, 20] and the rounds pick
+    20. When row 0's overflow lands after row 1's first pass (the GPU schedule the interpreter emulates with
+    overflow_lands_late), row 1's list reads [4097, 4098]: both -1.0, tied through the four rounds, so the final
+    fill takes the first, 4097. The interpreter's own order (row 0, then row 1) gives the right answer."""
+    victim = [-1.0] * 4099
+    victim[10], victim[20] = 1.0, 1.5
+    case = _overflowing_pair(victim, (0, 4099), k=1)
+    result, got = _judge(FLAGGEMS, case)
+    assert got.tolist() == [[0], [20]] and result.verdict == Verdict.PASS, got
+    result, got = _judge(flaggems_topk.FlagGemsBucketTopk(overflow_lands_late=True), case)
+    assert got.tolist() == [[0], [4097]] and result.rows_by_verdict == {Verdict.FAIL_MISSING: (1,)}, got
+
+
+@pytest.mark.skipif(FLAGGEMS_MISSING is not None, reason=str(FLAGGEMS_MISSING))
+def test_flaggems_next_row_selects_a_column_twice_when_the_overflow_lands_late():
+    """The H200's FAIL(duplicate) (random-k2048-s0, row 3 after row 2), reduced: row 1's window [0, 1) leaves
+    k - 1 = 2 picks to its outside columns, which rise with the column (HOSTILE-like), so the two largest,
+    4098 and 4097, are its picks. Row 0's overflow puts lanes 4097 and 4098 on row 1's list positions 0 and 1
+    as well: listed twice, 4098 is picked twice."""
+    victim = [1.0e30 * (1.0 + column / 8198) for column in range(4099)]
+    victim[0] = 0.0
+    case = _overflowing_pair(victim, (0, 1), k=3)
+    with pytest.warns(flaggems_topk.OutOfBoundsWrite, match="1023 candidate ids past"):  # row 1's 5119 lanes
+        assert sorted(_judge(FLAGGEMS, case)[1][1].tolist()) == [0, 4097, 4098]
+    with pytest.warns(flaggems_topk.OutOfBoundsWrite, match="1023 candidate ids past"):
+        result, got = _judge(flaggems_topk.FlagGemsBucketTopk(overflow_lands_late=True), case)
+    assert sorted(got[1].tolist()) == [0, 4098, 4098] and result.verdict == Verdict.FAIL_DUPLICATE, got
+
+
+@pytest.mark.skipif(FLAGGEMS_MISSING is not None, reason=str(FLAGGEMS_MISSING))
 def test_flaggems_returns_minus_one_where_padding_lanes_tie_with_candidates():
     """docs/findings/flaggems-bucket-topk-padding-lanes.md: 2 rows x 2 columns, k 1. Row 1's two equal values
     leave padding lanes (index -1, value 0.0) tied with them in the third round; the fourth reads their value
@@ -106,6 +165,35 @@ def test_flaggems_returns_minus_one_where_padding_lanes_tie_with_candidates():
     assert _judge(FLAGGEMS, case)[0].verdict == Verdict.PASS
     for spec in _plan(FLAGGEMS, {"all-equal", "ties-straddle"}):  # exact ties: found unaided by the families
         assert _judge(FLAGGEMS, build_topk_case(spec, 0))[0].verdict == Verdict.FAIL_PADDING, spec.name
+
+
+def _preceded_by(value: float):
+    """The adapter's copy of the logits with `value` as the float just before row 0: what the kernel reads as
+    `inputs[-1]` (memory before the buffer; on the H200, whatever the allocator left there)."""
+    def guarded(logits: torch.Tensor) -> torch.Tensor:
+        rows, width = logits.shape
+        storage = torch.full((1 + rows * width + flaggems_topk.LOGITS_GUARD,), -math.inf, dtype=logits.dtype)
+        storage[0], storage[1:1 + rows * width] = value, logits.reshape(-1)
+        return storage[1:1 + rows * width].view(rows, width)
+    return guarded
+
+
+@pytest.mark.skipif(FLAGGEMS_MISSING is not None, reason=str(FLAGGEMS_MISSING))
+def test_flaggems_one_row_returns_minus_one_when_the_float_before_its_logits_outranks_its_ties(monkeypatch):
+    """The H200's FAIL(padding) on ties-2049 (one row: 1024 values above 2049 ties of 1.0, k 2048; 1023 slots of
+    -1 from slot 1024), which passes on the CPU. The padding lanes that join the ties read `inputs[-1]`, before
+    the buffer: 1.0000001 there (low key byte 0x01) puts them above the ties, 0.0 (0x00) does not. The -1 count
+    is the last block's padding lanes: 2304 - 2049 = 255 at the CPU's BSS 256, 3072 - 2049 = 1023 at BSS 1024."""
+    spec = TopkSpec(rows=1, width=5124, k=2048, windows=WindowDist.FULL, values=TopkValues.TIED, ties=(2049,))
+    case = build_topk_case(spec, 0)
+    monkeypatch.setattr(flaggems_topk, "_guarded", _preceded_by(0.0))
+    assert _judge(FLAGGEMS, case)[0].verdict == Verdict.PASS
+    monkeypatch.setattr(flaggems_topk, "_guarded", _preceded_by(1.0000001))
+    for config, padding_lanes in (({"BS": 1024, "BSS": 256}, 255), ({"BS": 8192, "BSS": 1024}, 1023)):
+        monkeypatch.setattr(flaggems_topk, "CPU_CONFIG", config)
+        result, got = _judge(FLAGGEMS, case)
+        assert result.verdict == Verdict.FAIL_PADDING and got[0, 1024:1024 + padding_lanes].eq(-1).all(), config
+        assert int(got.eq(-1).sum()) == padding_lanes, config
 
 
 @pytest.mark.skipif(FLAGGEMS_MISSING is not None, reason=str(FLAGGEMS_MISSING))

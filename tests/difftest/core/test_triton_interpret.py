@@ -87,3 +87,36 @@ def test_load_kernel_defs_runs_only_the_named_functions_with_the_names_given(tmp
     assert got.tolist() == [0.0, 6.0, 12.0, 18.0, 24.0]
     with pytest.raises(LookupError, match="defines no missing"):
         load_kernel_defs(path, ("scale", "missing"), "partial", interpret=True, namespace=namespace)
+
+
+# Each program fills its own span with its number + 1; program 0 also writes 100 into program 1's first slot.
+# Then each reads its first slot back.
+CROSS_FILE = '''
+@triton.jit
+def cross_kernel(buf_ptr, out_ptr, SPAN: tl.constexpr):
+    program = tl.program_id(0)
+    tl.store(buf_ptr + program * SPAN + tl.arange(0, SPAN), tl.full([SPAN], 1, tl.int32) + program)
+    if program == 0:
+        tl.store(buf_ptr + SPAN, 100)
+    tl.store(out_ptr + program, tl.load(buf_ptr + program * SPAN))
+'''
+
+
+def test_late_cross_program_stores_land_after_the_owners_own(tmp_path: Path) -> None:
+    import triton
+    import triton.language as tl
+
+    from difftest.core.triton_interpret import late_cross_program_stores, load_kernel_defs
+
+    path = tmp_path / "cross.py"
+    path.write_text(CROSS_FILE)
+    kernel = load_kernel_defs(path, ("cross_kernel",), "cross", interpret=True, namespace={"triton": triton, "tl": tl})
+    buf, out = torch.zeros(8, dtype=torch.int32), torch.zeros(2, dtype=torch.int32)
+    with interpreter_compat():
+        kernel.cross_kernel[(2,)](buf, out, 4)
+        assert out.tolist() == [1, 2], out  # one after another: program 1 overwrites program 0's store
+        with late_cross_program_stores(buf.data_ptr(), 4 * buf.element_size()):
+            kernel.cross_kernel[(2,)](buf, out, 4)
+        assert out.tolist() == [1, 100], out  # program 0's store landed after program 1's own
+        kernel.cross_kernel[(2,)](buf, out, 4)
+    assert out.tolist() == [1, 2], out  # the interpreter's own order is back after the block
