@@ -27,9 +27,8 @@ import numpy as np
 import torch
 
 from difftest.backends.sglang_topk import SglangJitTopk
-from difftest.core.kinds import Device
 from difftest.core.topk import TopkCase
-from difftest.generators.envelope import Scale, Target
+from difftest.generators.envelope import Target
 from difftest.generators.topk import TopkPlanned, TopkSpec, TopkValues, WindowDist, build_topk_case, topk_plan
 from scripts.torch_cuda_rand import H200_SMS, cuda_rand
 
@@ -71,12 +70,11 @@ def threshold_bin(histogram: np.ndarray, topk: int) -> tuple[int, int]:
 
 @dataclasses.dataclass(frozen=True)
 class PortRun:
-    """What one row's selection returned and why: the slots, the coarse threshold bin's population and how
-    many of its candidates the list kept."""
+    """What one row's selection returned, and the coarse threshold bin's population (the list keeps at most
+    STASH_ENTRIES of it)."""
 
     indices: np.ndarray  # int32 [k]: positions relative to the row's start, -1 past a short row
     coarse_population: int  # candidates in the coarse threshold bin (0 when the naive path ran)
-    kept: int  # of those, the ones stage 1 put on the list (and counted in the next histogram)
 
 
 class _Slots:
@@ -97,19 +95,20 @@ def fast_topk_row(values: np.ndarray, k: int, stash_entries: int | None = STASH_
     SMEM_INPUT_SIZE >= length)."""
     length = values.size
     if length <= k:  # naive_topk (:41-47, :224-225)
-        return PortRun(np.where(np.arange(k) < length, np.arange(k), -1).astype(np.int32), 0, 0)
+        return PortRun(np.where(np.arange(k) < length, np.arange(k), -1).astype(np.int32), 0)
     slots, keys, coarse = _Slots(k), exact_key(values), coarse_bin(values)
     threshold, above = threshold_bin(np.bincount(coarse, minlength=RADIX), k)  # stage 1 (:68-104)
     topk = k - above
     slots.emit(np.flatnonzero(coarse > threshold))  # :107-113 when topk == 0, :126-128 otherwise
     members = np.flatnonzero(coarse == threshold)
     if topk == 0:
-        return PortRun(slots.out, members.size, 0)
+        return PortRun(slots.out, members.size)
     listed = members[:stash_entries]  # `if (pos < int(SMEM_INPUT_SIZE))` (:130-137): the rest is dropped
     histogram = np.bincount(key_byte(keys[listed], 24), minlength=RADIX)
     for round_ in range(4):  # stage 2 (:143-210)
         threshold, above = threshold_bin(histogram, topk)
-        last_remain, topk = topk - above, topk - above
+        topk -= above
+        last_remain = topk  # s_last_remain (:157): the ties still to take in the last round
         digits = key_byte(keys[listed], 24 - 8 * round_)
         slots.emit(listed[digits > threshold])
         if topk == 0:  # :164-175
@@ -120,7 +119,7 @@ def fast_topk_row(values: np.ndarray, k: int, stash_entries: int | None = STASH_
             break
         listed = tied[:stash_entries]  # the next round's list, capped the same way (:197-204)
         histogram = np.bincount(key_byte(keys[listed], 16 - 8 * round_), minlength=RADIX)
-    return PortRun(slots.out, members.size, min(members.size, stash_entries or members.size))
+    return PortRun(slots.out, members.size)
 
 
 def fast_topk(case: TopkCase, stash_entries: int | None = STASH_ENTRIES) -> torch.Tensor:
@@ -170,8 +169,7 @@ def gpu_case(spec: TopkSpec, seed: int, sms: int = H200_SMS) -> TopkCase:
 
 def crowded_specs() -> dict[str, TopkSpec]:
     """The crowded-bin family's specs as topk_plan gives them to sglang-jit-fast-topk at production scale."""
-    target = Target(Device.CUDA, H200_SMS, 1 << 40, Scale.PRODUCTION)
-    plan = topk_plan(SglangJitTopk("sglang-jit-fast-topk").contract, target)
+    plan = topk_plan(SglangJitTopk("sglang-jit-fast-topk").contract, Target.production_gpu(H200_SMS, 1 << 40))
     return {p.spec.name: p.spec for p in plan if isinstance(p, TopkPlanned) and "crowded" in p.spec.name}
 
 
