@@ -5,9 +5,9 @@ crowded-bin cases. Each answer is judged by difftest's oracle (compare_topk) and
 (scripts/sglang_fast_topk_port.py): stock kernel against the port as written, patched kernel against the
 port with the limit lifted. `difftest run --spec` is a paged-logits option, hence this driver.
 
-From the project root on the device, after `bash scripts/h200_topk.sh setup` (scripts/h200_sglang_fast_topk.sh
-sets the environment); writes OUT/results.json. The three JIT builds (stock k 512 and 2048, the patched
-module with both) start together.
+Run by scripts/h200_sglang_fast_topk.sh from the project root on the device (it sets the environment);
+writes OUT/results.json. The three JIT builds (stock k 512 and 2048, the patched module with both) start
+together.
 """
 
 from __future__ import annotations
@@ -161,12 +161,17 @@ def main(argv: list[str] | None = None) -> int:
         patched = None if patched_build.exception() else patched_build.result()
     print(f"builds: {time.monotonic() - start:.0f} s; patched sources: {root}"
           + (f"; patched build FAILED: {patched_build.exception()}" if patched is None else ""))
-    results = [check(case, backend, patched) for case in todo]
-    for result in results:
-        print(printed(result))
+    results = []
+    for case in todo:  # printed as they come: a case that raises is named and the others still run
+        try:
+            results.append(check(case, backend, patched))
+            print(printed(results[-1]))
+        except Exception as exc:  # a kernel or build error: the report names it
+            results.append({"case": case.name, "error": f"{type(exc).__name__}: {exc}"})
+            print(f"{case.name}: ERROR: {results[-1]['error']}")
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    faithful = all(r["stock_rows_equal_to_port"] == r["rows"] for r in results)
-    fixed = patched is not None and all(r["patched"]["verdict"] == "PASS" for r in results)
+    faithful = all(r.get("stock_rows_equal_to_port") == r.get("rows") for r in results)
+    fixed = patched is not None and all(r.get("patched", {}).get("verdict") == "PASS" for r in results)
     print(f"\nport reproduces the stock kernel's sets on every case: {faithful}; patched kernel PASS on every "
           f"case: {fixed}; {time.monotonic() - start:.0f} s")
     return 0 if faithful and fixed else 1
