@@ -11,7 +11,7 @@
   before an unaligned window). Threshold-bin ties are capped at kMaxNumTie = 2048 (sglang#35257, open).
 * `sglang-jit-fast-topk`: `fast_topk(score, lengths, topk, row_starts)` (ops/attention/fast_topk.py:38-70),
   k in {512, 2048}, indices relative to row_starts, -1 past the length; the threshold bin keeps at most 4096
-  candidates (sglang#36807, open).
+  candidates (sglang#36807, open; seen on the H200: docs/findings/sglang-fast-topk-crowded-bin.md).
 
 The sources travel in .device-deps/topk/sglang-0.5.23-topk/ (scripts/prepare_topk_deps.sh); the build needs
 apache-tvm-ffi importable and nvcc for sm_90a. Compile-only on a 2-core CPU machine with nvcc 13.0.88: 17 s

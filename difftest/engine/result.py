@@ -170,7 +170,8 @@ def _shown(values: tuple[float, ...]) -> str:
 def _violation_kind(violation: object) -> str:
     """'topk' for a top-k relation's violation (as JSON or a TopkViolation), else 'paged'."""
     relation = violation.get("relation") if isinstance(violation, dict) else getattr(violation, "relation", None)
-    return "topk" if relation in {r.value for r in TopkRelation} else "paged"
+    # a relation read from JSON may be any value, a list too: only a name can be a top-k relation's
+    return "topk" if isinstance(relation, str) and relation in {r.value for r in TopkRelation} else "paged"
 
 
 # A paged-logits result's spec is a CaseSpec (checked as one: CaseResult.checked); another operation's is its own

@@ -377,6 +377,14 @@ def test_result_reader_on_mutated_results(doc):
     loads_or_refuses(lambda: CaseResult.from_json(doc, "result."))
 
 
+@pytest.mark.parametrize("relation", [["add-neg-inf"], {"add-neg-inf": 1}])
+def test_result_reader_refuses_a_violation_whose_relation_is_not_a_name(relation):
+    """Found by the mutation test above: an unhashable relation made the violation's kind lookup raise TypeError."""
+    doc = to_jsonable(TOPK_RELATED)
+    doc["metamorphic"][0]["relation"] = relation
+    assert loads_or_refuses(lambda: CaseResult.from_json(doc, "result.")) is not None
+
+
 def _stream_text(draw: st.DrawFn) -> str:
     lines = list(STREAM_LINES)
     for _ in range(draw(st.integers(1, 3))):
