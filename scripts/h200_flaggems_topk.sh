@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # FlagGems 5.0.2's bucket_sort_topk on the H200: one row's candidates landing in the next row's candidate list
 # (docs/findings/flaggems-bucket-topk-candidate-overflow.md). From the project root on the device, with carry
-# [".device-deps/topk/carry-small"], in one call:
+# [".whl", ".device-deps/topk/carry-small"], in one call:
 #
 #   bash scripts/h200_topk.sh setup && bash scripts/h200_flaggems_topk.sh
 #
@@ -20,7 +20,7 @@ command="python3 scripts/flaggems_topk_overlap.py --device cuda --repeat ${REPEA
 cat > "$out/README.md" <<EOF
 # FlagGems bucket_sort_topk: candidate lists overlapping between rows, on the GPU
 
-Command (project root, device, carry .device-deps/topk/carry-small):
+Command (project root, device, carry .whl and .device-deps/topk/carry-small):
 \`bash scripts/h200_topk.sh setup && bash scripts/h200_flaggems_topk.sh\` (REPEAT=${REPEAT:-50}), run
 $(date -u +%Y-%m-%dT%H:%MZ) on $(python3 -c "import torch; print(torch.cuda.get_device_name(), 'torch', torch.__version__)" 2>/dev/null).
 \`overlap.txt\`: each case's autotuned config, the ids its first call wrote past the candidate list, how many of

@@ -1,31 +1,23 @@
 #!/usr/bin/env bash
-# The top-k backends on the H200 (the lead runs it; each step fits one 10-minute device call). From the
-# project root on the device, after `bash scripts/prepare_topk_deps.sh` here:
+# The compiled and Triton top-k backends on the H200 (reports/h200/topk/README.md holds what this wrote). From the
+# project root on the device, after `bash scripts/prepare_topk_deps.sh` (and its `flashinfer-aot` step) here.
+# Every form needs difftest's own wheels (.whl: pydantic); the device lets an idle machine go within a minute,
+# so a form that needs two carries runs as two calls back to back on the warm machine.
 #
-#   1. carry [".device-deps/topk/carry-small"]:  bash scripts/h200_topk.sh setup        (~1 min: unpack, pip wheels)
-#   2. carry [".device-deps/topk/carry-vllm"]:   bash scripts/h200_topk.sh unpack-vllm  (~1 min)
-#   3. no carry (machine still warm):            bash scripts/h200_topk.sh build        (FlashInfer's and SGLang's
-#      JIT builds, bounded at 570 s: on a 2-core CPU machine topk.cu took 271 s and cub_topk.cu 671 s, SGLang's two
-#      modules 17-18 s each; the device's cores build FlashInfer's four sources in parallel under ninja. Run it
-#      again if it times out: what finished is cached under ~/.cache/flashinfer and ~/.cache/tvm-ffi)
-#   4. no carry:                                 bash scripts/h200_topk.sh run          (every top-k backend that loads
-#      on every edge family at production scale, bounded at 570 s; writes reports/h200/topk/)
+#   setup        unpack FlashInfer's tree, install the JIT's wheels and .whl's, put the prebuilt FlashInfer module
+#                in place (carry .whl, .device-deps/topk/carry-small, .device-deps/topk/flashinfer-aot)
+#   unpack-vllm  unpack vLLM 0.33.0's _C (carry .device-deps/topk/carry-vllm: 60.8 MiB, which with the working
+#                tree leaves no room for .whl; remove reports/, docs/ and bench/ from the work tree for that call,
+#                `git checkout -- reports docs bench` after, then run with .whl carried in the next call)
+#   build        SGLang's JIT builds (about 20 s), FlashInfer's when no prebuilt module is there (its cub_topk.cu
+#                alone takes longer than a device call)
+#   run          TAG, BACKENDS: the family table, `difftest run --op topk` defaults and a FUZZ_BUDGET campaign,
+#                under reports/h200/topk/TAG/
+#   vllm, jit    unpack-vllm + run of vLLM's four kernels; setup + build + run of FlagGems', SGLang's and FlashInfer's
 #
-# Steps 2-4 need the machine that step 1 set up (the unpacked files live under .device-deps/topk/ there). The
-# device lets an idle machine go within a minute, so two one-call forms exist (each under 10 minutes; the run
-# writes reports/h200/topk/ with whatever loaded, the rest SKIP with the reason):
-#   carry [".device-deps/topk/carry-vllm"]:   bash scripts/h200_topk.sh vllm   (unpack, run: vLLM's kernels;
-#                                             the archive is 60.8 MiB and the call carries 64 MiB with the
-#                                             working tree: remove reports/, docs/ and bench/ from the work
-#                                             tree for that call, `git checkout -- reports docs bench` after)
-#   carry [".device-deps/topk/carry-small"]:  bash scripts/h200_topk.sh jit    (setup, build within
-#                                             BUILD_LIMIT=330 s, run within RUN_LIMIT=180 s: FlagGems, FlashInfer, SGLang)
-#
-# FlashInfer's top-k prebuilt here (`bash scripts/prepare_topk_deps.sh flashinfer-aot`: sm_90a, 15 MiB) skips its JIT
-# build: carry ".device-deps/topk/flashinfer-aot" too and `setup` and `run` copy it into flashinfer/data/aot/, which
-# FlashInfer loads before building anything (flashinfer/jit/env.py get_aot_artifacts), e.g. in one call
-#   carry [".device-deps/topk/carry-small", ".device-deps/topk/flashinfer-aot"]:  bash scripts/h200_topk.sh setup &&
-#     TAG=flashinfer BACKENDS=flashinfer-top-k-ragged bash scripts/h200_topk.sh run
+# As run on 2026-12-04: `unpack-vllm` (carry-vllm), then in the next call `pip install --target
+# .device-deps/topk/site .whl/*.whl` and `TAG=vllm BACKENDS=... bash scripts/h200_topk.sh run` (carry .whl);
+# `setup` + `TAG=flashinfer BACKENDS=flashinfer-top-k-ragged ... run` (carry .whl, carry-small, flashinfer-aot).
 set -uo pipefail
 deps=.device-deps/topk
 out=reports/h200/topk
@@ -50,7 +42,9 @@ case "${1:-}" in
   setup)
     mkdir -p "$deps/flashinfer" "$deps/site"
     python3 -m tarfile -e "$deps/carry-small/flashinfer-0.7.2.post1.tar.xz" "$deps/flashinfer"
-    python3 -m pip install -q --no-index --no-deps --target "$deps/site" "$deps"/carry-small/whl/*.whl
+    # the JIT's wheels, and difftest's own dependencies the image lacks (pydantic: carry .whl with every form)
+    python3 -m pip install -q --no-index --no-deps --target "$deps/site" "$deps"/carry-small/whl/*.whl \
+      $(ls .whl/*.whl 2>/dev/null)
     install_flashinfer_aot
     # FlashInfer's topk.cu includes curand.h, which the CUDA toolkit image may lack; torch's cu13 wheels ship it
     # (nvidia/cu13/include). Then $deps/cuda_home is the toolkit with those headers added to its include/.

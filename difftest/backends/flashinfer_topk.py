@@ -5,15 +5,17 @@ zero offsets, the row ends as lengths) with SGLang's row_starts where a window s
 `top_k_ragged_transform(input, offsets, lengths, k, deterministic=False, tie_break=0, dsa_graph_safe=False,
 row_starts=None)`: window `[row_starts[i], row_starts[i] + lengths[i])`, `out[i, j] = local + offsets[i]`
 (local: relative to row_starts), -1 past the length, a window of at most k returning all its positions;
-int32. fp32/fp16/bf16, last dim contiguous, padded rows allowed. k <= 2048 on the FilteredTopK path (CUB
-beyond). No order promised unless deterministic.
+int32. fp32/fp16/bf16, the whole input contiguous: the binding checks `CHECK_INPUT(input)` (data/csrc/topk.cu:182,
+contiguity included), so rows padded past the width raise "input must be contiguous" (seen on the H200 before
+the contract said so). k <= 2048 on the FilteredTopK path (CUB beyond). No order promised unless deterministic.
 
-Everything is JIT-built at first use (flashinfer/jit/topk.py:21-31: data/csrc/topk.cu, cub_topk.cu and two
+The module is JIT-built at first use (flashinfer/jit/topk.py:21-31: data/csrc/topk.cu, cub_topk.cu and two
 bindings) with $CUDA_HOME/bin/nvcc through ninja and apache-tvm-ffi; it needs `curand.h` under
 $CUDA_HOME/include. Compile-only on a 2-core CPU machine (nvcc 13.0.88, sm_90a): topk.cu 271 s, cub_topk.cu
-671 s, the bindings 4 s and 26 s; on the GPU machine ninja builds them in parallel, so build in a call of its
-own (scripts/h200_topk.sh) and the module is cached under ~/.cache/flashinfer. The package's Python tree and
-its top-k sources travel in .device-deps/topk/flashinfer/ (scripts/prepare_topk_deps.sh).
+671 s, the bindings 4 s and 26 s, more than a device call: `scripts/prepare_topk_deps.sh flashinfer-aot` builds
+it ahead with FlashInfer's own JitSpec and scripts/h200_topk.sh puts it in flashinfer/data/aot/, which FlashInfer
+loads before building anything. The package's Python tree and its top-k sources travel in
+.device-deps/topk/flashinfer/ (scripts/prepare_topk_deps.sh).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch
 
 from difftest.backends.topk_base import TopkBackend
 from difftest.core import hardware
-from difftest.core.kinds import IndexConvention, TopkPadding, WindowForm
+from difftest.core.kinds import IndexConvention, RowStride, TopkPadding, WindowForm
 from difftest.core.topk import TopkContract, TopkInputs
 
 MAX_K = 2048  # FilteredTopK's bound (flashinfer/topk.py:649-670)
@@ -47,7 +49,8 @@ class FlashInferTopk:
 
     name = "flashinfer-top-k-ragged"
     contract = TopkContract(index=IndexConvention.ROW_RELATIVE, padding=TopkPadding.PAST_WINDOW,
-                            window=WindowForm.STARTS_LENGTHS, max_k=MAX_K, devices=("cuda",),
+                            window=WindowForm.STARTS_LENGTHS, max_k=MAX_K, row_stride=RowStride.EQUALS_WIDTH,
+                            devices=("cuda",),
                             archs=("sm90", "sm100", "sm103"), library="flashinfer-python 0.7.2.post1 (JIT)")
 
     def unavailable_reason(self, device: str) -> str | None:

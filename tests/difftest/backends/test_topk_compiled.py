@@ -40,6 +40,7 @@ def test_declared_conventions_follow_the_notes():
     assert vllm_topk.VllmTopk("vllm-top-k-per-row-decode").contract.window == WindowForm.DECODE_RULE
     v2 = sglang_topk.SglangJitTopk("sglang-jit-topk-v2-ragged").contract
     assert v2.index == IndexConvention.ABSOLUTE and v2.max_k == 2048 and v2.mutates_logits
+    assert flashinfer_topk.FlashInferTopk.contract.row_stride == RowStride.EQUALS_WIDTH  # topk.cu:182 CHECK_INPUT
     assert flashinfer_topk.FlashInferTopk().contract.max_k == 2048
 
 
