@@ -253,7 +253,7 @@ class FlagGemsBucketTopk:
                                      width, k)
         self._check_guard(storage[rows * SMEM_INPUT_SIZE:], width, k, autotuned)
         self._check_index_guard(output[rows * k:], width, k, autotuned)
-        return indices
+        return indices.clone()  # its own storage: the guard after it is the adapter's, not the result's
 
     def _launch(self, logits: torch.Tensor, indices: torch.Tensor, candidates: torch.Tensor, starts: torch.Tensor,
                 ends: torch.Tensor, width: int, k: int) -> bool:
