@@ -8,7 +8,9 @@ CPU: the H200's FAIL(duplicate) case (random-k2048-s0's windows) through the ker
 the interpreter's order (one row after another) and with row 2's overflow landing after row 3 wrote its own
 list (FlagGemsBucketTopk(overflow_lands_late=True)); then a hand model of the kernel's selection (numpy, read
 from bin_topk.py:88-248) on the same lists, which must agree with the kernel and says which late entries give
-the H200's exact first duplicate.
+the H200's exact first duplicate. Last, 8 of the GPU's pairs (below) drawn on the CPU, with the overflow
+landing before each row's first read of its list and between its first round's two reads (Landing.REREAD): the
+second gives the H200's FAIL(out-of-window) on the one-token rows.
 
 GPU: cases launched as the wrapper launches them (autotuned), `--repeat` times each: the H200's case, and 32
 pairs of rows (a window of one token before a full window of 8192, k 2048), with N(0, 1) and with crowded
@@ -27,6 +29,7 @@ import torch
 
 from difftest.backends.flaggems_topk import SMEM_INPUT_SIZE, FlagGemsBucketTopk, load_kernels
 from difftest.core.topk import TopkCase, encode_topk
+from difftest.core.triton_interpret import Landing
 from difftest.engine.topk_comparison import compare_topk
 from difftest.generators.topk import TopkSpec, TopkValues, build_topk_case
 from difftest.oracles.topk import reference
@@ -149,6 +152,24 @@ def on_cpu() -> None:
     partial = range(1296, 1312)
     print(f"model, only row 2's entries for row 3's positions [{partial.start}, {partial.stop}) (columns 6064-6079) "
           f"late: first duplicate {first_duplicate(model_row3(case, partial))}; the H200's: {H200_FIRST_DUPLICATE}")
+    pairs_on_cpu()
+
+
+def pairs_on_cpu(pairs: int = 8) -> None:
+    """The GPU's N(0, 1) pairs on the CPU in both late schedules: each kind of row's verdicts, and the indices the
+    last row stores past the output. Between the reads, a full row's first round counts its picks on its own list
+    and stores them from the one-token row's ids: more than k, the excess in the next one-token row's slots."""
+    case = gpu_cases("cpu", pairs)[1]
+    for landing in (Landing.FIRST_READ, Landing.REREAD):
+        backend = FlagGemsBucketTopk(overflow_lands_late=True, landing=landing)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the last row's indices past the output: counted below
+            got = backend(encode_topk(case, backend.contract), None)
+        result = compare_topk(reference(case, backend.contract.nan), got, case, backend.contract)
+        kinds = [Counter(result.row_verdict(row).value for row in range(first, case.rows, 2)) for first in (0, 1)]
+        print(f"{case.describe()}, overflow landing {landing.value}: {result.verdict.value}; one-token rows "
+              f"{dict(kinds[0])}, full rows {dict(kinds[1])}; one-token rows whose slot 0 is not column 0: "
+              f"{int((got[2::2, 0] != 0).sum())}; indices past the output {backend.last_indices_out_of_bounds}")
 
 
 # --------------------------------------------------------------------------- the GPU

@@ -29,10 +29,18 @@ the buffer exactly as the wrapper does, followed by a guard of ceil(width / 8192
 what lands there (OutOfBoundsWrite) and keeps this process's memory safe; the kernel's addressing is the
 wrapper's.
 
+No count is clamped either: a round counts its picks on a first read of the list (the histogram pass,
+:174-198) and stores what a second read finds above the threshold (:201-232), then the final fill stores the
+count's remainder (:236-248); when the list changed in between (another row's ids landed on it), the row
+stores more than k indices and the excess goes into the next row's output slots, the last row's past the
+output. The output is followed by a guard too (4 * (lanes + 1024) + k slots: at most the lanes four rounds
+read, then the final fill), counted in last_indices_out_of_bounds.
+
 `FlagGemsBucketTopk(overflow_lands_late=True)` runs, on the CPU only, the GPU schedule in which a row's
-candidates written into the next row's list land after that row has written its own and before it reads
-them (difftest.core.triton_interpret.late_cross_program_stores): what the interpreter's one-row-after-another
-order never shows.
+candidates written into the next row's list land after that row has written its own
+(difftest.core.triton_interpret.late_cross_program_stores): before it reads them (Landing.FIRST_READ), or
+between its first round's two reads of them (Landing.REREAD); indices stored into the next row's slots land
+after that row's own (Landing.END). What the interpreter's one-row-after-another order never shows.
 
 Which flag_gems: the first on sys.path (`pip install --no-deps flag-gems==5.0.2`, or the tree
 scripts/prepare_topk_deps.sh extracts). The file is loaded by path, its only flag_gems import (has_triton_tle)
@@ -58,7 +66,7 @@ from difftest.backends.topk_base import TopkBackend
 from difftest.core import hardware
 from difftest.core.kinds import IndexConvention, NanRanking, RowStride, TopkPadding, WindowForm
 from difftest.core.topk import TopkContract, TopkInputs
-from difftest.core.triton_interpret import interpreter_compat, late_cross_program_stores, load_kernel_defs
+from difftest.core.triton_interpret import Landing, interpreter_compat, late_cross_program_stores, load_kernel_defs
 
 DISTRIBUTION = "flag-gems"
 KERNEL_FILE = "fused/DSA/bin_topk.py"
@@ -72,11 +80,13 @@ SMEM_INPUT_SIZE = 4096
 CPU_CONFIG = {"BS": 1024, "BSS": 256}
 GUARD_FILL = -7  # what the guard past the candidate list holds until a write lands there
 LARGEST_BS = 8192  # the largest BS of the autotuner's configs (bin_topk.py:53-54)
+LARGEST_BSS = 1024  # and the largest BSS (bin_topk.py:54)
 LOGITS_GUARD = LARGEST_BS  # floats after the logits: the lanes a last block reads past the width
 
 
 class OutOfBoundsWrite(UserWarning):
-    """The kernel wrote candidate ids past the end of the candidate list its wrapper allocates."""
+    """The kernel wrote candidate ids past the end of the candidate list its wrapper allocates, or indices past
+    the end of its output."""
 
 
 def kernel_file() -> Path | None:
@@ -175,6 +185,13 @@ def _lanes(width: int) -> int:
     return -(-width // LARGEST_BS) * LARGEST_BS
 
 
+def _index_guard(width: int, k: int) -> int:
+    """Slots after the output: the most a last row can store past its k. A round stores what its second read of
+    the list finds above the threshold its first read set, at most the lanes it reads (a list of at most
+    _lanes(width) ids and the padding lanes of its last block), four rounds, then the final fill's k."""
+    return 4 * (_lanes(width) + LARGEST_BSS) + k
+
+
 def _library() -> str:
     version = flaggems_version()
     path = kernel_file()
@@ -187,14 +204,16 @@ class FlagGemsBucketTopk:
 
     name = "flaggems-bucket-topk"
 
-    def __init__(self, overflow_lands_late: bool = False) -> None:
+    def __init__(self, overflow_lands_late: bool = False, landing: Landing = Landing.FIRST_READ) -> None:
         self.contract = TopkContract(
             index=IndexConvention.ABSOLUTE, padding=TopkPadding.OUTSIDE_COLUMNS, window=WindowForm.STARTS_ENDS,
             nan=NanRanking.HIGHEST, row_stride=RowStride.EQUALS_WIDTH, library=_library())
         self.overflow_lands_late = overflow_lands_late  # the GPU schedule emulated on the CPU (module docstring)
+        self.landing = landing  # when, in the receiving row's run, the late ids land (module docstring)
         if overflow_lands_late:
-            self.name = f"{self.name}-overflow-lands-late"
+            self.name = f"{self.name}-overflow-lands-late-{landing.value}"
         self.last_out_of_bounds = 0  # candidate ids the last call wrote past its list
+        self.last_indices_out_of_bounds = 0  # indices the last call wrote past its [rows, k] output
 
     def unavailable_reason(self, device: str) -> str | None:
         """Why the kernel cannot run on `device`, most basic cause first; None when it can."""
@@ -222,7 +241,9 @@ class FlagGemsBucketTopk:
         """int32 [rows, k] absolute columns, as bucket_sort_topk_triton returns them."""
         logits, k = inputs.logits, inputs.k
         rows, width = logits.shape
-        indices = torch.full((rows, k), -1, dtype=torch.int32, device=logits.device)
+        output = torch.full((rows * k + _index_guard(width, k),), GUARD_FILL, dtype=torch.int32, device=logits.device)
+        output[:rows * k] = -1
+        indices = output[:rows * k].view(rows, k)
         storage = torch.zeros(rows * SMEM_INPUT_SIZE + _lanes(width), dtype=torch.int32, device=logits.device)
         storage[rows * SMEM_INPUT_SIZE:] = GUARD_FILL
         candidates = storage[:rows * SMEM_INPUT_SIZE].view(rows, SMEM_INPUT_SIZE)
@@ -231,7 +252,8 @@ class FlagGemsBucketTopk:
             autotuned = self._launch(_guarded(logits), indices, candidates, inputs.row_starts, inputs.row_ends,
                                      width, k)
         self._check_guard(storage[rows * SMEM_INPUT_SIZE:], width, k, autotuned)
-        return indices
+        self._check_index_guard(output[rows * k:], width, k, autotuned)
+        return indices.clone()  # its own storage: the guard after it is the adapter's, not the result's
 
     def _launch(self, logits: torch.Tensor, indices: torch.Tensor, candidates: torch.Tensor, starts: torch.Tensor,
                 ends: torch.Tensor, width: int, k: int) -> bool:
@@ -243,11 +265,16 @@ class FlagGemsBucketTopk:
             tuned = len(kernel.cache)
             kernel[(logits.shape[0],)](*args)  # the autotuner picks BS/BSS, as in the wrapper
             return len(kernel.cache) > tuned
-        span = SMEM_INPUT_SIZE * candidates.element_size()
-        schedule = (late_cross_program_stores(candidates.data_ptr(), span) if self.overflow_lands_late
-                    else contextlib.nullcontext())
-        with interpreter_compat(), interpreter_extras(), schedule:
-            kernel.fn[(logits.shape[0],)](*args, **CPU_CONFIG)
+        rows = logits.shape[0]
+        with interpreter_compat(), interpreter_extras(), contextlib.ExitStack() as schedule:
+            if self.overflow_lands_late:
+                schedule.enter_context(late_cross_program_stores(
+                    candidates.data_ptr(), SMEM_INPUT_SIZE * candidates.element_size(), rows, self.landing))
+                # a row's indices past its k slots (a round counted fewer picks than it then stored) land after
+                # the next row's own: that row writes its first picks in its first pass, long before
+                schedule.enter_context(late_cross_program_stores(indices.data_ptr(), k * indices.element_size(), rows,
+                                                                 Landing.END))
+            kernel.fn[(rows,)](*args, **CPU_CONFIG)
         return False
 
     def _check_guard(self, guard: torch.Tensor, width: int, k: int, autotuned: bool) -> None:
@@ -258,6 +285,16 @@ class FlagGemsBucketTopk:
                           f"[rows, {SMEM_INPUT_SIZE}] candidate list (width {width}, k {k}){trials}: a threshold "
                           f"bin held more than {SMEM_INPUT_SIZE} candidates (a row's lanes outside its window, "
                           f"up to a block past the width, count as -inf)", OutOfBoundsWrite, stacklevel=2)
+
+
+    def _check_index_guard(self, guard: torch.Tensor, width: int, k: int, autotuned: bool) -> None:
+        self.last_indices_out_of_bounds = int((guard != GUARD_FILL).sum())
+        if self.last_indices_out_of_bounds:
+            trials = " (this call also ran the autotuner's configs on these buffers)" if autotuned else ""
+            warnings.warn(f"{self.name} wrote {self.last_indices_out_of_bounds} indices past the end of its "
+                          f"[rows, {k}] output (width {width}){trials}: the last row's rounds stored more picks "
+                          f"than they had counted (its candidate list changed between a round's two reads)",
+                          OutOfBoundsWrite, stacklevel=2)
 
 
 TOPK_BACKENDS: dict[str, Callable[[], TopkBackend]] = {"flaggems-bucket-topk": FlagGemsBucketTopk}

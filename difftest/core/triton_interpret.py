@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dis
+import enum
 import functools
 import importlib
 import importlib.util
@@ -228,46 +229,67 @@ def _packed(self: Any, data: Any, axis: int, original_axis: int | None, ndim: in
     return data.item() if original_axis is None else data
 
 
+class Landing(enum.Enum):
+    """When a store one program made into a later program's bytes lands (late_cross_program_stores)."""
+
+    FIRST_READ = "first-read"  # just before the owner first loads from its bytes (after writing them)
+    REREAD = "reread"  # just before the owner loads bytes of its own a second time: two reads of them disagree
+    END = "end"  # after the launch: for bytes the owner only writes
+
+
 @contextlib.contextmanager
-def late_cross_program_stores(base: int, span: int) -> Iterator[None]:
+def late_cross_program_stores(base: int, span: int, programs: int,
+                              landing: Landing = Landing.FIRST_READ) -> Iterator[None]:
     """Under the interpreter, one GPU schedule of a kernel whose programs write into each other's memory.
 
-    Program q owns the bytes [base + q * span, base + (q + 1) * span). The interpreter runs a grid's
+    Program q < `programs` owns the bytes [base + q * span, base + (q + 1) * span). The interpreter runs a grid's
     programs one after another, so a store program p makes into a later program q's bytes is overwritten
-    when q writes them itself: what a GPU shows only if p's store lands first. Here it lands last: every
-    such store is recorded and replayed, in order, when q first loads from its own bytes (after writing
-    them). On a GPU, where the programs run at once, that is one order the hardware may pick. Stores a
-    program makes into its own bytes, or outside every program's, are untouched.
+    when q writes them itself: what a GPU shows only if p's store lands first. Here it lands late: every
+    such store is recorded and replayed, in order, at the point of q's run that `landing` names, or when the
+    block ends if q never reaches it. On a GPU, where the programs run at once, each is an order the hardware
+    may pick. Stores a program makes into its own bytes, or outside every program's (another buffer, a guard:
+    replaying them would put an old value over a newer one), are untouched.
     """
     from triton.runtime import interpreter  # deferred: with the interpreter only
 
     builder = interpreter.InterpreterBuilder
     stock_store, stock_load = builder.create_masked_store, builder.create_masked_load
     pending: list[tuple[int, np.ndarray, np.ndarray]] = []  # (program, addresses, values) of stores into later ones
+    read: dict[int, np.ndarray] = {}  # the addresses of its own bytes each program has loaded
     replayed: set[int] = set()
 
     def owner(addresses: np.ndarray) -> np.ndarray:
-        return (addresses.astype(np.int64) - base) // span  # negative below base
+        owners = (addresses.astype(np.int64) - base) // span
+        return np.where((owners >= 0) & (owners < programs), owners, -1)  # -1: no program's bytes
+
+    def replay(program: int) -> None:
+        replayed.add(program)
+        for writer, addresses, values in pending:
+            mine = owner(addresses) == program
+            if writer < program and mine.any():
+                interpreter._interpreter.store(addresses[mine], values[mine], np.ones(int(mine.sum()), bool))
 
     def store(self: Any, ptrs: Any, value: Any, mask: Any, *rest: Any) -> Any:
         program = self.grid_idx[0]
-        later = mask.data & (owner(ptrs.data) > program)
+        later = mask.data & (owner(ptrs.data) > program)  # -1 (nobody's) is never later
         if later.any():
             pending.append((program, ptrs.data[later].copy(), value.data[later].copy()))
         return stock_store(self, ptrs, value, mask, *rest)
 
     def load(self: Any, ptrs: Any, mask: Any, *rest: Any) -> Any:
         program = self.grid_idx[0]
-        if program not in replayed and (mask.data & (owner(ptrs.data) == program)).any():
-            replayed.add(program)
-            for writer, addresses, values in pending:
-                mine = owner(addresses) == program
-                if writer < program and mine.any():
-                    interpreter._interpreter.store(addresses[mine], values[mine], np.ones(int(mine.sum()), bool))
+        mine = mask.data & (owner(ptrs.data) == program)
+        if program not in replayed and landing != Landing.END and mine.any():
+            before = read.get(program, np.empty(0, np.int64))
+            if landing == Landing.FIRST_READ or np.isin(ptrs.data[mine], before).any():
+                replay(program)
+            read[program] = np.union1d(before, ptrs.data[mine].astype(np.int64))
         return stock_load(self, ptrs, mask, *rest)
 
     builder.create_masked_store, builder.create_masked_load = store, load
     try:
         yield
+        for program in sorted({int(p) for _, addresses, _ in pending for p in owner(addresses)} - replayed):
+            replay(program)
     finally:
         builder.create_masked_store, builder.create_masked_load = stock_store, stock_load

@@ -12,6 +12,7 @@ import torch
 from difftest.backends import flaggems_topk, torch_topk
 from difftest.core.kinds import IndexConvention, TopkPadding
 from difftest.core.topk import TopkCase, encode_topk
+from difftest.core.triton_interpret import Landing
 from difftest.core.verdict import Verdict
 from difftest.engine.topk_comparison import compare_topk
 from difftest.generators.envelope import Target
@@ -150,6 +151,31 @@ def test_flaggems_next_row_selects_a_column_twice_when_the_overflow_lands_late()
     with pytest.warns(flaggems_topk.OutOfBoundsWrite, match="1023 candidate ids past"):
         result, got = _judge(flaggems_topk.FlagGemsBucketTopk(overflow_lands_late=True), case)
     assert sorted(got[1].tolist()) == [0, 4098, 4098] and result.verdict == Verdict.FAIL_DUPLICATE, got
+
+
+@pytest.mark.skipif(FLAGGEMS_MISSING is not None, reason=str(FLAGGEMS_MISSING))
+def test_flaggems_row_after_a_full_row_loses_its_own_pick_when_the_overflow_lands_between_reads():
+    """The H200's FAIL(out-of-window) on one-token rows (32 pairs), reduced to 3 rows of 4099, k 2. Row 0's window
+    [0, 1) spills lanes 4097, 4098, ... onto row 1's list. Row 1 (full window, -1.0 but 1.0 at column 10, 1.5 at
+    20, 100.0 at 4097) picks 4097 in its first pass and lists [10, 20]; its first round's histogram pass reads
+    [10, 20]: nothing above their bin, one pick still needed. When row 0's ids land before the store pass reads
+    the list again (Landing.REREAD), that pass finds 4097 (100.0) above the bin and stores it at slot 1, and the
+    final fill stores one more, at slot 2: no count is clamped to k, so it is row 2's slot 0, where row 2 (window
+    [0, 1)) had put its only column. Row 2 then holds two outside columns: FAIL(out-of-window)."""
+    width = 4099
+    storage = torch.full((3, width), -1.0)
+    storage[1, 10], storage[1, 20], storage[1, 4097] = 1.0, 1.5, 100.0
+    case = TopkCase("overflow-between-reads", storage, width, torch.tensor([0, 0, 0]), torch.tensor([1, width, 1]),
+                    2).validate()
+    rereading = flaggems_topk.FlagGemsBucketTopk(overflow_lands_late=True, landing=Landing.REREAD)
+    for backend in (FLAGGEMS, rereading):
+        with pytest.warns(flaggems_topk.OutOfBoundsWrite, match="1023 candidate ids past"):  # row 2's 5119 lanes
+            result, got = _judge(backend, case)
+        assert backend.last_indices_out_of_bounds == 0
+        if backend is FLAGGEMS:
+            assert got[1].tolist() == [4097, 20] and got[2, 0] == 0 and result.verdict == Verdict.PASS, got
+    assert got[1].tolist() == [4097, 4097] and got[2, 0] == 4097, got
+    assert result.rows_by_verdict == {Verdict.FAIL_DUPLICATE: (1,), Verdict.FAIL_OUT_OF_WINDOW: (2,)}, got
 
 
 @pytest.mark.skipif(FLAGGEMS_MISSING is not None, reason=str(FLAGGEMS_MISSING))

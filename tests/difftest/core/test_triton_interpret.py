@@ -7,7 +7,7 @@ import pytest
 import torch
 from triton.runtime import interpreter
 
-from difftest.core.triton_interpret import interpreter_compat, load_kernel_module
+from difftest.core.triton_interpret import Landing, interpreter_compat, load_kernel_module
 
 KERNELS = load_kernel_module(Path(__file__).with_name("reduce_kernels.py"), "reduce_kernels", interpret=True)
 M, N = 8, 16
@@ -99,6 +99,17 @@ def cross_kernel(buf_ptr, out_ptr, SPAN: tl.constexpr):
     if program == 0:
         tl.store(buf_ptr + SPAN, 100)
     tl.store(out_ptr + program, tl.load(buf_ptr + program * SPAN))
+
+
+@triton.jit
+def reread_kernel(buf_ptr, out_ptr, SPAN: tl.constexpr):
+    program = tl.program_id(0)
+    tl.store(buf_ptr + program * SPAN + tl.arange(0, SPAN), tl.full([SPAN], 1, tl.int32) + program)
+    if program == 0:
+        tl.store(buf_ptr + SPAN, 100)
+    first = tl.load(buf_ptr + program * SPAN)
+    tl.store(out_ptr + 2 * program, first)
+    tl.store(out_ptr + 2 * program + 1, tl.load(buf_ptr + program * SPAN))
 '''
 
 
@@ -115,8 +126,34 @@ def test_late_cross_program_stores_land_after_the_owners_own(tmp_path: Path) -> 
     with interpreter_compat():
         kernel.cross_kernel[(2,)](buf, out, 4)
         assert out.tolist() == [1, 2], out  # one after another: program 1 overwrites program 0's store
-        with late_cross_program_stores(buf.data_ptr(), 4 * buf.element_size()):
+        with late_cross_program_stores(buf.data_ptr(), 4 * buf.element_size(), 2):
             kernel.cross_kernel[(2,)](buf, out, 4)
         assert out.tolist() == [1, 100], out  # program 0's store landed after program 1's own
         kernel.cross_kernel[(2,)](buf, out, 4)
     assert out.tolist() == [1, 2], out  # the interpreter's own order is back after the block
+
+
+@pytest.mark.parametrize(("landing", "reads"), [(Landing.FIRST_READ, [1, 1, 100, 100]),
+                                               (Landing.REREAD, [1, 1, 2, 100]), (Landing.END, [1, 1, 2, 2])])
+def test_late_cross_program_stores_land_where_asked(tmp_path: Path, landing: Landing, reads: list[int]) -> None:
+    """Program 0's store into program 1's first slot lands before program 1's first read of it, between its two
+    reads, or after the launch; stores past every program's bytes are left alone."""
+    import triton
+    import triton.language as tl
+
+    from difftest.core.triton_interpret import late_cross_program_stores, load_kernel_defs
+
+    path = tmp_path / "cross.py"
+    path.write_text(CROSS_FILE)
+    kernel = load_kernel_defs(path, ("reread_kernel",), "reread", interpret=True,
+                              namespace={"triton": triton, "tl": tl})
+    buf, out = torch.zeros(8, dtype=torch.int32), torch.zeros(4, dtype=torch.int32)
+    with interpreter_compat(), late_cross_program_stores(buf.data_ptr(), 4 * buf.element_size(), 2,
+                                                         landing):
+        kernel.reread_kernel[(2,)](buf, out, 4)
+    assert out.tolist() == reads and buf[4] == 100, (out, buf)
+    buf.zero_()
+    with interpreter_compat(), late_cross_program_stores(buf.data_ptr(), 4 * buf.element_size(), 1,
+                                                         landing):
+        kernel.reread_kernel[(2,)](buf, out, 4)  # program 1's bytes are nobody's: its own store is the last
+    assert out.tolist() == [1, 1, 2, 2] and buf[4] == 2, (out, buf)
