@@ -251,8 +251,15 @@ class FlagGemsBucketTopk:
         if rows:
             autotuned = self._launch(_guarded(logits), indices, candidates, inputs.row_starts, inputs.row_ends,
                                      width, k)
-        self._check_guard(storage[rows * SMEM_INPUT_SIZE:], width, k, autotuned)
-        self._check_index_guard(output[rows * k:], width, k, autotuned)
+        trials = " (this call also ran the autotuner's configs on these buffers)" if autotuned else ""
+        self.last_out_of_bounds = _written_past(storage[rows * SMEM_INPUT_SIZE:], lambda n: (
+            f"{self.name} wrote {n} candidate ids past the end of its [rows, {SMEM_INPUT_SIZE}] candidate list "
+            f"(width {width}, k {k}){trials}: a threshold bin held more than {SMEM_INPUT_SIZE} candidates (a row's "
+            "lanes outside its window, up to a block past the width, count as -inf)"))
+        self.last_indices_out_of_bounds = _written_past(output[rows * k:], lambda n: (
+            f"{self.name} wrote {n} indices past the end of its [rows, {k}] output (width {width}){trials}: the "
+            "last row's rounds stored more picks than they had counted (its candidate list changed between a "
+            "round's two reads)"))
         return indices.clone()  # its own storage: the guard after it is the adapter's, not the result's
 
     def _launch(self, logits: torch.Tensor, indices: torch.Tensor, candidates: torch.Tensor, starts: torch.Tensor,
@@ -277,24 +284,13 @@ class FlagGemsBucketTopk:
             kernel.fn[(rows,)](*args, **CPU_CONFIG)
         return False
 
-    def _check_guard(self, guard: torch.Tensor, width: int, k: int, autotuned: bool) -> None:
-        self.last_out_of_bounds = int((guard != GUARD_FILL).sum())
-        if self.last_out_of_bounds:
-            trials = " (this call also ran the autotuner's configs on these buffers)" if autotuned else ""
-            warnings.warn(f"{self.name} wrote {self.last_out_of_bounds} candidate ids past the end of its "
-                          f"[rows, {SMEM_INPUT_SIZE}] candidate list (width {width}, k {k}){trials}: a threshold "
-                          f"bin held more than {SMEM_INPUT_SIZE} candidates (a row's lanes outside its window, "
-                          f"up to a block past the width, count as -inf)", OutOfBoundsWrite, stacklevel=2)
 
-
-    def _check_index_guard(self, guard: torch.Tensor, width: int, k: int, autotuned: bool) -> None:
-        self.last_indices_out_of_bounds = int((guard != GUARD_FILL).sum())
-        if self.last_indices_out_of_bounds:
-            trials = " (this call also ran the autotuner's configs on these buffers)" if autotuned else ""
-            warnings.warn(f"{self.name} wrote {self.last_indices_out_of_bounds} indices past the end of its "
-                          f"[rows, {k}] output (width {width}){trials}: the last row's rounds stored more picks "
-                          f"than they had counted (its candidate list changed between a round's two reads)",
-                          OutOfBoundsWrite, stacklevel=2)
+def _written_past(guard: torch.Tensor, message: Callable[[int], str]) -> int:
+    """How many of the guard's slots the kernel wrote (each was GUARD_FILL before the call); a warning saying so."""
+    written = int((guard != GUARD_FILL).sum())
+    if written:
+        warnings.warn(message(written), OutOfBoundsWrite, stacklevel=2)
+    return written
 
 
 TOPK_BACKENDS: dict[str, Callable[[], TopkBackend]] = {"flaggems-bucket-topk": FlagGemsBucketTopk}
