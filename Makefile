@@ -4,14 +4,17 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 AITER := amd-aiter==0.1.7.post2.dev18
+FLAGGEMS := flag-gems==5.0.2
 
 .PHONY: run test lint bench clean
 
 $(BIN)/difftest: pyproject.toml requirements-ci.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements-ci.txt
-	# amd-aiter's declared requirements are ROCm tooling its Triton kernels do not use.
-	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(AITER)
+	# amd-aiter's declared requirements are ROCm tooling its Triton kernels do not use; flag-gems' adapters
+	# load its Triton files by path (its __init__, which registers aten overrides, never runs): neither needs
+	# its dependencies.
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(AITER) $(FLAGGEMS)
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
 	touch $@
 
