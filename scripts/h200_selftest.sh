@@ -35,13 +35,22 @@ step 00-environment 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,memor
 python3 -c "import torch, triton; print(\"torch\", torch.__version__, \"triton\", triton.__version__, torch.cuda.get_device_capability())"
 python3 -c "import deep_gemm; print(\"deep_gemm\", getattr(deep_gemm, \"__version__\", \"?\"), deep_gemm.__file__)" || echo "deep_gemm: not importable (step 02 will skip DeepGEMM)"'
 
-summarise() {  # summarise FULL SCORE: the report's `selftest` section and run facts; the results stay out (many MB)
+summarise() {  # summarise FULL SCORE: the report's `selftest` section, run facts, and per case (its families, the
+  # verdicts it gave, the reason of its first SKIP): what tells a miss from a case that never ran; the results
+  # themselves stay out (many MB)
   [ -f "$1" ] || return 0
   python3 - "$1" "$2" <<'EOF'
-import json, sys
+import collections, json, sys
 report = json.load(open(sys.argv[1]))
-score = dict(report["selftest"], run={k: report["run"].get(k) for k in ("command", "seconds", "device", "gpu", "budget")})
-json.dump(score, open(sys.argv[2], "w"), indent=1)
+cases = {}
+for r in report["results"]:
+    case = cases.setdefault(r["case"], {"families": (r.get("reach") or {}).get("families", []),
+                                        "verdicts": collections.Counter(), "skip": None})
+    case["verdicts"][r["verdict"]] += 1
+    if r["verdict"] == "SKIP" and case["skip"] is None:
+        case["skip"] = r.get("reason")
+run = {k: report["run"].get(k) for k in ("command", "seconds", "device", "gpu", "budget")}
+json.dump(dict(report["selftest"], run=run, cases=cases), open(sys.argv[2], "w"), indent=1)
 EOF
   rm -f "$1"
 }

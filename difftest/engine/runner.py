@@ -46,7 +46,7 @@ from difftest.engine.call import (
 )
 from difftest.engine.config import RunConfig
 from difftest.engine.isolate import CACHE_KEPT_BYTES, Executor, InProcess, WorkerPool, release_cache
-from difftest.engine.result import CallMemory, CaseResult
+from difftest.engine.result import CallMemory, CaseResult, Reach
 from difftest.oracles.reference import Reference, make_reference
 
 __all__ = ["REBATCH_ROUNDS", "RERUNS_IN_FLIGHT", "Amend", "Done", "NotDrawn", "Takes", "executors_for", "run",
@@ -65,6 +65,17 @@ class NotDrawn:
     rows: int
     reason: str
     spec: dict[str, object] | None = None
+    # How far into the envelope it would have gone (its planned families; longest, pool and batch as the spec
+    # bounds them): a family whose case was not drawn shows in its SKIPs, so no reader takes the family as run.
+    reach: Reach | None = None
+    own: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (backend, its families), as PlannedCase.reach
+
+    def reach_of(self, backend: str) -> Reach | None:
+        """The reach for `backend`: its own plan's families where the plan says, else the case's."""
+        own = dict(self.own)
+        if self.reach is None or backend not in own:
+            return self.reach
+        return dataclasses.replace(self.reach, families=own[backend])
 
 
 Item = Case | Batch | NotDrawn
@@ -139,7 +150,8 @@ def _not_drawn(backends: list[Loaded], item: NotDrawn, config: RunConfig,
                             verdict=Verdict.SKIP, device=config.device,
                             encoding=config.encoding or contract.length_encoding,
                             layout=config.layout or contract.cache_layout, overridden=config.overridden,
-                            seconds=0.0, reason=item.reason, spec=item.spec, library=contract.library)
+                            seconds=0.0, reason=item.reason, spec=item.spec, library=contract.library,
+                            reach=item.reach_of(backend.name))
         if on_result:
             on_result(result)
         results.append(result)

@@ -484,7 +484,8 @@ def _left_out(names: list[str], results: list[CaseResult], plan: EnvelopePlan | 
         if plan and name in plan.idle:
             lines.append(f"  {name}: runs nothing here: {plan.idle[name]}")
             continue
-        reached = {f for r in results if r.backend == name and r.reach for f in r.reach.families}
+        reached = {f for r in results if r.backend == name and r.verdict != Verdict.SKIP and r.reach
+                   for f in r.reach.families}  # a SKIP's families (a case not drawn, say) were not reached
         left = {}
         for family, reason in (plan.omitted.get(name, []) if plan else []):
             if family not in reached:

@@ -58,7 +58,7 @@ from typing import Any, NoReturn
 import torch
 
 from difftest.backends import Loaded, Origin, get_backends
-from difftest.core import hardware
+from difftest.core import hardware, memory
 from difftest.core.case import Case
 from difftest.core.errors import Interrupted, SpecError, first_line, require
 from difftest.core.files import check_writable
@@ -80,6 +80,7 @@ from difftest.engine.config import RunConfig
 from difftest.engine.isolate import DEFAULT_TIMEOUT, exit_description
 from difftest.engine.plan import MAX_SEED, PlannedCase, build_together, envelope_plan
 from difftest.engine.result import CaseResult
+from difftest.engine.runner import NotDrawn
 from difftest.generators.envelope import Target, estimate_bytes
 from difftest.generators.regime import Regime
 from difftest.records.commands import backend_target, case_command, replay_command, run_command
@@ -87,6 +88,7 @@ from difftest.records.outputs import BundleOutput, JUnitOutput, Outputs, ReportO
 from difftest.records.report import config_info, environment_info
 from difftest.records.run_info import Phases
 from difftest.workflows.running import run
+from difftest.workflows.session import drawn_or_not, not_drawn
 from difftest.workflows.shrink import ShrinkResult, shrink
 from difftest.workflows.signatures import Signature, Variants, signature
 
@@ -576,17 +578,6 @@ def _join_parts(campaign: Campaign) -> None:
                 part.unlink()
 
 
-@dataclasses.dataclass(frozen=True)
-class _Undrawn:
-    """A batch that ran out of memory being drawn, and the error's line."""
-
-    reason: str
-
-
-def _quoted(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {first_line(exc)}"
-
-
 @dataclasses.dataclass
 class _Bucket:
     """Planned cases of one shape and set of backends waiting to make a batch, with their running sizes."""
@@ -637,10 +628,11 @@ class _State:
         self.results: list[CaseResult] = []  # every result heard, kept for a campaign that is interrupted
         self.warm: tuple[float, int] | None = None  # (time.monotonic(), cases drawn) at the first result
 
-    def items(self) -> Iterator[Case | Batch]:
+    def items(self) -> Iterator[Case | Batch | NotDrawn]:
         """The planned cases, built: a small one waits in the bucket of its shape and backends until the
         bucket makes a full batch, any other goes alone. Ends when drawing must (_Clock.drawing_ends) or at
-        the failure count (cases still waiting in buckets are dropped).
+        the failure count (cases still waiting in buckets are dropped). A case that ran out of memory being
+        drawn is a NotDrawn: its backends' SKIPs say so in the report.
 
         Batches are planned and drawn in a thread, PREFETCH_DEPTH ahead (difftest.core.prefetch), while this
         thread waits on the workers or judges; a case that goes alone is drawn here, when its turn
@@ -650,12 +642,14 @@ class _State:
             for job, batch in ahead:
                 if self._done():
                     return
-                if isinstance(batch, _Undrawn):
-                    self._not_drawn(job, batch.reason)
+                if isinstance(batch, list):  # a bucket that ran out of memory being drawn: its members' SKIPs
+                    for planned, undrawn in zip(job, batch, strict=True):  # type: ignore[arg-type]
+                        self.takers[undrawn.name] = planned.backends
+                        yield self._not_drawn(undrawn)
                 elif batch is not None:
                     yield self._handed(job, batch)
-                elif (case := self._single(job)) is not None:
-                    yield case
+                else:
+                    yield self._single(job)
 
     def _jobs(self) -> Iterator[PlannedCase | list[PlannedCase]]:
         """What each item will be: a planned case that goes alone, or a full bucket's planned cases."""
@@ -676,15 +670,19 @@ class _State:
             if bucket.full():
                 yield buckets.pop(key).cases
 
-    def _drawn_ahead(self, job: PlannedCase | list[PlannedCase]) -> Batch | _Undrawn | None:
-        """A bucket's batch, drawn and merged (or why it could not be: out of memory); None for a case that
-        goes alone."""
+    def _drawn_ahead(self, job: PlannedCase | list[PlannedCase]) -> Batch | list[NotDrawn] | None:
+        """A bucket's batch, drawn and merged (or, should that run out of memory, each member's NotDrawn); None
+        for a case that goes alone."""
         if not isinstance(job, list):
             return None
+        device = self.campaign.config.device
         try:
-            return merge(build_together(job, self.campaign.config.device))
-        except torch.OutOfMemoryError as exc:
-            return _Undrawn(_quoted(exc))
+            return merge(build_together(job, device))
+        except Exception as exc:
+            if not memory.ran_out(exc):
+                raise
+            return [dataclasses.replace(undrawn, reason=f"{undrawn.reason} (drawn in a batch of {len(job)} cases)")
+                    for undrawn in (not_drawn(planned, device, exc) for planned in job)]
 
     def _bucket(self, planned: PlannedCase) -> tuple[BatchKey, frozenset[str] | None] | None:
         """Which batches `planned` may join; None when it runs alone (large, or a backend not batchable)."""
@@ -696,21 +694,22 @@ class _State:
             return None
         return batch_key(planned.spec), planned.backends
 
-    def _single(self, planned: PlannedCase) -> Case | None:
-        """The planned case drawn, or None when drawing it ran out of memory (then listed as not drawn)."""
+    def _single(self, planned: PlannedCase) -> Case | NotDrawn:
+        """The planned case drawn, or its NotDrawn when drawing it ran out of memory."""
         # Not validated here: the runner validates what it runs (a batch's members through its merged case).
-        try:
-            case = planned.build(self.campaign.config.device, validate=False)
-        except torch.OutOfMemoryError as exc:
-            self._not_drawn(planned, _quoted(exc))
-            return None
-        self.current[case.name], self.takers[case.name] = case, planned.backends
+        case = drawn_or_not(planned, self.campaign.config.device, validate=False)
+        self.takers[case.name] = planned.backends
+        if isinstance(case, NotDrawn):
+            return self._not_drawn(case)
+        self.current[case.name] = case
         self.drawn += 1
         return case
 
-    def _not_drawn(self, job: PlannedCase | list[PlannedCase], reason: str) -> None:
-        # A device other campaigns share may lack the memory the plan counted on: the campaign goes on.
-        self.undrawn += [f"{planned.name}: {reason}" for planned in (job if isinstance(job, list) else [job])]
+    def _not_drawn(self, undrawn: NotDrawn) -> NotDrawn:
+        """A case a device other campaigns share lacked the memory for: its SKIPs go in the report (they name the
+        families it was planned for), and the campaign goes on."""
+        self.undrawn.append(f"{undrawn.name}: {undrawn.reason}")
+        return undrawn
 
     def _handed(self, bucket: list[PlannedCase], batch: Batch) -> Batch:
         self.current.update((case.name, case) for case in batch.members)
@@ -730,7 +729,7 @@ class _State:
         chosen = self.takers.get(case.name)
         return chosen is None or backend in chosen
 
-    def finished(self, item: Case | Batch) -> None:
+    def finished(self, item: Case | Batch | NotDrawn) -> None:
         """`item`'s results are all in: a batch's merged case is a case too, where the runner found it
         failing (batch.whole)."""
         if isinstance(item, Batch):
@@ -871,7 +870,7 @@ def _shrunk(found: Found, backend: Loaded, campaign: Campaign, seconds: float, c
     except Exception as exc:  # the oracle runs in this process, and without isolation the kernel too: a
         # probe that faults the device (an out-of-bounds write leaves CUDA's context unusable) must not cost
         # the campaign's end, nor the other signatures' bundles
-        found.unshrunk = f"shrinking raised {_quoted(exc)}"
+        found.unshrunk = f"shrinking raised {type(exc).__name__}: {first_line(exc)}"
         return
     found.shrunk_bundle = bundles.write(found.shrunk.case, found.shrunk.result)
 
@@ -911,8 +910,8 @@ def render_campaign(outcome: CampaignOutcome) -> str:
                      f"and shrinking {p.shrinking:.1f} s")
     lines += [f"lost: {how}" for how in outcome.lost_jobs]
     if outcome.undrawn:
-        lines.append(f"not drawn: {len(outcome.undrawn)} planned cases ran out of memory being drawn (the "
-                     f"campaign went on without them), the first: {outcome.undrawn[0]}")
+        lines.append(f"not drawn: {len(outcome.undrawn)} planned cases ran out of memory being drawn (each a SKIP "
+                     f"in the report; the campaign went on), the first: {outcome.undrawn[0]}")
     if outcome.launches:
         lines.append(f"batched: {outcome.batched} of the cases in {outcome.launches} launches; a case that failed "
                      f"in a batch was tried again (with the other failures, then alone), and that result counts")

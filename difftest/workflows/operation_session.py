@@ -150,15 +150,21 @@ def _drawn(op: Operation, plan: list[tuple[Any, int, tuple[str, ...] | None]], r
         if request.budget is not None and time.time() - started > request.budget:
             left.extend(op.case_name(s, d) for s, d, _ in plan[index:])
             return
-        try:
-            current[0] = op.build(spec, seed, request.config.device)
-        except Exception as exc:  # drawing ran out of memory (a GPU shared with other runs): SKIPs, the run goes on
-            if not memory.ran_out(exc):
-                raise
-            name, drawn_from = op.case_name(spec, seed), spec.to_json()
-            yield Drawn(NotDrawn(name, name, 0, f"drawing it: {first_line(exc)}", drawn_from), drawn_from, takers)
-            continue
-        yield Drawn(current[0], spec.to_json(), takers)
+        drawn = drawn_or_not(op, spec, seed, request.config.device, takers)
+        current[0] = drawn.case
+        yield drawn
+
+
+def drawn_or_not(op: Operation, spec: Any, seed: int, device: str, takers: tuple[str, ...] | None = None) -> Drawn:
+    """The case of (`spec`, `seed`) drawn on `device`, or, where drawing it ran out of memory (a GPU shared with
+    other runs), its NotDrawn: SKIPs that say so, and the run or campaign goes on."""
+    try:
+        return Drawn(op.build(spec, seed, device), spec.to_json(), takers)
+    except Exception as exc:
+        if not memory.ran_out(exc):
+            raise
+        name, drawn_from = op.case_name(spec, seed), spec.to_json()
+        return Drawn(NotDrawn(name, name, 0, f"drawing it: {first_line(exc)}", drawn_from), drawn_from, takers)
 
 
 def run_info(request: OperationRequest, started: float, cases: int) -> dict[str, object]:
@@ -272,11 +278,11 @@ def _campaign(op: Operation, backends: list[Named], campaign: OperationCampaign,
             spec = op.random_spec(rng, campaign.config.device)
             seed = rng.randrange(1 << 31)
             try:
-                case = op.build(spec, seed, campaign.config.device)
+                drawn = drawn_or_not(op, spec, seed, campaign.config.device)
             except SpecError:  # a drawn spec the generator refuses (windows that cannot fit): draw again
                 continue
-            run_operation(op, backends, [Drawn(case, spec.to_json())], campaign.config,
-                          lambda result, case=case: heard(result, case), workers)
+            run_operation(op, backends, [drawn], campaign.config,
+                          lambda result, case=drawn.case: heard(result, case), workers)
             if campaign.until_failures and sum(r.verdict.failed for r in results) >= campaign.until_failures:
                 return
 

@@ -12,8 +12,10 @@ the fuzz round runs every paged mutant, and the score is the campaign's alone: a
 
 A miss is explained from the plan: the family that would have reached it was left out (the plan's own
 reason), or what the mutant needs is not in the envelope (draft rows, a second head group, a judged tail,
-production scale). Only a miss the plan could have caught fails the selftest: the status is OK when every
-expected catch happened, by the family named, and the correct and the nondeterministic mutants passed.
+production scale); or from the results: a case of that family was a SKIP (out of memory on a shared device),
+so the mutant earned no verdict there. Only a miss the plan could have caught fails the selftest: the status
+is OK when every expected catch happened, by the family named, and the correct and the nondeterministic
+mutants passed.
 """
 
 from __future__ import annotations
@@ -175,6 +177,8 @@ class _Tally:
         self.planned = {case.name: case for case in cases}
         self.ran: dict[str, int] = dict.fromkeys(self.names, 0)
         self.failures: dict[str, list[tuple[CaseResult, tuple[str, ...]]]] = {name: [] for name in self.names}
+        # SKIPs (a case that ran out of memory being drawn or called), with their cases' families
+        self.skipped: dict[str, list[tuple[CaseResult, tuple[str, ...]]]] = {name: [] for name in self.names}
         self.first: dict[str, float] = {}
         self.fuzz_results: list[CaseResult] = []
         self.fuzz_families: dict[str, set[str]] = {name: set() for name in self.names}  # families each ran
@@ -204,12 +208,13 @@ class _Tally:
 
     def heard(self, result: CaseResult) -> None:
         """A result of the plan's pass."""
+        planned = self.planned.get(result.case)
+        families = tuple(planned.families) if planned is not None else ()
         if result.verdict == Verdict.SKIP:
+            self.skipped[result.backend].append((result, families))
             return
         self.ran[result.backend] += 1
         if result.verdict.failed:
-            planned = self.planned.get(result.case)
-            families = tuple(planned.families) if planned is not None else ()
             self._failed(result, families)
 
     def _failed(self, result: CaseResult, families: tuple[str, ...]) -> None:
@@ -231,13 +236,16 @@ class _Tally:
         """The fuzz round's results: a failure counts as caught by 'fuzz' and its case's families."""
         self.fuzz_results = results
         for result in results:
-            if result.verdict == Verdict.SKIP or result.backend not in self.specs:
+            if result.backend not in self.specs:
+                continue
+            reached = tuple(result.reach.families) if result.reach else ()
+            if result.verdict == Verdict.SKIP:
+                self.skipped[result.backend].append((result, reached))
                 continue
             self.ran[result.backend] += 1
-            self.fuzz_families[result.backend].update(result.reach.families if result.reach else ())
+            self.fuzz_families[result.backend].update(reached)
             if result.verdict.failed:
-                families = (*(result.reach.families if result.reach else ()), catalogue.FUZZ)
-                self._failed(result, families)
+                self._failed(result, (*reached, catalogue.FUZZ))
 
 
 def _fuzz_round(request: SelftestRequest, tally: _Tally, backends: dict[str, Loaded]) -> float:
@@ -264,9 +272,9 @@ def _score(spec: catalogue.MutantSpec, tally: _Tally, plan: EnvelopePlan, cases:
     if spec.must_pass:
         unreachable = None
     elif request.plan:
-        unreachable = _unreachable(spec, plan, cases, contract, target, fuzzed)
+        unreachable = _unreachable(spec, plan, cases, contract, target, fuzzed) or _skipped(spec, tally)
     else:
-        unreachable = _out_of_reach(spec, contract, target) or _not_drawn(spec, tally)
+        unreachable = _out_of_reach(spec, contract, target) or _skipped(spec, tally) or _not_run(spec, tally)
     return _scored(spec, tally.failures[spec.name], tally.ran[spec.name], tally.first.get(spec.name), unreachable,
                    family_required=request.plan)
 
@@ -327,7 +335,21 @@ def _out_of_reach(spec: catalogue.MutantSpec, contract: Contract, target: Target
     return None
 
 
-def _not_drawn(spec: catalogue.MutantSpec, tally: _Tally) -> str | None:
+def _skipped(spec: catalogue.MutantSpec, tally: _Tally) -> str | None:
+    """Why the family that reaches `spec`'s bug may not have here: cases of it were SKIPs (out of memory being
+    drawn or called, on a device shared with other runs), and none of it failed the mutant. A miss so
+    explained is no weakness of the configuration: those cases earned no verdict. None when no case of the
+    family was skipped, or one of it failed the mutant."""
+    family = getattr(spec.caught_by, "value", None)
+    if family is None or any(family in families for _result, families in tally.failures[spec.name]):
+        return None
+    skips = [result for result, families in tally.skipped[spec.name] if family in families]
+    if not skips:
+        return None
+    return f"{family}: {len(skips)} of its cases skipped here, the first {skips[0].case}: {skips[0].reason}"
+
+
+def _not_run(spec: catalogue.MutantSpec, tally: _Tally) -> str | None:
     """Why a fuzz round alone could not have been expected to catch `spec`: it ran no case of the family that
     reaches the bug (a large family left out for the memory free then, or not drawn in a short round); None
     when it did, or when any case can reach it."""

@@ -27,9 +27,9 @@ from difftest.core.verdict import Verdict
 from difftest.engine import performance
 from difftest.engine.config import RunConfig
 from difftest.engine.plan import EnvelopePlan, PlannedCase, Shard, SuiteRequest, envelope_plan, kept_results, plan
-from difftest.engine.result import CaseResult
+from difftest.engine.result import CaseResult, Reach
 from difftest.engine.runner import NotDrawn
-from difftest.generators.envelope import Target, estimate_bytes
+from difftest.generators.envelope import Target, estimate_bytes, spec_shape
 from difftest.records.bundle import bundle_name
 from difftest.records.commands import backend_target, run_command
 from difftest.records.ledger import Ledger
@@ -244,18 +244,19 @@ def _drawn(cases: list[PlannedCase], device: str, deadline: float | None, left: 
         yield drawn_or_not(planned, device)
 
 
-def drawn_or_not(planned: PlannedCase, device: str) -> Case | NotDrawn:
-    """`planned` drawn on `device`, or the NotDrawn of a case that ran out of memory being drawn (a GPU shared
-    with other runs): its backends' results are SKIPs that say so."""
+def drawn_or_not(planned: PlannedCase, device: str, validate: bool = True) -> Case | NotDrawn:
+    """`planned` drawn on `device` (validated unless the runner will validate what it runs), or the NotDrawn of
+    a case that ran out of memory being drawn (a GPU shared with other runs): its backends' results are SKIPs
+    that say so, and name the families the case was planned for."""
     try:
-        return planned.build(device)
+        return planned.build(device, validate=validate)
     except Exception as exc:
         if not memory.ran_out(exc):
             raise
-        return _not_drawn(planned, device, exc)
+        return not_drawn(planned, device, exc)
 
 
-def _not_drawn(planned: PlannedCase, device: str, exc: BaseException) -> NotDrawn:
+def not_drawn(planned: PlannedCase, device: str, exc: BaseException) -> NotDrawn:
     """A planned case that ran out of memory being drawn: its error, what drawing it needs and what is free."""
     spec = planned.spec
     footprint = estimate_bytes(spec)
@@ -268,7 +269,9 @@ def _not_drawn(planned: PlannedCase, device: str, exc: BaseException) -> NotDraw
               f"{shown} free on {device}{bound}")
     description = (f"B={spec.total_batch} next_n={spec.next_n} H={spec.heads} D={spec.head_dim} "
                    f"block={spec.block_size} max_model_len={spec.max_model_len} fp8={spec.fp8.value}")
-    return NotDrawn(planned.name, description, spec.total_batch * spec.next_n, reason, spec.to_json())
+    reach = Reach(planned.families, spec_shape(spec).longest, footprint.pool_bytes, spec.total_batch)
+    return NotDrawn(planned.name, description, spec.total_batch * spec.next_n, reason, spec.to_json(), reach,
+                    planned.reach)
 
 
 def _taker(cases: list[PlannedCase]) -> Callable[[str, Case], bool] | None:

@@ -18,6 +18,7 @@ from difftest.engine.batch import Retry, batch_key
 from difftest.engine.config import RunConfig
 from difftest.engine.plan import PlannedCase
 from difftest.generators.regime import Regime
+from difftest.records.serialize import load_results
 from difftest.workflows import fuzz as fuzz_module
 from difftest.workflows.fuzz import (
     BATCH_LOGITS,
@@ -103,34 +104,48 @@ def _out_of_memory(*args, **kwargs):
     raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 12.00 GiB.")
 
 
-def test_a_case_that_runs_out_of_memory_being_drawn_is_listed_and_the_campaign_goes_on(monkeypatch):
+def test_a_case_that_runs_out_of_memory_being_drawn_is_a_skip_in_the_report_and_the_campaign_goes_on(
+        monkeypatch, tmp_path):
     # A large case is drawn alone, in the campaign's thread: on a GPU other campaigns share, the memory the
-    # plan counted on may be gone.
+    # plan counted on may be gone. Its SKIP keeps it in the report, with the families it was planned for.
     build = PlannedCase.build
-    first: list[str] = []
+    first: list[PlannedCase] = []
 
     def build_but_the_first(planned, device, validate=True):
-        if not first or planned.name == first[0]:
-            first.append(planned.name)
+        if not first or planned.name == first[0].name:
+            first.append(planned)
             _out_of_memory()
         return build(planned, device, validate)
 
     monkeypatch.setattr(PlannedCase, "build", build_but_the_first)
-    outcome = fuzz(Campaign(budget=3.0, backends=("torch",), regime=TOY, batching=False))
-    assert outcome.undrawn == (f"{first[0]}: OutOfMemoryError: CUDA out of memory. Tried to allocate 12.00 GiB.",)
-    assert outcome.results and first[0] not in {r.case for r in outcome.results}
-    assert "not drawn: 1 planned cases ran out of memory being drawn" in render_campaign(outcome)
+    report = tmp_path / "fuzz.json"
+    outcome = fuzz(Campaign(budget=3.0, backends=("torch",), regime=TOY, batching=False, report=report))
+    name = first[0].name
+    (skip,) = [r for r in outcome.results if r.case == name]
+    assert skip.verdict == Verdict.SKIP
+    assert skip.reason.startswith("not drawn: drawing the case ran out of memory (OutOfMemoryError: CUDA out of "
+                                  "memory. Tried to allocate 12.00 GiB.); it needs about ")
+    assert skip.reach is not None and skip.reach.families == first[0].families
+    assert outcome.undrawn == (f"{name}: {skip.reason}",)
+    assert any(r.case != name and r.verdict == Verdict.PASS for r in outcome.results), "the campaign went on"
+    assert name in {r.case for r in load_results(report)}
+    assert "not drawn: 1 planned cases ran out of memory being drawn (each a SKIP in the report" in \
+        render_campaign(outcome)
 
 
-def test_a_batch_that_runs_out_of_memory_being_drawn_lists_its_members_and_the_campaign_goes_on(monkeypatch):
+def test_a_batch_that_runs_out_of_memory_being_drawn_skips_its_members_and_the_campaign_goes_on(monkeypatch):
     together = fuzz_module.build_together
     calls = iter(range(1_000_000))
     monkeypatch.setattr(fuzz_module, "build_together",
                         lambda job, device: _out_of_memory() if next(calls) == 0 else together(job, device))
     outcome = fuzz(Campaign(budget=3.0, backends=("torch",), regime=TOY))
     assert outcome.undrawn and outcome.launches, "the first batch not drawn, later ones run"
-    assert all(line.endswith("Tried to allocate 12.00 GiB.") for line in outcome.undrawn)
-    assert not {line.split(":")[0] for line in outcome.undrawn} & {r.case for r in outcome.results}
+    undrawn = {line.split(":")[0] for line in outcome.undrawn}
+    skips = [r for r in outcome.results if r.case in undrawn]
+    assert {r.case for r in skips} == undrawn and all(r.verdict == Verdict.SKIP for r in skips)
+    assert all("Tried to allocate 12.00 GiB.); it needs about" in r.reason for r in skips)
+    assert all(r.reason.endswith(f"(drawn in a batch of {len(undrawn)} cases)") for r in skips)
+    assert any(r.verdict == Verdict.PASS for r in outcome.results), "later batches ran"
 
 
 def test_a_shrink_that_raises_keeps_the_bundle_and_says_why(monkeypatch, tmp_path):

@@ -22,6 +22,7 @@ from difftest.core.kinds import ExitStatus, MaskConvention, MetamorphicRelation,
 from difftest.core.schema import validate
 from difftest.core.verdict import Verdict
 from difftest.engine.plan import PlannedCase
+from difftest.engine.result import CaseResult, Reach
 from difftest.generators.envelope import EdgeFamily
 from difftest.records.report import Report
 from difftest.records.score import Status
@@ -163,6 +164,44 @@ def test_a_case_that_runs_out_of_memory_being_drawn_scores_nothing_and_the_selft
     assert "ran out of memory" in skipped[0].reason
     rows = {s.mutant: s for s in done.scores}
     assert rows["mutant-correct"].status == Status.PASSED
+
+
+def test_a_miss_whose_family_case_was_not_drawn_is_not_reachable_here_with_the_skip_reason(monkeypatch):
+    """The plan's only case of the mutant's family ran out of memory being drawn: the mutant earned no verdict
+    there, so its miss is no weakness of the configuration; the row says which case and why."""
+    real = PlannedCase.build
+
+    def build(self, device, **kwargs):
+        if self.name.startswith("shorter-than-next-n"):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 958.00 MiB (planted)")
+        return real(self, device, **kwargs)
+
+    monkeypatch.setattr(PlannedCase, "build", build)
+    done = selftest.selftest(SelftestRequest(case_filter=("shorter-than-next-n-*",), mutants=("after_empty",)))
+    (after,) = done.scores
+    assert after.status == Status.MISSED and after.ok and not after.expected_here
+    assert after.why.startswith("short-lengths: 1 of its cases skipped here, the first shorter-than-next-n-s")
+    assert "not drawn: drawing the case ran out of memory (OutOfMemoryError: CUDA out of memory." in after.why
+    assert done.status == ExitStatus.OK
+
+
+def _fuzz_result(case: str, verdict: Verdict, reason: str | None = None) -> CaseResult:
+    return CaseResult(backend="mutant-stale-column", case=case, description="B=2", rows=4, verdict=verdict,
+                      device="cpu", encoding=None, layout=None, overridden=False, seconds=0.01, reason=reason,
+                      reach=Reach(("stale-tables",), 64, 4096, 2))
+
+
+def test_a_fuzz_round_whose_family_case_was_skipped_explains_the_miss_by_it(monkeypatch):
+    """As on the H200 beside other jobs: one case of the family ran and passed (it cannot reach the bug), the
+    other was not drawn for memory. The miss is the skip's, not "the round's cases did not fail it"."""
+    undrawn = "not drawn: drawing the case ran out of memory (OutOfMemoryError: CUDA out of memory.)"
+    results = [_fuzz_result("stale-under-s7000001", Verdict.PASS),
+               _fuzz_result("stale-over-s7000002", Verdict.SKIP, undrawn)]
+    monkeypatch.setattr(selftest.fuzz, "fuzz", lambda campaign, **_: CampaignOutcome(results, [], 1, 1.0))
+    done = selftest.selftest(SelftestRequest(plan=False, budget=1, mutants=("stale_column",)))
+    (stale,) = done.scores
+    assert stale.status == Status.MISSED and stale.ok and not stale.expected_here
+    assert stale.why == f"stale-tables: 1 of its cases skipped here, the first stale-over-s7000002: {undrawn}"
 
 
 def test_the_command_line(tmp_path, capsys):
