@@ -227,12 +227,6 @@ def _requests(spec: RaggedSpec, gen: torch.Generator, device: str | torch.device
     return contexts.to(i64), query_lens.to(i64)
 
 
-def random_ragged_cases(spec: RaggedSpec, seed: int, count: int,
-                        device: str | torch.device = "cpu") -> list[RaggedCase]:
-    """`count` cases of `spec`; case i is build_ragged_case(spec, seed + i), so each one replays alone."""
-    return [build_ragged_case(spec, seed + i, device) for i in range(count)]
-
-
 # --------------------------------------------------------------------------- which cases
 
 class RaggedFamily(str, enum.Enum):
