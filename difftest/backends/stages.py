@@ -59,11 +59,14 @@ COMPOSITIONS = (
     Composition("torch", "torch-topk-vllm"),
 )
 
-# vLLM 0.33.0's prefill path (DeepGEMM's ragged logits, then top_k_per_row_prefill over each row's window),
-# DeepGEMM with the torch top-k, and the torch references end to end (the compositions the CPU runs).
+# vLLM 0.33.0's prefill paths: on CUDA DeepGEMM's ragged logits, on ROCm AITER's (rocm_fp8_mqa_logits), each
+# then top_k_per_row_prefill over each row's window; each logits kernel with the torch top-k; the torch
+# references end to end. AITER's Triton kernel with the torch top-k is the one a bare CPU runs (the interpreter).
 PREFILL_COMPOSITIONS = (
     Composition("deepgemm-ragged", "vllm-top-k-per-row-prefill"),
     Composition("deepgemm-ragged", "torch-topk"),
+    Composition("aiter-triton-ragged", "vllm-top-k-per-row-prefill"),
+    Composition("aiter-triton-ragged", "torch-topk"),
     Composition("vllm-torch-ref-ragged", "torch-topk"),
     Composition("sglang-torch-ref-ragged", "torch-topk"),
 )

@@ -23,6 +23,7 @@ from difftest.records.serialize import load_results
 from tests.planted_ragged import RELATIVE_CLEAN, Planted, in_form, logits_of
 
 PREFILL = operation(OperationKind.PREFILL_INDEXER)
+AITER_PINNED = "0.1.7.post2.dev18"
 RIGHT = Planted("planted-right", "right")  # the oracle's logits rounded to float32, absolute
 RIGHT_RELATIVE = Planted("planted-right-relative", "right", RELATIVE_CLEAN)
 
@@ -81,6 +82,22 @@ def test_run_operation_judges_a_right_and_a_planted_composition_side_by_side():
     right, short = run_operation(PREFILL, named, [Drawn(_case(8, 3))], RunConfig())
     assert right.verdict == Verdict.PASS and short.verdict.failed
     assert short.selection.wrong_rows and short.comparison.mask_rows
+
+
+def test_aiters_shifted_windows_cost_the_prefill_step_their_first_keys():
+    """AITER's pinned Triton ragged kernel (docs/findings/aiter-triton-ragged-window.md), composed as vLLM's ROCm
+    prefill composes it, with the torch top-k, under the interpreter: a window shorter than k that starts off the
+    128-key tile loses its first start % 128 keys from the selected set; windows starting on the tile keep all."""
+    name = "aiter-triton-ragged+torch-topk"
+    backend = PREFILL.backends()[name]()
+    if (reason := backend.unavailable_reason("cpu")) or AITER_PINNED not in backend.contract.library:
+        pytest.skip(f"{name}: needs amd-aiter {AITER_PINNED} (make installs it): {reason or backend.contract.library}")
+    spec = RaggedSpec(name="aligned-and-not", rows=4, keys=200, heads=16, head_dim=32, starts=(0, 3, 130, 128),
+                      ends=(40, 43, 170, 168))
+    result = _run(name, build_prefill_indexer_case(PrefillIndexerSpec(spec, 64), 0))
+    assert result.verdict == Verdict.FAIL_PADDING, result.headline
+    assert result.selection.wrong_rows == (1, 2) and result.selection.wrong_tokens == 3 + 2, result.headline
+    assert result.comparison.mask_rows == [1, 2]
 
 
 def test_compositions_are_data_naming_ragged_and_top_k_backends():
