@@ -47,7 +47,9 @@ class Composition:
 
 # vLLM 0.33.0's decode paths on the H200 (DeepGEMM's paged logits, then cooperative_topk up to 64 rows,
 # persistent_topk beyond, top_k_per_row_decode as the last resort, or its torch debug reference), DeepGEMM
-# with SGLang's torch top-k, and the torch references end to end (the compositions the CPU runs).
+# with SGLang's torch top-k, and the torch references end to end (the compositions the CPU runs); its ROCm
+# path (AITER's paged logits, fused or stage 1, then top_k_per_row_decode), and AITER's Triton kernels with the
+# torch top-k, which a bare CPU runs under the interpreter.
 COMPOSITIONS = (
     Composition("deepgemm", "vllm-cooperative-topk"),
     Composition("deepgemm", "vllm-persistent-topk"),
@@ -57,6 +59,10 @@ COMPOSITIONS = (
     Composition("deepgemm-flattened", "vllm-persistent-topk"),
     Composition("torch", "torch-topk"),
     Composition("torch", "torch-topk-vllm"),
+    Composition("aiter-triton-fused", "vllm-top-k-per-row-decode"),
+    Composition("aiter-triton-stage1", "vllm-top-k-per-row-decode"),
+    Composition("aiter-triton-fused", "torch-topk"),
+    Composition("aiter-triton-stage1", "torch-topk"),
 )
 
 # vLLM 0.33.0's prefill paths: on CUDA DeepGEMM's ragged logits, on ROCm AITER's (rocm_fp8_mqa_logits), each

@@ -48,6 +48,29 @@ def _run(backend: Composed, case) -> object:
     return run_one(INDEXER, Named(backend.name, backend), case, RunConfig())
 
 
+AITER_PINNED = "0.1.7.post2.dev18"
+
+
+@pytest.mark.parametrize("logits", ["aiter-triton-fused", "aiter-triton-stage1"])
+@pytest.mark.parametrize("next_n, lost", [(2, 0), (3, 1), (4, 2)])
+def test_aiters_mirrored_window_costs_the_last_draft_row_its_last_keys(logits, next_n, lost):
+    """AITER's pinned Triton paged kernels (docs/findings/aiter-triton-mask.md: draft row j sees p <= L - j),
+    composed with the torch top-k as vLLM's ROCm decode composes them with its own: one request of 40 tokens,
+    k 64, so every key of a row's window is selected. The last draft row loses its last next_n - 2 keys (padding
+    where they belong); the rows that see keys past their window lose nothing, since top-k reads only the window."""
+    name = f"{logits}+torch-topk"
+    backend = INDEXER.backends()[name]()
+    if (reason := backend.unavailable_reason("cpu")) or AITER_PINNED not in backend.logits.contract.library:
+        pytest.skip(f"{name}: needs amd-aiter {AITER_PINNED} (make installs it): {reason}")
+    spec = CaseSpec(name="mtp", batch=1, next_n=next_n, heads=32, head_dim=64, block_size=16, max_model_len=128,
+                    lengths=(40,))
+    result = _run(backend, build_indexer_case(IndexerSpec(spec, 64), 0))
+    assert result.comparison.mask_rows, "the logits stage's mask is wrong at every next_n"
+    assert result.selection.wrong_tokens == lost, result.headline
+    assert result.selection.wrong_rows == ((next_n - 1,) if lost else ())
+    assert result.verdict == (Verdict.FAIL_PADDING if lost else Verdict.FAIL_MASK)
+
+
 def test_a_logits_kernel_with_a_wrong_mask_shows_both_the_wrong_sets_and_the_mask_rows(planted):
     planted = Composed(PLANTED.name, get_backends([PLANTED.logits])[0], TorchTopk())
     for k in (8, 128):  # the dropped key missing from a top-8, and from a top-k that takes every key
