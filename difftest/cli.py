@@ -230,14 +230,14 @@ def _add_operation(command: argparse.ArgumentParser) -> None:
 
 
 # Options of `run` and `fuzz` that only the paged-logits operation takes (its own engine's), by destination.
-PAGED_ONLY = ("spec", "next_n", "block_sizes", "batch", "max_model_len", "heads", "head_dim", "junit", "ledger",
+PAGED_ONLY = ("spec", "next_n", "block_sizes", "batch", "max_model_len", "heads", "head_dim", "ledger",
               "resume", "shard", "gpus", "time", "fail_slow", "sanitize", "encoding", "layout", "backend_module",
               "case_filter", "max_batch", "max_context", "block_size", "shrink_seconds")
 
 
-def _paged_only(args: argparse.Namespace, also: tuple[str, ...] = ()) -> None:
+def _paged_only(args: argparse.Namespace) -> None:
     """SpecError naming the first option given that an operation other than paged logits does not take."""
-    for dest in PAGED_ONLY + also:
+    for dest in PAGED_ONLY:
         value = getattr(args, dest, None)
         if value not in (None, False, [], ()):
             shown = ",".join(getattr(v, "value", str(v)) for v in value) if isinstance(value, (list, tuple)) else value
@@ -722,9 +722,9 @@ def cmd_run(args: argparse.Namespace, shard_envs: list[dict[str, str]] | None = 
     """`difftest run`. With --gpus, or with `shard_envs` (what each child's environment adds; how the
     tests spread a CPU run), the cases are spread over child processes, one shard each."""
     args = _with_project_defaults(args)
-    if args.op != OperationKind.PAGED_LOGITS:
-        return _run_operation(args)
     with _claimed(args.junit, "junit"):
+        if args.op != OperationKind.PAGED_LOGITS:
+            return _run_operation(args)
         return _run_and_print(args, shard_envs)
 
 
@@ -735,8 +735,8 @@ def _run_operation(args: argparse.Namespace) -> int:
     _paged_only(args)
     config = _run_config(args, metamorphic=_relations(args.op, args.metamorphic))
     request = OperationRequest(operation=args.op, cases=args.cases, seed=args.seed, count=args.count or 1,
-                               backends=args.backends, config=config, report=args.report,
-                               stream=args.stream, repro_dir=args.repro_dir, budget=args.budget, argv=tuple(args.argv))
+                               backends=args.backends, config=config, report=args.report, stream=args.stream,
+                               junit=args.junit, repro_dir=args.repro_dir, budget=args.budget, argv=tuple(args.argv))
     outcome = execute_operation(request)
     _print_operation(outcome.results, args.verbose)
     if outcome.not_started:
@@ -745,6 +745,8 @@ def _run_operation(args: argparse.Namespace) -> int:
         print(f"\nreport: {args.report}")
     if outcome.bundles:
         print(f"\nreproducers: {outcome.bundles} bundle(s) under {args.repro_dir} (difftest replay BUNDLE)")
+    if "junit" in outcome.written:
+        print(f"junit: {outcome.written['junit']}")
     return ExitStatus.FAILED if outcome.failed else ExitStatus.OK
 
 
@@ -1104,16 +1106,18 @@ def _fuzz_operation(args: argparse.Namespace) -> int:
     """`difftest fuzz --op X` for an operation other than paged logits: exit 1 when it found a failure."""
     from difftest.workflows.operation_session import OperationCampaign, fuzz_operation  # deferred: loads torch
 
-    _paged_only(args, also=("stream", "junit"))
+    _paged_only(args)
     campaign = OperationCampaign(operation=args.op, budget=args.budget, seed=args.seed, backends=args.backends,
                                  config=_run_config(args), repro_dir=args.repro_dir, report=args.report,
-                                 until_failures=args.until_failures, argv=tuple(args.argv))
+                                 stream=args.stream, junit=args.junit, until_failures=args.until_failures,
+                                 argv=tuple(args.argv))
     outcome = fuzz_operation(campaign)
     _print_operation(outcome.results, args.verbose)
     print(f"\n{args.op.value} fuzz: {len(outcome.results)} results, {sum(r.verdict.failed for r in outcome.results)} "
           f"failing" + (f", {outcome.bundles} bundle(s) under {args.repro_dir}" if outcome.bundles else ""))
-    if args.report:
-        print(f"report: {args.report}")
+    for field in ("stream", "report", "junit"):
+        if field in outcome.written:
+            print(f"{field}: {outcome.written[field]}")
     return ExitStatus.FAILED if outcome.failed else ExitStatus.OK
 
 

@@ -1,9 +1,12 @@
 """JUnit XML of results, for CI systems that show test results: one testcase per (backend, case).
 
 A testcase's classname is the backend and its name the case. A failing result is a <failure> (an
-ERROR, CRASH or TIMEOUT an <error>) whose text is what `difftest run` prints for it: its row of the
-table and its failure block (difftest.records.report). A SKIP is <skipped> with its reason; so is a known
-divergence (a failure a ledger names), with the ledger's reason and issue, as pytest writes an xfail.
+ERROR, CRASH or TIMEOUT an <error>) whose message says what failed in one line, in the result's own words
+(an error's exception; another operation's headline, 'FAIL(out-of-window): planted-whole-row-topk on
+topk-...: 3/16 rows select a wrong set (41 tokens); ...'), and whose text is what `difftest run` prints for
+it: its row of the table and its failure block (difftest.records.report), for paged logits and every other
+operation alike. A SKIP is <skipped> with its reason; so is a known divergence (a failure a ledger names),
+with the ledger's reason and issue, as pytest writes an xfail.
 
 The XML is made with the standard library (xml.etree), so `difftest run --junit` needs no extra.
 Each element is built once and the counts are summed as the testcases are made: a suite of n results
@@ -65,10 +68,19 @@ def _testcase(parent: ET.Element, result: CaseResult, known: str | None) -> str 
         ET.SubElement(case, "skipped", type="xfail", message=xml_text(f"known divergence: {known}"))
         return "skipped"
     tag, count = ("error", "errors") if result.verdict in ERRORS else ("failure", "failures")
-    outcome = ET.SubElement(case, tag, type=result.verdict.value,
-                            message=xml_text(f"{result.verdict.value}: {result.backend} on {result.case}"))
+    said = _said(result)
+    outcome = ET.SubElement(case, tag, type=result.verdict.value, message=xml_text(
+        f"{result.verdict.value}: {result.backend} on {result.case}" + (f": {said}" if said else "")))
     outcome.text = xml_text(f"{report.render_table(report.summarize([result]))}\n\n{report.render_failures([result])}")
     return count
+
+
+def _said(result: CaseResult) -> str:
+    """A failing result in its own words, one line: an error's exception (its reason), else an operation's
+    judgement (its headline) or what the result says of itself (a consensus verdict's peer); '' for a paged
+    failure judged by the oracle, which its failure block below describes row by row."""
+    text = result.reason if result.verdict in ERRORS else result.headline or result.reason
+    return (text or "").partition("\n")[0]
 
 
 def _seconds(seconds: float) -> str:

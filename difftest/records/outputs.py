@@ -1,29 +1,36 @@
-"""Where a workflow's results go: one list of output writers that `difftest run` and `difftest fuzz` hand
-their results to, instead of each wiring every format by hand.
+"""Where a workflow's results go: one list of output writers that `difftest run` and `difftest fuzz` (paged
+logits and every other operation alike) hand their results to, instead of each wiring every format by hand.
 
 A writer takes each result the moment it is made, with its case where the workflow has it (take), and
 the whole run once it is over (finish); close releases it without finishing (a run that is stopped).
 The writers: the JSONL stream (every result as it is made: a killed run keeps them), reproducer bundles
 (one per failing result, with the case's tensors), the JSON report and JUnit XML (both written whole at
 the end). Outputs is the list a workflow builds from its options; a format added here (one class with
-take, finish and close) reaches every workflow that lists it.
+take, finish and close) reaches every workflow that lists it. A run stopped half-way (Ctrl-C, or the
+SIGTERM the shells turn into one) keeps what finished the one way every workflow shares (Outputs.stopped,
+Outputs.keeping).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from difftest.backends import Loaded
-from difftest.core.case import Case
-from difftest.core.errors import OutputError
+from difftest.backends import Loaded, Origin
+from difftest.core.errors import Interrupted, OutputError, SpecError
+from difftest.core.files import check_writable
 from difftest.engine.config import RunConfig
 from difftest.engine.result import CaseResult
 from difftest.records import junit
 from difftest.records.bundle import write_bundle
 from difftest.records.report import write_json
-from difftest.records.serialize import ResultStream
+from difftest.records.serialize import ResultStream, load_results
+
+# A campaign's stream is written in batches this far apart (at most this much of it lost if it is killed): one
+# making hundreds of results a second would otherwise spend its time in fsync.
+CAMPAIGN_FLUSH_SECONDS = 1.0
 
 
 class Output(Protocol):
@@ -31,8 +38,9 @@ class Output(Protocol):
 
     field: str  # the parameter that named it: errors name it
 
-    def take(self, result: CaseResult, case: Case | None) -> None:
-        """`result`, the moment it is made (`case`: its case, where the workflow has it)."""
+    def take(self, result: CaseResult, case: Any) -> None:
+        """`result`, the moment it is made (`case`: its case, a paged Case or another operation's own, where the
+        workflow has it; None where it has not)."""
 
     def finish(self, results: Sequence[CaseResult], info: Mapping[str, Any]) -> Path | None:
         """Every result of the run and how it was made, once it is over: the file written, if any."""
@@ -55,7 +63,7 @@ class StreamOutput:
         for result in kept:
             self.stream.write(result)
 
-    def take(self, result: CaseResult, case: Case | None) -> None:
+    def take(self, result: CaseResult, case: Any) -> None:
         self.stream.write(result)
 
     def finish(self, results: Sequence[CaseResult], info: Mapping[str, Any]) -> Path:
@@ -72,7 +80,7 @@ class ReportOutput:
     def __init__(self, path: Path, field: str = "report") -> None:
         self.path, self.field = path, field
 
-    def take(self, result: CaseResult, case: Case | None) -> None:
+    def take(self, result: CaseResult, case: Any) -> None:
         """Nothing: the report is written once, at the end."""
 
     def finish(self, results: Sequence[CaseResult], info: Mapping[str, Any]) -> Path:
@@ -89,7 +97,7 @@ class JUnitOutput:
     def __init__(self, path: Path, suite: str, known: junit.Known | None = None, field: str = "junit") -> None:
         self.path, self.suite, self.known, self.field = path, suite, known, field
 
-    def take(self, result: CaseResult, case: Case | None) -> None:
+    def take(self, result: CaseResult, case: Any) -> None:
         """Nothing: the XML is written once, at the end."""
 
     def finish(self, results: Sequence[CaseResult], info: Mapping[str, Any]) -> Path:
@@ -102,23 +110,40 @@ class JUnitOutput:
 
 class BundleOutput:
     """A reproducer bundle (difftest.records.bundle) under `directory` for every failing result whose case
-    the workflow hands over, written the moment the result is made; `write` bundles one on demand."""
+    the workflow hands over, written the moment the result is made; `write` bundles one on demand.
 
-    def __init__(self, directory: Path, config: RunConfig, backends: Iterable[Loaded],
-                 field: str = "repro_dir") -> None:
-        self.directory, self.config, self.field = directory, config, field
+    A result's backend is looked up in `backends` (the paged workflows': what loads it again, what it loaded);
+    one not among them is a registered backend of its operation (another operation's backends are built from
+    its table by name), its library the one its result records. With `first_of`, only the first failing result
+    of each key it gives is bundled (a campaign repeats a failure thousands of times: one reproducer of each is
+    what a reader replays and shrinks)."""
+
+    def __init__(self, directory: Path, config: RunConfig, backends: Iterable[Loaded] = (),
+                 first_of: Callable[[CaseResult], Hashable] | None = None, field: str = "repro_dir") -> None:
+        self.directory, self.config, self.first_of, self.field = directory, config, first_of, field
         self.backends = {b.name: b for b in backends}
         self.written: list[Path] = []
+        self.seen: set[Hashable] = set()
 
-    def take(self, result: CaseResult, case: Case | None) -> None:
-        if result.verdict.failed and case is not None:
+    def take(self, result: CaseResult, case: Any) -> None:
+        if result.verdict.failed and case is not None and self._first(result):
             self.write(case, result)
 
-    def write(self, case: Case, result: CaseResult) -> Path:
+    def _first(self, result: CaseResult) -> bool:
+        """Whether `result` is the first of its key (every result is, without `first_of`)."""
+        if self.first_of is None:
+            return True
+        key = self.first_of(result)
+        fresh = key not in self.seen
+        self.seen.add(key)
+        return fresh
+
+    def write(self, case: Any, result: CaseResult) -> Path:
         """The bundle of `result` on `case`: its folder."""
-        backend = self.backends[result.backend]
-        folder = write_bundle(self.directory, case, result, self.config, backend.origin, backend.contract.library,
-                              field=self.field)
+        loaded = self.backends.get(result.backend)
+        origin = loaded.origin if loaded else Origin(result.backend, registered=True)
+        library = loaded.contract.library if loaded else result.library
+        folder = write_bundle(self.directory, case, result, self.config, origin, library, field=self.field)
         self.written.append(folder)
         return folder
 
@@ -127,6 +152,17 @@ class BundleOutput:
 
     def close(self) -> None:
         """Nothing to release: each bundle is whole once written."""
+
+
+def check_outputs(files: Mapping[str, Path | None], repro_dir: Path | None = None) -> None:
+    """Before a workflow runs its first case: OutputError naming the first parameter (of `files`, by parameter,
+    and `repro_dir`, a folder) that cannot be written, so that a path that cannot be written is one error, not
+    a run's work lost at its end."""
+    for field, path in files.items():
+        if path is not None:
+            check_writable(path, field)
+    if repro_dir is not None:
+        check_writable(repro_dir, "repro_dir", folder=True)
 
 
 class Outputs:
@@ -139,7 +175,7 @@ class Outputs:
         """The writer of type `kind`, or None."""
         return next((w for w in self.writers if isinstance(w, kind)), None)
 
-    def take(self, result: CaseResult, case: Case | None = None) -> None:
+    def take(self, result: CaseResult, case: Any = None) -> None:
         """`result` (and its case) to every writer."""
         for writer in self.writers:
             writer.take(result, case)
@@ -165,3 +201,44 @@ class Outputs:
         """Every writer released, finished or not."""
         for writer in self.writers:
             writer.close()
+
+    def so_far(self, finished: Sequence[CaseResult]) -> list[CaseResult]:
+        """What a run stopped half-way keeps: what its stream holds, the record (a stop may fall between a
+        result's line and its workflow's list; a resumed run's stream starts with what it resumes), else, with
+        no stream or one that cannot be read back, `finished`."""
+        stream = self.of(StreamOutput)
+        if stream is not None:
+            with contextlib.suppress(SpecError, OSError):
+                return load_results(stream.path, stream.field)
+        return list(finished)
+
+    def stopped(self, finished: Sequence[CaseResult], info: Mapping[str, Any], resumable: bool = True,
+                streamed: Path | None = None) -> Interrupted:
+        """A run stopped by Ctrl-C (or the SIGTERM the shells turn into one): every writer released, then
+        finished with what the run kept (so_far), `info` marked incomplete; the Interrupted that says how many
+        results and where they are (the stream, or `streamed`, one the workflow wrote itself, and the report)."""
+        self.close()
+        kept = self.so_far(finished)
+        self.finish(kept, {**info, "incomplete": True})
+        files = [w.path for w in self.writers if isinstance(w, (StreamOutput, ReportOutput))]
+        where = [streamed] if streamed is not None else []
+        return Interrupted(len(kept), tuple(str(p) for p in where + files), resumable)
+
+    @contextlib.contextmanager
+    def keeping(self, finished: Sequence[CaseResult], info: Callable[[], Mapping[str, Any]],
+                resumable: bool = True) -> Iterator[None]:
+        """The run in the block, its writers released when it ends. Stopped inside it by Ctrl-C or SIGTERM: the
+        Interrupted of stopped() (`finished`: the list the run adds its results to; `info`: how it was made,
+        asked for when it stops). An output that can no longer be written (a full disk: OutputError): the
+        others still get what finished, marked incomplete, and the error goes on."""
+        try:
+            yield
+        except KeyboardInterrupt:
+            raise self.stopped(finished, info(), resumable) from None
+        except OutputError:
+            self.close()
+            with contextlib.suppress(OutputError):
+                self.finish(self.so_far(finished), {**info(), "incomplete": True})
+            raise
+        finally:
+            self.close()

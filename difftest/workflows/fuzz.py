@@ -23,7 +23,7 @@ and one set of backends are collected across rounds and launched together, so th
 batch is tried again (with the batch's other failures, then alone) and that result counts
 (difftest.engine.runner); where it passes then, the kernel is wrong on the merged case itself, and that case
 is the failure (signature, bundle, shrink). Results go to the campaign's outputs (difftest.records.outputs):
-the stream in buffered writes (at most STREAM_FLUSH_SECONDS of them lost if the campaign is killed), the
+the stream in buffered writes (at most CAMPAIGN_FLUSH_SECONDS of them lost if the campaign is killed), the
 JSON report and JUnit XML at the end.
 
 With `jobs` > 1 the cases are drawn by that many campaigns side by side, each in a child process with
@@ -60,8 +60,7 @@ import torch
 from difftest.backends import Loaded, Origin, get_backends
 from difftest.core import hardware, memory
 from difftest.core.case import Case
-from difftest.core.errors import Interrupted, SpecError, first_line, require
-from difftest.core.files import check_writable
+from difftest.core.errors import SpecError, first_line, require
 from difftest.core.kinds import Device, OracleKind
 from difftest.core.lifetime import die_with_parent
 from difftest.core.memory import (
@@ -84,7 +83,15 @@ from difftest.engine.runner import NotDrawn
 from difftest.generators.envelope import Target, estimate_bytes
 from difftest.generators.regime import Regime
 from difftest.records.commands import backend_target, case_command, replay_command, run_command
-from difftest.records.outputs import BundleOutput, JUnitOutput, Outputs, ReportOutput, StreamOutput
+from difftest.records.outputs import (
+    CAMPAIGN_FLUSH_SECONDS,
+    BundleOutput,
+    JUnitOutput,
+    Outputs,
+    ReportOutput,
+    StreamOutput,
+    check_outputs,
+)
 from difftest.records.report import config_info, environment_info
 from difftest.records.run_info import Phases
 from difftest.workflows.running import run
@@ -96,7 +103,6 @@ ROUND_SEEDS = 1_000_000  # seeds a round's plan spans: rounds never repeat a (sp
 # A batch holds at most BATCH_CASES cases; its bytes and logits are capped by the memory model
 # (difftest.core.memory: SMALL_LOGITS, SMALL_POOL, BATCH_LOGITS, BATCH_MERGED_LOGITS, BATCH_POOL).
 BATCH_CASES = 64
-STREAM_FLUSH_SECONDS = 1.0
 # Batches drawn ahead of the runner, which itself takes the next item while a batch is in flight: at
 # most PREFETCH_DEPTH + 2 batches are drawn and not finished (a few MiB each in the small regime). Two,
 # so that the drawing thread can bank a batch during a long wait (a batch with many reruns).
@@ -310,23 +316,18 @@ def _keep_interrupted(campaign: Campaign, drawn: CampaignOutcome, outputs: Outpu
                       seconds: float) -> NoReturn:
     """A campaign stopped by Ctrl-C or SIGTERM (a job scheduler's `timeout`) while drawing, bundling or
     shrinking: its report and JUnit XML get the cases' results so far, marked incomplete, with no shrunk
-    bundles; then Interrupted says where they are."""
+    bundles (Outputs.stopped); then Interrupted says where they are (its jobs wrote its stream)."""
     outcome = dataclasses.replace(drawn, phases=Phases(seconds, 0.0, seconds), budget=campaign.budget,
                                   config=campaign.config)
-    outputs.finish(outcome.results, {**campaign_info(campaign, outcome, started), "incomplete": True})
-    kept = tuple(str(path) for path in (campaign.stream, campaign.report) if path)
-    raise Interrupted(len(outcome.results), kept, resumable=False)
+    raise outputs.stopped(outcome.results, campaign_info(campaign, outcome, started), resumable=False,
+                          streamed=campaign.stream)
 
 
 def _outputs(campaign: Campaign) -> Outputs:
     """The campaign's report and JUnit XML, both written at its end; its stream is written as results come, by
     each job (_drawn), and its bundles once it is over (_kept). Every one is checked writable before the
     campaign starts: a path that cannot be written is one OutputError, not a campaign's work lost."""
-    for path, field in ((campaign.report, "report"), (campaign.junit, "junit"), (campaign.stream, "stream")):
-        if path is not None:
-            check_writable(path, field)
-    if campaign.repro_dir is not None:
-        check_writable(campaign.repro_dir, "repro_dir", folder=True)
+    check_outputs({"report": campaign.report, "junit": campaign.junit, "stream": campaign.stream}, campaign.repro_dir)
     return Outputs([ReportOutput(campaign.report) if campaign.report else None,
                     JUnitOutput(campaign.junit, "difftest fuzz") if campaign.junit else None])
 
@@ -337,7 +338,7 @@ def _drawn(campaign: Campaign, backends: list[Loaded], clock: _Clock, link: _Lin
     (`link`), its share of the plan, until the campaign's stop too."""
     state = _State(campaign, backends, link, clock)
     start = time.monotonic()
-    stream = StreamOutput(campaign.stream, flush_seconds=STREAM_FLUSH_SECONDS) if campaign.stream else None
+    stream = StreamOutput(campaign.stream, flush_seconds=CAMPAIGN_FLUSH_SECONDS) if campaign.stream else None
     outputs = Outputs([stream])
     interrupted = False
     try:

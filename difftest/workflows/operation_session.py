@@ -1,9 +1,10 @@
 """`difftest run --op X` (and `fuzz`, `replay`, `shrink`) for an operation other than paged logits, as library
 calls: plan the operation's cases (each backend's envelope, or the operation's fixed suite), run them through
-the operation runner (difftest.engine.operation_run), stream every result, write a bundle for every failure
-(a campaign: for the first failure of each backend and verdict) and the JSON report. A Ctrl-C or SIGTERM
-(a scheduler's `timeout`) keeps what finished in the report, marked incomplete. Paged logits keeps its own
-session (difftest.workflows.session). Nothing here prints.
+the operation runner (difftest.engine.operation_run), and hand every result to the outputs the paged workflows
+write through (difftest.records.outputs): the stream, a bundle for every failure (a campaign: for the first
+failure of each backend and verdict), the JSON report and JUnit XML. A Ctrl-C or SIGTERM (a scheduler's
+`timeout`) keeps what finished in the stream and the report, marked incomplete, as a paged run does. Paged
+logits keeps its own session (difftest.workflows.session). Nothing here prints.
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from difftest.backends import Origin
 from difftest.core import memory
-from difftest.core.errors import Interrupted, SpecError, first_line, require
+from difftest.core.errors import SpecError, first_line, require
 from difftest.core.kinds import CaseKind, OperationKind
 from difftest.core.operation import Operation
 from difftest.core.verdict import Verdict
@@ -27,9 +27,17 @@ from difftest.engine.operation_run import Drawn, Named, operation_workers, relat
 from difftest.engine.result import CaseResult
 from difftest.engine.runner import NotDrawn
 from difftest.operations import operation
-from difftest.records.bundle import Bundle, write_bundle
-from difftest.records.report import config_info, environment_info, write_json
-from difftest.records.serialize import ResultStream
+from difftest.records.bundle import Bundle
+from difftest.records.outputs import (
+    CAMPAIGN_FLUSH_SECONDS,
+    BundleOutput,
+    JUnitOutput,
+    Outputs,
+    ReportOutput,
+    StreamOutput,
+    check_outputs,
+)
+from difftest.records.report import config_info, environment_info
 from difftest.workflows.shrink import Failure
 
 Listener = Callable[[CaseResult], None]
@@ -47,6 +55,7 @@ class OperationRequest:
     config: RunConfig = dataclasses.field(default_factory=RunConfig)
     report: Path | None = None
     stream: Path | None = None  # default: beside the report, suffix .jsonl
+    junit: Path | None = None  # JUnit XML of every result, written at the end
     repro_dir: Path | None = None  # a bundle for every failing result
     budget: float | None = None  # seconds: no case is started after this much of the run has passed
     argv: tuple[str, ...] = ()
@@ -70,6 +79,7 @@ class OperationOutcome:
     info: dict[str, Any]
     bundles: int = 0
     not_started: tuple[str, ...] = ()
+    written: dict[str, Path] = dataclasses.field(default_factory=dict)  # what the outputs wrote, by parameter
 
     @property
     def failed(self) -> bool:
@@ -103,43 +113,55 @@ def planned(op: Operation, backends: list[Named], request: OperationRequest) -> 
 
 
 def execute_operation(request: OperationRequest, on_result: Listener | None = None) -> OperationOutcome:
-    """Run `request`: plan, run, stream, bundle, report."""
+    """Run `request`: plan, run, and hand each result to the run's outputs (stream, bundles, report, JUnit)."""
     op = operation(request.operation)
     started = time.time()
     backends = chosen_backends(op, request.backends)
     plan = planned(op, backends, request)
     not_started: list[str] = []
-    info = run_info(request, started, len(plan))
-    stream = ResultStream(request.stream_path) if request.stream_path else None
-    written: list[Path] = []
+
+    def made() -> dict[str, Any]:
+        return {**run_info(request, started, len(plan)), "not_started": not_started}
+
+    outputs = _outputs(f"difftest run --op {op.name}", request.config, run_info(request, started, len(plan)),
+                                report=request.report, stream=request.stream_path, junit=request.junit,
+                                repro_dir=request.repro_dir)
+    current: list[Any] = [None]
     finished: list[CaseResult] = []
 
     def heard(result: CaseResult) -> None:
+        outputs.take(result, current[0])
         finished.append(result)
-        if stream:
-            stream.write(result)
-        if request.repro_dir and result.verdict.failed:
-            written.append(write_bundle(request.repro_dir, current[0], result, request.config,
-                                        Origin(result.backend, registered=True), result.library))
         if on_result:
             on_result(result)
 
-    current: list[Any] = [None]
-    try:
-        if stream:
-            stream.header(info)
+    with outputs.keeping(finished, made, resumable=False):
         results = run_operation(op, backends, _drawn(op, plan, request, started, not_started, current),
                                 request.config, heard)
-    except KeyboardInterrupt:
-        info = {**run_info(request, started, len(plan)), "not_started": not_started, "incomplete": True}
-        _keep_interrupted(request.report, finished, info, request.stream_path)
-    finally:
-        if stream:
-            stream.close()
-    info = {**run_info(request, started, len(plan)), "not_started": not_started}
-    if request.report:
-        write_json(request.report, results, info)
-    return OperationOutcome(results, info, bundles=len(written), not_started=tuple(not_started))
+    info = made()
+    written = outputs.finish(results, info)
+    return OperationOutcome(results, info, bundles=_bundles(outputs), not_started=tuple(not_started),
+                            written=written)
+
+
+def _outputs(suite: str, config: RunConfig, info: dict[str, Any], report: Path | None,
+                      stream: Path | None, junit: Path | None, repro_dir: Path | None,
+                      first_of: Callable[[CaseResult], Any] | None = None, flush_seconds: float = 0.0) -> Outputs:
+    """The writers of an operation's run or campaign (difftest.records.outputs), each path checked writable
+    before its first case: its stream (after its run line, written in batches `flush_seconds` apart), a bundle
+    per failing result (`first_of`: only the first of each key), the report, and JUnit XML in a suite called
+    `suite`."""
+    check_outputs({"report": report, "stream": stream, "junit": junit}, repro_dir)
+    return Outputs([StreamOutput(stream, info, flush_seconds=flush_seconds) if stream else None,
+                    BundleOutput(repro_dir, config, first_of=first_of) if repro_dir else None,
+                    ReportOutput(report) if report else None,
+                    JUnitOutput(junit, suite) if junit else None])
+
+
+def _bundles(outputs: Outputs) -> int:
+    """How many bundles the outputs wrote."""
+    bundles = outputs.of(BundleOutput)
+    return len(bundles.written) if bundles else 0
 
 
 def _drawn(op: Operation, plan: list[tuple[Any, int, tuple[str, ...] | None]], request: OperationRequest,
@@ -235,39 +257,46 @@ class OperationCampaign:
     config: RunConfig = dataclasses.field(default_factory=RunConfig)
     repro_dir: Path | None = None
     report: Path | None = None
+    stream: Path | None = None  # every result as it is made, in batches CAMPAIGN_FLUSH_SECONDS apart
+    junit: Path | None = None  # JUnit XML of every result, written at the end
     until_failures: int | None = None
     argv: tuple[str, ...] = ()
 
 
 def fuzz_operation(campaign: OperationCampaign, on_result: Listener | None = None) -> OperationOutcome:
     """Random specs of the operation (Operation.random_spec), each with a fresh seed, through every backend
-    until the budget is spent (or `until_failures` failing results); under repro_dir a bundle for the first
-    failure of each backend and verdict (a campaign repeats a failure thousands of times: one reproducer of
-    each is what a reader replays and shrinks)."""
+    until the budget is spent (or `until_failures` failing results), every result handed to the campaign's
+    outputs (stream, bundles, report, JUnit); under repro_dir a bundle for the first failure of each backend
+    and verdict (a campaign repeats a failure thousands of times: one reproducer of each is what a reader
+    replays and shrinks)."""
     op = operation(campaign.operation)
     require(op.random_spec is not None, "operation", op.name, "an operation that draws random specs")
     backends = chosen_backends(op, campaign.backends)
     rng, started, results = random.Random(campaign.seed), time.time(), []
-    bundled: set[tuple[str, Verdict]] = set()
+
+    def made() -> dict[str, Any]:
+        return _campaign_info(op, campaign, started)
+
+    outputs = _outputs(f"difftest fuzz --op {op.name}", campaign.config, made(), report=campaign.report,
+                                stream=campaign.stream, junit=campaign.junit, repro_dir=campaign.repro_dir,
+                                first_of=_backend_and_verdict, flush_seconds=CAMPAIGN_FLUSH_SECONDS)
 
     def heard(result: CaseResult, case: Any) -> None:
+        outputs.take(result, case)
         results.append(result)
-        signature = (result.backend, result.verdict)
-        if campaign.repro_dir and result.verdict.failed and signature not in bundled:
-            bundled.add(signature)
-            write_bundle(campaign.repro_dir, case, result, campaign.config, Origin(result.backend, True),
-                         result.library)
         if on_result:
             on_result(result)
 
-    try:
+    with outputs.keeping(results, made, resumable=False):
         _campaign(op, backends, campaign, rng, started, results, heard)
-    except KeyboardInterrupt:
-        _keep_interrupted(campaign.report, results, {**_campaign_info(op, campaign, started), "incomplete": True})
-    info = _campaign_info(op, campaign, started)
-    if campaign.report:
-        write_json(campaign.report, results, info)
-    return OperationOutcome(results, info, bundles=len(bundled))
+    info = made()
+    written = outputs.finish(results, info)
+    return OperationOutcome(results, info, bundles=_bundles(outputs), written=written)
+
+
+def _backend_and_verdict(result: CaseResult) -> tuple[str, Verdict]:
+    """What a campaign bundles once: a backend's failure of one verdict."""
+    return result.backend, result.verdict
 
 
 def _campaign(op: Operation, backends: list[Named], campaign: OperationCampaign, rng: random.Random,
@@ -291,12 +320,3 @@ def _campaign_info(op: Operation, campaign: OperationCampaign, started: float) -
     return {"command": "difftest " + shlex.join(campaign.argv), "operation": op.name, "seed": campaign.seed,
             "device": campaign.config.device, "budget": campaign.budget, **environment_info(started),
             "seconds": round(time.time() - started, 3), **config_info(campaign.config)}
-
-
-def _keep_interrupted(report: Path | None, results: list[CaseResult], info: dict[str, object],
-                      stream: Path | None = None) -> None:
-    """A run or campaign stopped by Ctrl-C or SIGTERM: the report gets what finished, marked incomplete; then
-    Interrupted says how many results and where."""
-    if report:
-        write_json(report, results, info)
-    raise Interrupted(len(results), tuple(str(p) for p in (stream, report) if p), resumable=False) from None

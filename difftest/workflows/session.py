@@ -6,7 +6,6 @@ The CLI builds a RunRequest from its options and prints what execute() returns; 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import shlex
@@ -20,7 +19,7 @@ import torch
 from difftest.backends import Loaded, get_backends
 from difftest.core import hardware, lifetime, memory
 from difftest.core.case import Case
-from difftest.core.errors import Interrupted, OutputError, SpecError, first_line, require
+from difftest.core.errors import Interrupted, first_line, require
 from difftest.core.files import OutputLock, check_writable, holds_output
 from difftest.core.kinds import CaseKind, Device, ExitStatus
 from difftest.core.verdict import Verdict
@@ -293,7 +292,7 @@ def _here(request: RunRequest, backends: list[Loaded], cases: list[PlannedCase],
     deadline = time.monotonic() + request.budget if request.budget else None
     current = _Current()
     drawn = current.track(_drawn(cases, config.device, deadline, left))
-    finished: list[CaseResult] = []  # what this run made, in the order the stream holds it
+    finished: list[CaseResult] = [*done.values()]  # the whole run so far, in the order the stream holds it
 
     def heard(result: CaseResult) -> None:
         outputs.take(result, current.case)
@@ -301,30 +300,16 @@ def _here(request: RunRequest, backends: list[Loaded], cases: list[PlannedCase],
         if on_result:
             on_result(result)
 
-    stream = outputs.of(StreamOutput)
-    try:
+    def made() -> dict[str, Any]:
+        return {**run_info(request, started, len(cases), len(done)), "not_started": left, **extra}
+
+    # Ctrl-C, or an output that can no longer be written (a full disk): the stream keeps every line written
+    # so far; the report gets what finished, marked incomplete (difftest.records.outputs).
+    with outputs.keeping(finished, made):
         results = run(backends, drawn, config, on_result=heard, done=done, takes=_taker(cases))
-    except (KeyboardInterrupt, OutputError) as exc:
-        # Ctrl-C, or an output that can no longer be written (a full disk): the stream keeps every
-        # line written so far; the report gets what finished, marked incomplete.
-        outputs.close()
-        # The stream is the record (a Ctrl-C may fall between its write and `finished`'s append): the
-        # report holds what it holds, which is the whole run so far (every stream does).
-        partial = _kept(stream.path) if stream else [*done.values(), *finished]
-        info = {**run_info(request, started, len(cases), len(done)), "not_started": left, **extra,
-                "incomplete": True}
-        if isinstance(exc, OutputError):
-            with contextlib.suppress(OutputError):
-                outputs.finish(partial, info)
-            raise
-        outputs.finish(partial, info)
-        kept = tuple(str(path) for path in (stream.path if stream else None, request.report) if path)
-        raise Interrupted(len(partial), kept) from None
-    finally:
-        outputs.close()
-    info = {**run_info(request, started, len(cases), len(done)), "not_started": left, **extra}
+    info = made()
     written = outputs.finish(results, info)
-    bundles = outputs.of(BundleOutput)
+    bundles, stream = outputs.of(BundleOutput), outputs.of(StreamOutput)
     return RunOutcome(results, info, bundles=len(bundles.written) if bundles else 0,
                       stream=stream.path if stream else None, written=written)
 
@@ -392,14 +377,6 @@ def _merged(request: RunRequest, cases: list[PlannedCase], shards: list[spread.S
     bundles = _bundles_written(request.repro_dir, results)
     return RunOutcome(results, info, bundles=bundles, stream=stream.path if stream else None, shards=tuple(shards),
                       written=written)
-
-
-def _kept(path: Path) -> list[CaseResult]:
-    """The results a stream holds ([] when it cannot be read back)."""
-    try:
-        return load_results(path, "stream")
-    except (SpecError, OSError):
-        return []
 
 
 def _bundles_written(repro_dir: Path | None, results: list[CaseResult]) -> int:

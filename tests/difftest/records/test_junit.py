@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 
 from difftest.backends import get_backends
 from difftest.core.kinds import ExitStatus
+from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
 from difftest.generators import CaseSpec, build_case
 from difftest.records import junit
@@ -59,3 +60,18 @@ def test_characters_xml_cannot_hold_are_escaped_and_the_file_parses(tmp_path):
     root = ET.parse(path).getroot()
     assert root.find("testsuite").get("name") == "suite\\x0b", path.read_text()[:300]
     assert root.find("testsuite/testcase").get("name") == "case\\x1b[31m\\x00", path.read_text()[:300]
+
+
+def test_a_failure_says_what_failed_in_its_message_in_the_results_own_words(tmp_path):
+    [result] = run(get_backends(["tests.planted:block_boundary_off_by_one"]),
+                   [build_case(CaseSpec.from_json(json.loads(SPEC)), seed=0)], RunConfig())
+    said = [result,  # a paged failure: its block says it, row by row
+            dataclasses.replace(result, case="error", verdict=Verdict.ERROR, reason="ValueError: boom\ntraceback"),
+            dataclasses.replace(result, case="topk", verdict=Verdict.FAIL_OUT_OF_WINDOW,
+                                headline="3/16 rows select a wrong set (41 tokens)")]
+    root = ET.parse(junit.write(tmp_path / "junit.xml", [junit.suite("suite", said)])).getroot()
+    messages = [(c.find("failure") if c.find("failure") is not None else c.find("error")).get("message")
+                for c in root.iter("testcase")]
+    assert messages == ["FAIL(mask): planted-block-boundary on random-s0",
+                        "ERROR: planted-block-boundary on error: ValueError: boom",
+                        "FAIL(out-of-window): planted-block-boundary on topk: 3/16 rows select a wrong set (41 tokens)"]

@@ -56,3 +56,21 @@ def test_a_writer_that_cannot_write_does_not_cost_the_others_theirs(made, tmp_pa
     with pytest.raises(OutputError) as caught:
         outputs.finish(results, {})
     assert caught.value.field == "report" and (tmp_path / "j.xml").exists()
+
+
+def test_bundles_with_first_of_keep_the_first_failure_of_each_key_only(made, tmp_path: Path):
+    backends, case, results = made
+    failing = next(r for r in results if r.verdict.failed)
+    bundles = BundleOutput(tmp_path / "bundles", RunConfig(), backends, first_of=lambda r: (r.backend, r.verdict))
+    for result in [*results, failing]:
+        bundles.take(result, case)
+    assert len(bundles.written) == 1
+
+
+def test_a_stopped_run_keeps_what_finished_in_its_report_and_says_where(made, tmp_path: Path):
+    _backends, _case, results = made
+    outputs = Outputs([ReportOutput(tmp_path / "r.json"), JUnitOutput(tmp_path / "j.xml", "suite")])
+    stopped = outputs.stopped(results[:1], {"seed": 0}, resumable=False, streamed=tmp_path / "elsewhere.jsonl")
+    assert (stopped.results, stopped.kept) == (1, (str(tmp_path / "elsewhere.jsonl"), str(tmp_path / "r.json")))
+    assert load_run_info(tmp_path / "r.json") == [{"seed": 0, "incomplete": True}]
+    assert len(load_results(tmp_path / "r.json", "report")) == 1

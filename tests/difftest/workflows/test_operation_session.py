@@ -1,13 +1,14 @@
 """`difftest run/fuzz/replay/shrink --op` end to end on the CPU for ragged logits and top-k: a planted bug
 caught (and bundled, replayed, shrunk), a right backend passing, the report's own headline, reports that load;
 top-k's metamorphic relations (--metamorphic) failing a planted bug the oracle passes, through replay and
-shrink."""
+shrink; their JUnit XML and stream, written through the same outputs as paged logits."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import json
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from difftest.core.errors import SpecError
 from difftest.core.kinds import ExitStatus, OperationKind, TopkRelation
 from difftest.core.verdict import Verdict
 from difftest.records.bundle import load_bundle
-from difftest.records.serialize import load_results
+from difftest.records.serialize import load_results, load_run_info
 from difftest.workflows import operation_session
 from tests.broken_topk import Aborts, Sleeps, StoppedOnThirdCall
 from tests.difftest.operations.planted import EarlyMaskRagged, OracleRagged, WholeRowTopk
@@ -135,16 +136,65 @@ def test_fuzz_of_an_operation_draws_random_specs_within_its_budget(planted, tmp_
 def test_a_run_or_campaign_stopped_by_sigterm_keeps_what_finished_in_its_report(monkeypatch, tmp_path, capsys,
                                                                                command):
     """`timeout` ends a command with SIGTERM (the shells make it a KeyboardInterrupt): the results before it are
-    in the report, marked incomplete, and the command says where."""
+    in the report, marked incomplete, in the stream and in the JUnit XML, and the command says where."""
     monkeypatch.setitem(torch_topk.TOPK_BACKENDS, StoppedOnThirdCall.name, StoppedOnThirdCall)
-    report = tmp_path / "t.json"
+    report, stream, junit = tmp_path / "t.json", tmp_path / "t.jsonl", tmp_path / "t.xml"
     code = main([command[0], "--op", "topk", *command[1:], "--backends", StoppedOnThirdCall.name,
-                 "--report", str(report)])
+                 "--report", str(report), "--stream", str(stream), "--junit", str(junit)])
     assert code == ExitStatus.INTERRUPTED
     err = capsys.readouterr().err
-    assert "interrupted after 2 results; kept in " in err and str(report) in err
+    assert f"interrupted after 2 results; kept in {stream}, {report}" in err, err
     loaded = json.loads(report.read_text())
     assert loaded["run"]["incomplete"] is True and [r["verdict"] for r in loaded["results"]] == ["PASS", "PASS"]
+    assert [r.to_json() for r in load_results(stream)] == loaded["results"]
+    assert load_run_info(stream)[0]["operation"] == "topk"
+    assert ET.parse(junit).getroot().get("tests") == "2"
+
+
+def _junit_cases(path: Path) -> dict[tuple[str, str], ET.Element]:
+    """Each testcase of a JUnit file by (classname, name): (backend, case)."""
+    return {(c.get("classname"), c.get("name")): c for c in ET.parse(path).getroot().iter("testcase")}
+
+
+def _failing_said(case: ET.Element) -> str | None:
+    """The message of a testcase's failure or error, None when it passed."""
+    failed = case.find("failure") if case.find("failure") is not None else case.find("error")
+    return None if failed is None else failed.get("message")
+
+
+def test_topk_run_writes_junit_whose_testcases_are_the_reports_results(planted, tmp_path, capsys):
+    report, junit = tmp_path / "t.json", tmp_path / "t.xml"
+    code = main(["run", "--op", "topk", "--cases", "random", "--backends", "torch-topk,planted-whole-row-topk",
+                 "--report", str(report), "--junit", str(junit)])
+    assert code == ExitStatus.FAILED and f"junit: {junit}" in capsys.readouterr().out
+    results, cases = load_results(report), _junit_cases(junit)
+    assert sorted(cases) == sorted((r.backend, r.case) for r in results)
+    root = ET.parse(junit).getroot()
+    assert root.find("testsuite").get("name") == "difftest run --op topk"
+    for r in results:  # a failure says the operation's own headline; the right backend passes
+        said = _failing_said(cases[r.backend, r.case])
+        assert said == (f"{r.verdict.value}: {r.backend} on {r.case}: {r.headline}" if r.verdict.failed else None)
+    assert int(root.get("failures")) == sum(r.verdict.failed for r in results) > 0
+    text = next(c.find("failure").text for c in cases.values() if c.find("failure") is not None)
+    assert "wrong set (tokens)" in text and "rows select a wrong set" in text, text
+
+
+def test_a_ragged_campaign_streams_every_result_and_writes_them_as_junit(planted, tmp_path, capsys):
+    report, stream, junit = tmp_path / "f.json", tmp_path / "f.jsonl", tmp_path / "f.xml"
+    code = main(["fuzz", "--op", "ragged-logits", "--budget", "1s", "--backends",
+                 "planted-right-ragged,planted-early-mask-ragged", "--report", str(report), "--stream", str(stream),
+                 "--junit", str(junit)])
+    out = capsys.readouterr().out
+    assert code == ExitStatus.FAILED and f"stream: {stream}\nreport: {report}\njunit: {junit}" in out, out
+    results = load_results(report)
+    assert [r.to_json() for r in load_results(stream)] == [r.to_json() for r in results]
+    assert load_run_info(stream)[0]["operation"] == "ragged-logits"
+    cases = _junit_cases(junit)
+    assert ET.parse(junit).getroot().find("testsuite").get("name") == "difftest fuzz --op ragged-logits"
+    assert sorted(cases) == sorted((r.backend, r.case) for r in results)
+    failed = {key for key, case in cases.items() if _failing_said(case)}
+    assert failed == {(r.backend, r.case) for r in results if r.verdict.failed}
+    assert {backend for backend, _ in failed} == {"planted-early-mask-ragged"}
 
 
 def test_a_campaign_bundles_the_first_failure_of_each_backend_and_verdict(planted, tmp_path, capsys):
