@@ -232,17 +232,21 @@ def _add_operation(command: argparse.ArgumentParser) -> None:
 # Options of `run` and `fuzz` that only the paged-logits operation takes (its own engine's), by destination.
 PAGED_ONLY = ("spec", "next_n", "block_sizes", "batch", "max_model_len", "heads", "head_dim", "ledger",
               "resume", "shard", "gpus", "time", "fail_slow", "sanitize", "encoding", "layout", "backend_module",
-              "case_filter", "max_batch", "max_context", "block_size", "shrink_seconds")
+              "case_filter", "max_batch", "max_context", "block_size", "shrink_seconds", "jobs", "batching")
+
+
+NEGATABLE = ("batching",)  # of those, the --flag/--no-flag ones: --no-flag (False) is given too
 
 
 def _paged_only(args: argparse.Namespace) -> None:
     """SpecError naming the first option given that an operation other than paged logits does not take."""
     for dest in PAGED_ONLY:
         value = getattr(args, dest, None)
-        if value not in (None, False, [], ()):
+        # Absent is None, or False for a plain --flag; a --flag/--no-flag option is None unless given.
+        if value not in (None, [], ()) and (value is not False or dest in NEGATABLE):
             shown = ",".join(getattr(v, "value", str(v)) for v in value) if isinstance(value, (list, tuple)) else value
-            raise SpecError("--" + dest.replace("_", "-"), shown,
-                            f"an option of --op paged-logits only, not of --op {args.op.value}")
+            flag = ("--no-" if value is False else "--") + dest.replace("_", "-")
+            raise SpecError(flag, shown, f"an option of --op paged-logits only, not of --op {args.op.value}")
 
 
 def _add_backend_choice(command: argparse.ArgumentParser) -> None:
@@ -357,10 +361,10 @@ def _add_fuzz(commands: argparse._SubParsersAction) -> None:
                       help="the budget's share for bundling and shrinking: drawing stops this long before the "
                       "budget's end once a failure is found (default: a quarter of --budget; 0: no shrinking)")
     _add_regime(fuzz, "bounds on the drawn cases (default: the whole envelope)")
-    fuzz.add_argument("--jobs", type=int, default=1, metavar="N",
+    fuzz.add_argument("--jobs", type=int, metavar="N",
                       help="N campaigns side by side, each in its own process with its own workers and its own "
                       "share of the plan, their results joined (default: 1)")
-    fuzz.add_argument("--batching", action=argparse.BooleanOptionalAction, default=True,
+    fuzz.add_argument("--batching", action=argparse.BooleanOptionalAction,
                       help="small cases of one shape in one launch where every backend allows it; a failure "
                       "is tried again, with the batch's other failures, then alone (default: on)")
     fuzz.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
@@ -1082,7 +1086,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     names = (args.backends or ()) + tuple(args.backend_module)
     campaign = fuzz.Campaign(budget=args.budget, backends=names or None, until_failures=args.until_failures,
                              seed=args.seed, repro_dir=args.repro_dir, stream=args.stream,
-                             shrink_seconds=args.shrink_seconds, regime=regime, batching=args.batching, jobs=args.jobs,
+                             shrink_seconds=args.shrink_seconds, regime=regime,
+                             batching=args.batching is not False, jobs=1 if args.jobs is None else args.jobs,
                              config=_run_config(args), report=args.report, junit=args.junit, argv=tuple(args.argv))
     progress = _CampaignProgress(args.budget, enabled=not (args.no_progress or args.quiet) and sys.stderr.isatty())
     try:

@@ -207,9 +207,13 @@ def test_a_campaign_bundles_the_first_failure_of_each_backend_and_verdict(plante
     assert f"{len(signatures)} bundle(s) under {repro}" in capsys.readouterr().out
 
 
-def test_an_option_of_paged_logits_only_is_refused_with_the_operation(capsys):
-    assert main(["run", "--op", "topk", "--spec", "{}"]) == ExitStatus.USAGE
-    assert "--spec" in capsys.readouterr().err
+@pytest.mark.parametrize("argv, flag", [(["run", "--spec", "{}"], "--spec='{}'"),
+                                        (["fuzz", "--budget", "1", "--jobs", "2"], "--jobs=2"),
+                                        (["fuzz", "--budget", "1", "--no-batching"], "--no-batching=False")])
+def test_an_option_of_paged_logits_only_is_refused_with_the_operation(capsys, argv, flag):
+    """Not ignored: a campaign of another operation has no jobs side by side nor batches."""
+    assert main([argv[0], "--op", "topk", *argv[1:]]) == ExitStatus.USAGE
+    assert f"{flag}: expected an option of --op paged-logits only, not of --op topk" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, line", [
