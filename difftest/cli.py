@@ -740,7 +740,8 @@ def _run_operation(args: argparse.Namespace) -> int:
     config = _run_config(args, metamorphic=_relations(args.op, args.metamorphic))
     request = OperationRequest(operation=args.op, cases=args.cases, seed=args.seed, count=args.count or 1,
                                backends=args.backends, config=config, report=args.report, stream=args.stream,
-                               junit=args.junit, repro_dir=args.repro_dir, budget=args.budget, argv=tuple(args.argv))
+                               junit=args.junit, repro_dir=args.repro_dir, budget=args.budget,
+                               overwrite=args.overwrite, argv=tuple(args.argv))
     outcome = execute_operation(request)
     _print_operation(outcome.results, args.verbose)
     if outcome.not_started:

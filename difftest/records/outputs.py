@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from difftest.backends import Loaded, Origin
-from difftest.core.errors import Interrupted, OutputError, SpecError
-from difftest.core.files import check_writable
+from difftest.core.errors import Interrupted, OutputError, SpecError, require
+from difftest.core.files import OutputLock, check_writable, holds_output
 from difftest.engine.config import RunConfig
 from difftest.engine.result import CaseResult
 from difftest.records import junit
@@ -163,6 +163,26 @@ def check_outputs(files: Mapping[str, Path | None], repro_dir: Path | None = Non
             check_writable(path, field)
     if repro_dir is not None:
         check_writable(repro_dir, "repro_dir", folder=True)
+
+
+def claimed(files: Mapping[Path, str], overwrite: bool, resumable: bool = False) -> list[OutputLock]:
+    """Before a run's first case: each of `files` (a resolved path and the parameter that named it) locked for
+    this run (OutputError naming the run that holds one), and none holding an earlier run's output unless
+    `overwrite` says so (SpecError, offering a resume where the workflow can resume): a run never replaces
+    another's results unasked. The caller releases the locks once its outputs are written."""
+    remedy = "overwrite it, or resume from it" if resumable else "overwrite it"
+    locks: list[OutputLock] = []
+    try:
+        for path, field in files.items():
+            locks.append(OutputLock(path, field).acquire())
+        for path, field in files.items():  # an empty file is no earlier run's: `mktemp` made it for this one
+            require(overwrite or not holds_output(path), field, str(path),
+                    f"a path no earlier run wrote (one did: {remedy})")
+    except BaseException:
+        for lock in locks:
+            lock.release()
+        raise
+    return locks
 
 
 class Outputs:

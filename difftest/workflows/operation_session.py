@@ -36,6 +36,7 @@ from difftest.records.outputs import (
     ReportOutput,
     StreamOutput,
     check_outputs,
+    claimed,
 )
 from difftest.records.report import config_info, environment_info
 from difftest.workflows.shrink import Failure
@@ -58,6 +59,7 @@ class OperationRequest:
     junit: Path | None = None  # JUnit XML of every result, written at the end
     repro_dir: Path | None = None  # a bundle for every failing result
     budget: float | None = None  # seconds: no case is started after this much of the run has passed
+    overwrite: bool = False  # replace the report and stream an earlier run left at those paths
     argv: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -123,23 +125,28 @@ def execute_operation(request: OperationRequest, on_result: Listener | None = No
     def made() -> dict[str, Any]:
         return {**run_info(request, started, len(plan)), "not_started": not_started}
 
-    outputs = _outputs(f"difftest run --op {op.name}", request.config, run_info(request, started, len(plan)),
-                                report=request.report, stream=request.stream_path, junit=request.junit,
-                                repro_dir=request.repro_dir)
-    current: list[Any] = [None]
-    finished: list[CaseResult] = []
+    locks = claimed(_files(request), request.overwrite)
+    try:
+        outputs = _outputs(f"difftest run --op {op.name}", request.config, run_info(request, started, len(plan)),
+                           report=request.report, stream=request.stream_path, junit=request.junit,
+                           repro_dir=request.repro_dir)
+        current: list[Any] = [None]
+        finished: list[CaseResult] = []
 
-    def heard(result: CaseResult) -> None:
-        outputs.take(result, current[0])
-        finished.append(result)
-        if on_result:
-            on_result(result)
+        def heard(result: CaseResult) -> None:
+            outputs.take(result, current[0])
+            finished.append(result)
+            if on_result:
+                on_result(result)
 
-    with outputs.keeping(finished, made, resumable=False):
-        results = run_operation(op, backends, _drawn(op, plan, request, started, not_started, current),
-                                request.config, heard)
-    info = made()
-    written = outputs.finish(results, info)
+        with outputs.keeping(finished, made, resumable=False):
+            results = run_operation(op, backends, _drawn(op, plan, request, started, not_started, current),
+                                    request.config, heard)
+        info = made()
+        written = outputs.finish(results, info)
+    finally:
+        for lock in locks:
+            lock.release()
     return OperationOutcome(results, info, bundles=_bundles(outputs), not_started=tuple(not_started),
                             written=written)
 
@@ -156,6 +163,16 @@ def _outputs(suite: str, config: RunConfig, info: dict[str, Any], report: Path |
                     BundleOutput(repro_dir, config, first_of=first_of) if repro_dir else None,
                     ReportOutput(report) if report else None,
                     JUnitOutput(junit, suite) if junit else None])
+
+
+def _files(request: OperationRequest) -> dict[Path, str]:
+    """The files a run writes as it goes, resolved, each with the parameter that named it (the stream beside the
+    report is the report's)."""
+    files: dict[Path, str] = {}
+    for field, path in (("report", request.report), ("stream" if request.stream else "report", request.stream_path)):
+        if path is not None:
+            files.setdefault(path.resolve(), field)
+    return files
 
 
 def _bundles(outputs: Outputs) -> int:

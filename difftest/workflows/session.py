@@ -20,7 +20,7 @@ from difftest.backends import Loaded, get_backends
 from difftest.core import hardware, lifetime, memory
 from difftest.core.case import Case
 from difftest.core.errors import Interrupted, first_line, require
-from difftest.core.files import OutputLock, check_writable, holds_output
+from difftest.core.files import OutputLock, check_writable
 from difftest.core.kinds import CaseKind, Device, ExitStatus
 from difftest.core.verdict import Verdict
 from difftest.engine import performance
@@ -32,7 +32,7 @@ from difftest.generators.envelope import Target, estimate_bytes, spec_shape
 from difftest.records.bundle import bundle_name
 from difftest.records.commands import backend_target, run_command
 from difftest.records.ledger import Ledger
-from difftest.records.outputs import BundleOutput, JUnitOutput, Outputs, ReportOutput, StreamOutput
+from difftest.records.outputs import BundleOutput, JUnitOutput, Outputs, ReportOutput, StreamOutput, claimed
 from difftest.records.report import config_info, environment_info
 from difftest.records.serialize import is_stream, load_results, load_run_info
 from difftest.workflows import spread
@@ -184,18 +184,7 @@ def _claimed(request: RunRequest) -> list[OutputLock]:
         check_writable(request.junit, "junit")
     if request.repro_dir is not None:
         check_writable(request.repro_dir, "repro_dir", folder=True)
-    locks: list[OutputLock] = []
-    try:
-        for path, field in outputs.items():
-            locks.append(OutputLock(path, field).acquire())
-        for path, field in outputs.items():  # an empty file is no earlier run's: `mktemp` made it for this one
-            require(request.overwrite or request.resume is not None or not holds_output(path), field, str(path),
-                    "a path no earlier run wrote (one did: overwrite it, or resume from it)")
-    except BaseException:
-        for lock in locks:
-            lock.release()
-        raise
-    return locks
+    return claimed(outputs, overwrite=request.overwrite or request.resume is not None, resumable=True)
 
 
 def _plan_info(planned: EnvelopePlan) -> dict[str, Any]:

@@ -283,3 +283,18 @@ def test_backends_lists_every_operation(capsys):
     for heading in ("paged-logits:", "ragged-logits:", "topk:"):
         assert heading in out
     assert "deepgemm-ragged" in out and "torch-topk" in out
+
+
+def test_a_run_never_replaces_an_earlier_runs_report_unasked(tmp_path, capsys):
+    """As a paged run: the report and its stream are locked while the run writes, and an earlier run's are kept
+    unless --overwrite says otherwise (an operation's run cannot resume)."""
+    report = tmp_path / "t.json"
+    argv = ["run", "--op", "topk", "--backends", "torch-topk", "--report", str(report)]
+    assert main(argv) == ExitStatus.OK
+    first = report.read_text()
+    assert main(argv) == ExitStatus.USAGE
+    assert f"--report='{report}': expected a path no earlier run wrote (one did: overwrite it)" in \
+        capsys.readouterr().err
+    assert report.read_text() == first and load_results(report.with_suffix(".jsonl"))
+    assert main([*argv, "--overwrite"]) == ExitStatus.OK
+    assert not list(tmp_path.glob("*.lock")), "the locks go once the run is done"
