@@ -151,9 +151,9 @@ def execute_operation(request: OperationRequest, on_result: Listener | None = No
                             written=written)
 
 
-def _outputs(suite: str, config: RunConfig, info: dict[str, Any], report: Path | None,
-                      stream: Path | None, junit: Path | None, repro_dir: Path | None,
-                      first_of: Callable[[CaseResult], Any] | None = None, flush_seconds: float = 0.0) -> Outputs:
+def _outputs(suite: str, config: RunConfig, info: dict[str, Any], report: Path | None, stream: Path | None,
+             junit: Path | None, repro_dir: Path | None, first_of: Callable[[CaseResult], Any] | None = None,
+             flush_seconds: float = 0.0) -> Outputs:
     """The writers of an operation's run or campaign (difftest.records.outputs), each path checked writable
     before its first case: its stream (after its run line, written in batches `flush_seconds` apart), a bundle
     per failing result (`first_of`: only the first of each key), the report, and JUnit XML in a suite called
@@ -295,8 +295,8 @@ def fuzz_operation(campaign: OperationCampaign, on_result: Listener | None = Non
         return _campaign_info(op, campaign, started)
 
     outputs = _outputs(f"difftest fuzz --op {op.name}", campaign.config, made(), report=campaign.report,
-                                stream=campaign.stream, junit=campaign.junit, repro_dir=campaign.repro_dir,
-                                first_of=_backend_and_verdict, flush_seconds=CAMPAIGN_FLUSH_SECONDS)
+                       stream=campaign.stream, junit=campaign.junit, repro_dir=campaign.repro_dir,
+                       first_of=_backend_and_verdict, flush_seconds=CAMPAIGN_FLUSH_SECONDS)
 
     def heard(result: CaseResult, case: Any) -> None:
         outputs.take(result, case)
