@@ -387,20 +387,20 @@ def _add_selftest(commands: argparse._SubParsersAction) -> None:
                                    allow_abbrev=False)
     selftest.add_argument("--device", type=_enum(Device), default=Device.CPU, help="cpu or cuda (default: cpu)")
     selftest.add_argument("--budget", type=_duration, help="after the plan, a fuzz round this long (90s, 10m) for the "
-                          "mutants not caught yet and those that must pass (default: none)")
+                          "paged mutants not caught yet and those that must pass (default: none)")
     selftest.add_argument("--fuzz-only", action="store_true", help="run none of the planned paged-logits cases: "
                           "the score is the fuzz round's alone, by any family (needs --budget)")
     selftest.add_argument("--backend-template", metavar="PKG.MOD:OBJ", help="a backend (registered name or "
                           "package.module:object) whose envelope the mutants take (heads, head dims, block sizes, "
                           "next_n, longest context, tiles, partition, mask, tolerance): the score is for it")
     selftest.add_argument("--mutants", type=_names, help="comma-separated mutants to run (names or keys; default: "
-                          "all of difftest.backends.mutants.CATALOGUE, the top-k ones included)")
+                          "all of difftest.backends.mutants.CATALOGUE, the top-k and ragged ones included)")
     selftest.add_argument("--seed", type=int, default=0)
     selftest.add_argument("--oracle", type=_enum(OracleKind),
                           help="exact or fast (default: fast on cuda, exact on cpu)")
     selftest.add_argument("--case-filter", action="append", default=[], metavar="GLOB",
                           help="run only the planned paged-logits cases whose name matches (fnmatch); "
-                          "repeatable (the top-k mutants run their whole plan)")
+                          "repeatable (the top-k and ragged mutants run their whole plans)")
     selftest.add_argument("--report", type=Path, metavar="PATH", help="write every result and the score (its "
                           "`selftest` section) as JSON here")
     _add_feeding(selftest, repeat=2)  # the nondeterministic mutants' launches are compared

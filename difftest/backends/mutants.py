@@ -14,8 +14,11 @@ would draw for that backend, and a selftest's score is for that envelope. Its in
 A worker process rebuilds a mutant from `difftest.backends.mutants:<key>` (module __getattr__); the template
 reaches it through the TEMPLATE_ENV environment variable, which the selftest sets while it runs.
 
-The top-k operation's mutants (difftest.backends.topk_mutants: torch's top-k, its ties, padding and index
-convention) are entries of the same catalogue; their cases are the top-k plan (difftest.generators.topk).
+The other operations' mutants are entries of the same catalogue, each run on its operation's plan: the top-k
+ones (difftest.backends.topk_mutants: torch's top-k, its ties, padding and index convention) on the top-k plan
+(difftest.generators.topk), the ragged (prefill) logits ones (difftest.backends.ragged_mutants: a tiled torch
+kernel, its window starts and ends, q blocks, stores, heads, fp8 flavour and 32-bit offsets) on the ragged plan
+(difftest.generators.ragged). Both keep their own contract: a template shapes the paged mutants only.
 """
 
 from __future__ import annotations
@@ -31,15 +34,19 @@ from pathlib import Path
 
 import torch
 
+from difftest.backends.ragged_mutants import BLOCK_Q, RaggedMutant, RaggedMutation
+from difftest.backends.ragged_mutants import HEAD_GROUP as RAGGED_HEAD_GROUP
+from difftest.backends.ragged_mutants import TILE as RAGGED_TILE
 from difftest.backends.registry import load_backend
 from difftest.backends.topk_mutants import CANDIDATE_BUFFER, TopkMutation, TorchTopkMutant
 from difftest.core import hardware
 from difftest.core.contract import Contract
 from difftest.core.errors import SpecError, require
 from difftest.core.kernel_inputs import KernelInputs
-from difftest.core.kinds import CacheLayout, LengthEncoding, MaskConvention
+from difftest.core.kinds import CacheLayout, LengthEncoding, MaskConvention, OperationKind
 from difftest.core.triton_interpret import interpreter_compat, load_kernel_module
 from difftest.generators.envelope import EdgeFamily
+from difftest.generators.ragged import RaggedFamily
 from difftest.generators.topk import TopkFamily
 
 KERNEL_FILE = Path(__file__).with_name("_mutant_kernel.py")
@@ -89,6 +96,10 @@ class BugClass(str, enum.Enum):
     LAYOUT = "6 scale layout"
     STALE_TABLE = "7 stale table entries"
     STORES = "10 stores past a row or the buffer"
+    OFF_BY_ONE = "4 off by one at the window end"
+    EMPTY_WINDOW = "5 empty windows"
+    WINDOW_START = "ragged window start misplaced"
+    Q_BLOCKS = "ragged q blocks"
     TOPK_TIES = "top-k ties at the k-th value"
     TOPK_PADDING = "top-k padding"
     TOPK_INDICES = "top-k indices row-relative or absolute"
@@ -114,17 +125,17 @@ class MutantSpec:
     envelope must hold for that, and whether a correct selftest must see it pass."""
 
     key: str  # its attribute here (difftest.backends.mutants:<key>) and, dashed, its name
-    mutation: Mutation | TopkMutation  # the paged kernel's switch, or the top-k mutant's
+    mutation: Mutation | TopkMutation | RaggedMutation  # the paged kernel's switch, or the top-k or ragged mutant's
     bug_class: BugClass
-    caught_by: EdgeFamily | TopkFamily | str  # the family whose cases should fail, or FUZZ
+    caught_by: EdgeFamily | TopkFamily | RaggedFamily | str  # the family whose cases should fail, or FUZZ
     needs: tuple[Requirement, ...] = ()
     summary: str = ""
     must_pass: bool = False  # the correct kernels and the nondeterministic ones
 
     @property
-    def topk(self) -> bool:
-        """Whether it is a top-k mutant (its cases the top-k plan's), not a paged-logits kernel."""
-        return isinstance(self.mutation, TopkMutation)
+    def operation(self) -> OperationKind:
+        """The operation it is a kernel of: its cases are that operation's plan."""
+        return _OPERATION_OF[type(self.mutation)]
 
     @property
     def name(self) -> str:
@@ -137,9 +148,11 @@ class MutantSpec:
         return Requirement.PRODUCTION in self.needs
 
 
+_OPERATION_OF = {Mutation: OperationKind.PAGED_LOGITS, TopkMutation: OperationKind.TOPK,
+                 RaggedMutation: OperationKind.RAGGED_LOGITS}
 _DRAFT, _HEADS, _BLOCKS, _TAIL, _PROD = (Requirement.DRAFT_ROWS, Requirement.HEAD_GROUPS, Requirement.BLOCKS,
                                          Requirement.TAIL_JUDGED, Requirement.PRODUCTION)
-_F = EdgeFamily
+_F, _R = EdgeFamily, RaggedFamily
 CATALOGUE: tuple[MutantSpec, ...] = (
     MutantSpec("correct", Mutation.NONE, BugClass.NONE, _F.RANDOM, must_pass=True,
                summary="the kernel as written: every case must pass"),
@@ -178,6 +191,43 @@ CATALOGUE: tuple[MutantSpec, ...] = (
     MutantSpec("store_past_row", Mutation.STORE_PAST_ROW, BugClass.STORES, _F.RANDOM,
                summary="a split's tiles not clamped to the row: stored in full over the next row's first "
                        "positions (and past the buffer)"),
+    MutantSpec("ragged_correct", RaggedMutation.NONE, BugClass.NONE, _R.RANDOM, must_pass=True,
+               summary="the ragged kernel as written: every case must pass"),
+    MutantSpec("ragged_rotated_head_sum", RaggedMutation.ROTATED_HEAD_SUM, BugClass.NONDETERMINISM, _R.RANDOM,
+               must_pass=True, summary="each launch sums the heads from another starting head: bits move, within "
+                                       "tolerance"),
+    MutantSpec("ragged_tiles_from_key_0", RaggedMutation.TILES_FROM_KEY_0, BugClass.WINDOW_START, _R.TILE_ENDS,
+               summary=f"whole tiles run from k_start while below k_end rounded down to {RAGGED_TILE} from key 0, the "
+                       "tail masked from there: a window starting off a tile is shifted (AITER 0.1.7.post2.dev18); "
+                       "tile-ends holds the same lengths from key 0 and key 3"),
+    MutantSpec("ragged_start_aligned", RaggedMutation.START_ALIGNED, BugClass.WINDOW_START, _R.KS_UNALIGNED,
+               summary="k_start rounded down to a multiple of 4 (a kernel that assumes DeepGEMM's aligned starts)"),
+    MutantSpec("ragged_end_inclusive", RaggedMutation.END_INCLUSIVE, BugClass.OFF_BY_ONE, _R.RANDOM,
+               summary="k_end read as the window's last key: one key past every window"),
+    MutantSpec("ragged_block_first_window", RaggedMutation.BLOCK_FIRST_WINDOW, BugClass.Q_BLOCKS,
+               _R.DISJOINT_BLOCKS, summary=f"every row of a q block of {BLOCK_Q} scored over the block's first "
+                                           "row's window"),
+    MutantSpec("ragged_partial_block_dropped", RaggedMutation.PARTIAL_BLOCK_DROPPED, BugClass.Q_BLOCKS,
+               _R.ROW_COUNTS, summary=f"the rows past the last whole q block of {BLOCK_Q} never scored (left -inf)"),
+    MutantSpec("ragged_empty_window_key", RaggedMutation.EMPTY_WINDOW_KEY, BugClass.EMPTY_WINDOW, _R.EMPTY_WINDOWS,
+               summary="an empty window (k_start == k_end) still scores its first key"),
+    MutantSpec("ragged_buffer_end_unmasked", RaggedMutation.BUFFER_END_UNMASKED, BugClass.STORES, _R.BUFFER_END,
+               summary="a window reaching the key buffer's end stores its last tile whole: keys read past the "
+                       "buffer (NaN) land on the next row"),
+    MutantSpec("ragged_max_seqlen_k_floor", RaggedMutation.SEQLEN_FLOOR, BugClass.TILES, _R.MAX_SEQLEN_K,
+               summary=f"tiles per row bounded by max_seqlen_k (the longest window) // {RAGGED_TILE}: the tail of "
+                       "a window longer than that is left -inf"),
+    MutantSpec("ragged_head_group_weights", RaggedMutation.HEAD_GROUP_WEIGHTS, BugClass.HEAD_GROUPS, _R.HEADS,
+               summary=f"heads past the first {RAGGED_HEAD_GROUP} weighted with the first {RAGGED_HEAD_GROUP}'s "
+                       f"weights: only a case of more than {RAGGED_HEAD_GROUP} heads (the plan's base has 32 on "
+                       "the CPU) shows it"),
+    MutantSpec("ragged_fp8_fnuz", RaggedMutation.FP8_FNUZ, BugClass.FP8_FLAVOUR, _R.RANDOM,
+               summary="e4m3fn key bytes decoded as e4m3fnuz (half the value)"),
+    MutantSpec("ragged_key_offset_int32", RaggedMutation.KEY_OFFSET_INT32, BugClass.OFFSETS_32, _R.KEYS_2_31_BYTES,
+               (_PROD,), "key index * D in int32: keys past 2^31 bytes read from a wrapped (negative) offset"),
+    MutantSpec("ragged_row_offset_int32", RaggedMutation.ROW_OFFSET_INT32, BugClass.OFFSETS_32,
+               _R.LOGITS_2_31_ELEMENTS, (_PROD,), "row * keys in int32: rows past 2^31 logits stored at a wrapped "
+                                                  "(negative) offset, never written"),
     MutantSpec("topk_correct", TopkMutation.NONE, BugClass.NONE, TopkFamily.RANDOM, must_pass=True,
                summary="torch's top-k as SGLang's reference path calls it: every case must pass"),
     MutantSpec("topk_random_ties", TopkMutation.RANDOM_TIES, BugClass.NONDETERMINISM, TopkFamily.TIES_STRADDLE,
@@ -193,8 +243,7 @@ CATALOGUE: tuple[MutantSpec, ...] = (
                                                    "start are promised (vllm#56749)"),
 )
 BY_KEY = {spec.key: spec for spec in CATALOGUE}
-KERNELS = tuple(spec for spec in CATALOGUE if not spec.topk)
-TOPK_KERNELS = tuple(spec for spec in CATALOGUE if spec.topk)
+KERNELS = tuple(spec for spec in CATALOGUE if spec.operation == OperationKind.PAGED_LOGITS)
 
 
 # --------------------------------------------------------------------------- the envelope
@@ -244,7 +293,8 @@ class TritonMutant:
     """The kernel compiled with `spec`'s mutation, in the envelope `contract` says (envelope_of)."""
 
     def __init__(self, spec: MutantSpec, contract: Contract | None = None) -> None:
-        require(not spec.topk, "mutant", spec.key, "a paged-logits mutant (difftest.backends.mutants.KERNELS)")
+        require(spec.operation == OperationKind.PAGED_LOGITS, "mutant", spec.key,
+                "a paged-logits mutant (difftest.backends.mutants.KERNELS)")
         self.spec = spec
         self.name = spec.name
         self.contract = contract or envelope_of(None)
@@ -288,23 +338,32 @@ def template_contract(target: str | None = None) -> Contract | None:
 
 def mutant(key: str, template: Contract | None = None) -> TritonMutant:
     """The mutant `key` of the catalogue in `template`'s envelope (None: the kernel's own)."""
-    spec = BY_KEY.get(key)
-    if spec is None or spec.topk:
-        raise SpecError("mutants", key, f"one of {[s.key for s in KERNELS]}")
-    return TritonMutant(spec, envelope_of(template))
+    return TritonMutant(_entry(key, OperationKind.PAGED_LOGITS), envelope_of(template))
 
 
 def topk_mutant(key: str) -> TorchTopkMutant:
     """The top-k mutant `key` of the catalogue."""
+    spec = _entry(key, OperationKind.TOPK)
+    return TorchTopkMutant(spec.mutation, spec.name)  # type: ignore[arg-type]
+
+
+def ragged_mutant(key: str) -> RaggedMutant:
+    """The ragged logits mutant `key` of the catalogue."""
+    spec = _entry(key, OperationKind.RAGGED_LOGITS)
+    return RaggedMutant(spec.mutation, spec.name)  # type: ignore[arg-type]
+
+
+def _entry(key: str, operation: OperationKind) -> MutantSpec:
+    """The catalogue's entry `key`, a mutant of `operation`; SpecError naming the keys there are."""
     spec = BY_KEY.get(key)
-    if spec is None or not isinstance(spec.mutation, TopkMutation):
-        raise SpecError("mutants", key, f"one of {[s.key for s in TOPK_KERNELS]}")
-    return TorchTopkMutant(spec.mutation, spec.name)
+    if spec is None or spec.operation != operation:
+        raise SpecError("mutants", key, f"one of {[s.key for s in CATALOGUE if s.operation == operation]}")
+    return spec
 
 
 def __getattr__(key: str) -> Callable[[], TritonMutant]:
     """`difftest.backends.mutants:<key>`: a zero-argument factory of that mutant in the envelope TEMPLATE_ENV
     names, which is how a worker process rebuilds it."""
-    if key in BY_KEY and not BY_KEY[key].topk:
+    if key in BY_KEY and BY_KEY[key].operation == OperationKind.PAGED_LOGITS:
         return lambda: mutant(key, template_contract())
     raise AttributeError(f"module {__name__!r} has no attribute {key!r}")

@@ -6,9 +6,10 @@ contract: the kernel's own envelope, or with a template (a user's backend) that 
 for that envelope. Every mutant runs the plan's cases in order under the run's config; a mutant that must be
 caught stops once a case of the family it names has failed (or, where that family is not in the plan, at its
 first failure): what is left would only confirm it. Then, within `budget` seconds, a fuzz round
-(difftest.workflows.fuzz) of fresh seeds runs the mutants still uncaught and the two that must pass. The top-k
-mutants run the same way on the top-k plan (difftest.workflows.selftest_topk). Without the plan (plan=False)
-the fuzz round runs every paged mutant, and the score is the campaign's alone: a catch by any family counts.
+(difftest.workflows.fuzz) of fresh seeds runs the paged mutants still uncaught and the two that must pass. The
+top-k and ragged-logits mutants run the same way on their own operation's plan, in this process
+(difftest.workflows.selftest_operations), and have no fuzz round. Without the plan (plan=False) the fuzz round
+runs every paged mutant, and the paged score is the campaign's alone: a catch by any family counts.
 
 A miss is explained from the plan: the family that would have reached it was left out (the plan's own
 reason), or what the mutant needs is not in the envelope (draft rows, a second head group, a judged tail,
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from difftest.backends import mutants as catalogue
 from difftest.core.contract import Contract
 from difftest.core.errors import require
 from difftest.core.files import check_writable
-from difftest.core.kinds import Device, ExitStatus
+from difftest.core.kinds import Device, ExitStatus, OperationKind
 from difftest.core.triton_interpret import environ
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
@@ -43,10 +44,10 @@ from difftest.records.report import config_info, environment_info, render_reach,
 from difftest.records.score import MutantScore, SelftestScore, Status
 from difftest.workflows import fuzz
 from difftest.workflows.running import run
-from difftest.workflows.selftest_topk import TopkTally, first_failure, run_topk
+from difftest.workflows.selftest_operations import OperationTally, Progress, first_failure, run_operations
 from difftest.workflows.session import drawn_or_not
 
-Progress = Callable[[str], None]  # hears one line as each mutant first fails
+PAGED = OperationKind.PAGED_LOGITS
 FUZZ_SEED_OFFSET = 7_000_000  # the fuzz round's seeds start past the plan's (fuzz.ROUND_SEEDS apart per round)
 
 
@@ -114,7 +115,7 @@ def selftest(request: SelftestRequest, progress: Progress | None = None) -> Self
     specs = _chosen(request.mutants)
     with environ(catalogue.TEMPLATE_ENV, request.template or ""):  # how a worker rebuilds the mutants
         contract = catalogue.envelope_of(catalogue.template_contract(request.template))
-        backends = {spec.key: _loaded(spec, contract) for spec in specs if not spec.topk}
+        backends = {spec.key: _loaded(spec, contract) for spec in specs if spec.operation == PAGED}
         target = Target.probe(Device(request.config.device))
         plan = envelope_plan(list(backends.values()), target, request.seed)
         cases = _planned(plan, request)
@@ -122,10 +123,9 @@ def selftest(request: SelftestRequest, progress: Progress | None = None) -> Self
         results = run(list(backends.values()), _drawn(cases, request.config.device, tally), request.config,
                       on_result=tally.heard, takes=tally.takes) if backends else []
         fuzz_seconds = _fuzz_round(request, tally, backends) if request.budget and backends else None
-    topk = run_topk([spec for spec in specs if spec.topk], target, request.config.device, request.config.repeat,
-                    request.seed, start, progress)
-    scores = [_topk_score(spec, topk) if spec.topk else
-              _score(spec, tally, plan, cases, contract, target, request) for spec in specs]
+    operations = run_operations(specs, target, request.config, request.seed, start, progress)
+    scores = [_score(spec, tally, plan, cases, contract, target, request) if spec.operation == PAGED
+              else _operation_score(spec, operations[spec.operation]) for spec in specs]
     outcome = SelftestOutcome(scores, results + tally.fuzz_results, plan, contract, request.template,
                               time.monotonic() - start, fuzz_seconds)
     if request.report is None:
@@ -171,7 +171,7 @@ class _Tally:
     def __init__(self, specs: list[catalogue.MutantSpec], cases: list[PlannedCase], start: float,
                  progress: Progress | None = None) -> None:
         self.progress = progress
-        self.specs = {spec.name: spec for spec in specs if not spec.topk}
+        self.specs = {spec.name: spec for spec in specs if spec.operation == PAGED}
         self.names = list(self.specs)
         self.start = start
         self.planned = {case.name: case for case in cases}
@@ -279,12 +279,13 @@ def _score(spec: catalogue.MutantSpec, tally: _Tally, plan: EnvelopePlan, cases:
                    family_required=request.plan)
 
 
-def _topk_score(spec: catalogue.MutantSpec, tally: TopkTally) -> MutantScore:
-    """A top-k mutant's row: as a paged one's, its family's omission from the top-k plan the reason of a miss."""
+def _operation_score(spec: catalogue.MutantSpec, tally: OperationTally) -> MutantScore:
+    """A top-k or ragged mutant's row: as a paged one's, a miss explained by its family's omission from its
+    operation's plan, or by that family's cases being SKIPs."""
     family = spec.caught_by.value  # type: ignore[union-attr]
     left = tally.omitted(family)
-    unreachable = (None if spec.must_pass or family in tally.families
-                   else f"{family} left out: {left}" if left else f"{family}: no case of the top-k plan")
+    unreachable = (None if spec.must_pass else _skipped(spec, tally) if family in tally.families
+                   else f"{family} left out: {left}" if left else f"{family}: no case of the {tally.kind.value} plan")
     return _scored(spec, tally.failures[spec.name], tally.ran[spec.name], tally.first.get(spec.name), unreachable)
 
 
@@ -335,7 +336,7 @@ def _out_of_reach(spec: catalogue.MutantSpec, contract: Contract, target: Target
     return None
 
 
-def _skipped(spec: catalogue.MutantSpec, tally: _Tally) -> str | None:
+def _skipped(spec: catalogue.MutantSpec, tally: _Tally | OperationTally) -> str | None:
     """Why the family that reaches `spec`'s bug may not have here: cases of it were SKIPs (out of memory being
     drawn or called, on a device shared with other runs), and none of it failed the mutant. A miss so
     explained is no weakness of the configuration: those cases earned no verdict. None when no case of the

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from difftest.backends import mutants
+from difftest.backends import mutants, ragged_mutants
 from difftest.backends.user import backend
 from difftest.cli import main
 from difftest.core.kinds import ExitStatus, MaskConvention, MetamorphicRelation, TopkRelation
@@ -23,10 +23,12 @@ from difftest.core.schema import validate
 from difftest.core.verdict import Verdict
 from difftest.engine.plan import PlannedCase
 from difftest.engine.result import CaseResult, Reach
-from difftest.generators.envelope import EdgeFamily
+from difftest.generators.envelope import EdgeFamily, Target
+from difftest.generators.ragged import RaggedFamily, RaggedPlanned, build_ragged_case, ragged_plan
+from difftest.operations.ragged import RAGGED_LOGITS
 from difftest.records.report import Report
 from difftest.records.score import Status
-from difftest.workflows import selftest
+from difftest.workflows import selftest, selftest_operations
 from difftest.workflows.fuzz import CampaignOutcome
 from difftest.workflows.selftest import SelftestRequest
 from tests import planted
@@ -48,6 +50,9 @@ def test_the_mutants_that_must_pass_pass(scored):
     assert rows["mutant-correct"].cases == rows["mutant-rotated-head-sum"].cases == len(CASES)
     assert rows["mutant-topk-correct"].status == rows["mutant-topk-random-ties"].status == Status.PASSED
     assert rows["mutant-topk-correct"].cases == rows["mutant-topk-random-ties"].cases > 20  # the whole top-k plan
+    ragged = [p for p in ragged_plan(ragged_mutants.contract(), Target.small_cpu()) if isinstance(p, RaggedPlanned)]
+    assert rows["mutant-ragged-correct"].status == rows["mutant-ragged-rotated-head-sum"].status == Status.PASSED
+    assert rows["mutant-ragged-correct"].cases == rows["mutant-ragged-rotated-head-sum"].cases == len(ragged)
 
 
 def test_every_other_mutant_is_caught_by_the_family_its_entry_names(scored):
@@ -64,8 +69,8 @@ def test_every_other_mutant_is_caught_by_the_family_its_entry_names(scored):
 
 def test_the_score_is_ok_and_in_the_report(scored):
     assert scored.status == ExitStatus.OK
-    assert scored.summary().startswith("mutation score: 15 of 19 mutants caught (4 not reachable here, 4 of them "
-                                       "production-only), 4 of 4 that must pass passed")
+    assert scored.summary().startswith("mutation score: 25 of 31 mutants caught (6 not reachable here, 6 of them "
+                                       "production-only), 6 of 6 that must pass passed")
     document = json.loads(scored.written.read_text())
     validate(Report, document, "report ")
     assert document["selftest"]["status"] == "OK" and len(document["selftest"]["mutants"]) == len(mutants.CATALOGUE)
@@ -75,6 +80,9 @@ def test_the_score_is_ok_and_in_the_report(scored):
     table = selftest.render_scores(scored)
     assert "mutant-after-empty" in table and table.endswith(scored.summary())
     assert "    production-only: pool-2^31-bytes left out: " in table
+    assert "    production-only: keys-2^31-bytes left out: needs 33554432 keys of 64 bytes (2^31 bytes); " in table
+    tiles = next(m for m in document["selftest"]["mutants"] if m["mutant"] == "mutant-ragged-tiles-from-key-0")
+    assert (tiles["status"], tiles["caught_by"][0], tiles["ok"]) == ("caught", "tile-ends", True)
 
 
 def test_a_templates_envelope_decides_what_can_be_caught():
@@ -110,6 +118,43 @@ def test_an_expectation_that_does_not_hold_fails_the_selftest(monkeypatch):
         "expected tile-multiples, whose cases did not fail it")
     assert fnuz.status == Status.FALSE_POSITIVE and not fnuz.ok and fnuz.why.startswith("FAIL(value) on ")
     assert done.status == ExitStatus.FAILED
+
+
+def test_a_ragged_expectation_that_does_not_hold_fails_the_selftest(monkeypatch):
+    """As for the paged mutants: a ragged mutant caught by another family than its entry names, or one that must
+    pass and fails, fails the selftest; a family the ragged plan has no case of explains a miss."""
+    wrong = (dataclasses.replace(mutants.BY_KEY["ragged_head_group_weights"], caught_by=RaggedFamily.BUFFER_END),
+             dataclasses.replace(mutants.BY_KEY["ragged_fp8_fnuz"], must_pass=True),
+             dataclasses.replace(mutants.BY_KEY["ragged_end_inclusive"], caught_by=RaggedFamily.PRODUCTION))
+    monkeypatch.setattr(mutants, "CATALOGUE", wrong)
+    monkeypatch.setattr(mutants, "BY_KEY", {spec.key: spec for spec in wrong})
+    done = selftest.selftest(SelftestRequest())
+    heads, fnuz, end = done.scores
+    assert heads.status == Status.CAUGHT and not heads.ok and heads.caught_by == ("heads",)
+    assert heads.why == "expected buffer-end, whose cases did not fail it"
+    assert fnuz.status == Status.FALSE_POSITIVE and not fnuz.ok and fnuz.why.startswith("FAIL(nan) on random-")
+    assert end.status == Status.CAUGHT and end.ok and not end.expected_here
+    assert end.why.startswith("production not reached here (production left out: 16384 rows over 131072 keys")
+    assert done.status == ExitStatus.FAILED and not done.results  # no paged mutant ran
+
+
+def test_a_ragged_miss_whose_family_cases_were_not_drawn_is_not_reachable_here_with_the_skip_reason(monkeypatch):
+    """On a GPU other runs fill, the ragged plan's heads cases cannot be drawn: the mutants earn no verdict there
+    (SKIPs), the head-group one's miss says which case and why, and the correct one still passes the rest."""
+    def build(spec, seed, device):
+        if spec.name.startswith("heads-"):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (planted)")
+        return build_ragged_case(spec, seed, device)
+
+    undrawable = dataclasses.replace(RAGGED_LOGITS, build=build)
+    monkeypatch.setattr(selftest_operations, "operation", lambda kind: undrawable)
+    done = selftest.selftest(SelftestRequest(mutants=("ragged_correct", "ragged_head_group_weights")))
+    correct, heads = done.scores
+    assert correct.status == Status.PASSED and correct.ok
+    assert heads.status == Status.MISSED and heads.ok and not heads.expected_here
+    assert heads.why.startswith("heads: 2 of its cases skipped here, the first heads-16-s0: the case ran out of "
+                                "memory before any call (not drawn: drawing the case ran out of memory (")
+    assert done.status == ExitStatus.OK
 
 
 def test_a_fuzz_round_alone_is_scored_by_any_family(capsys):
@@ -212,6 +257,9 @@ def test_the_command_line(tmp_path, capsys):
     assert status == 0 and out.startswith("mutation score: 1 of 1 mutants caught (0 not reachable here, 0 of them "
                                           "production-only), 1 of 1")
     assert json.loads(report.read_text())["selftest"]["mutants"][1]["first_case"] == "shorter-than-next-n-s2000"
+    status = main(["selftest", "--mutants", "ragged-correct,mutant-ragged-empty-window-key", "-q"])
+    assert status == 0 and capsys.readouterr().out.startswith("mutation score: 1 of 1 mutants caught (0 not "
+                                                             "reachable here, 0 of them production-only), 1 of 1")
     assert main(["selftest", "--mutants", "nope"]) == ExitStatus.USAGE
     assert "--mutants='nope': expected catalogue keys among" in capsys.readouterr().err
     assert main(["selftest", "--repeat", "1"]) == ExitStatus.USAGE
