@@ -5,14 +5,19 @@
 # keys-2^31-bytes and logits-2^31-elements, which the CPU's SMALL scale leaves out. No library is needed: the
 # mutants are torch, the oracle the fused Triton one.
 #
-# From the project root on the device (nothing to carry; SELFTEST_LIMIT seconds, default 560):
-#   PYTHONPATH=. bash scripts/h200_ragged_mutants.sh [OUTDIR]     (default reports/h200/ragged-mutants)
+# From the project root on the device, .whl carried (the wheels the image lacks: pydantic and what it needs;
+# scripts/device_env.sh installs them); SELFTEST_LIMIT seconds, default 560:
+#   bash scripts/h200_ragged_mutants.sh [OUTDIR]     (default reports/h200/ragged-mutants)
 # Writes OUTDIR/00-environment.txt, 01-selftest.txt (the command, what it printed, its exit status and wall
 # time) and 01-score.json (the report's `selftest` section; the paged results it would hold are none here).
 set -uo pipefail
 out=${1:-reports/h200/ragged-mutants}
 mkdir -p "$out"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+if [ -d .whl ] && [ -f scripts/device_env.sh ]; then
+  source scripts/device_env.sh  # installs the carried wheels, puts them and the repo on PYTHONPATH
+else
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+fi
 limit=${SELFTEST_LIMIT:-560}
 
 step() {  # step NAME LIMIT COMMAND...: the command, its output and its exit status in $out/NAME.txt
