@@ -21,19 +21,18 @@ from collections.abc import Callable
 from typing import Any
 
 from difftest.backends import mutants as catalogue
-from difftest.core import memory
-from difftest.core.errors import first_line
 from difftest.core.kinds import OperationKind
 from difftest.core.operation import Operation
 from difftest.core.verdict import Verdict, worst
 from difftest.engine.config import RunConfig
-from difftest.engine.operation_run import Drawn, Named, References, run_one, run_operation
+from difftest.engine.operation_run import Named, References, run_one, run_operation
 from difftest.engine.result import CaseResult
 from difftest.engine.runner import NotDrawn
 from difftest.generators.envelope import Target
 from difftest.generators.ragged import RaggedPlanned, ragged_plan
 from difftest.generators.topk import TopkPlanned, topk_plan
 from difftest.operations import operation
+from difftest.workflows.operation_session import drawn_or_not
 
 Progress = Callable[[str], None]  # hears one line as each mutant first fails
 Heard = list[tuple[CaseResult, tuple[str, ...]]]  # results with the families of their cases
@@ -117,16 +116,11 @@ def _launched(run: MutantRun, spec: Any, chosen: list[Named], seed: int, config:
     """Each chosen mutant's worst of `repeat` launches on the case of `spec`; SKIPs where the case could not
     be drawn for memory."""
     op = run.operation
-    try:
-        case = op.build(spec, seed, config.device)
-    except Exception as exc:
-        if not memory.ran_out(exc):
-            raise
-        name = op.case_name(spec, seed)
-        undrawn = NotDrawn(name, name, 0, f"not drawn: drawing the case ran out of memory ({first_line(exc)})")
-        return run_operation(op, chosen, [Drawn(undrawn)], config)
+    drawn = drawn_or_not(op, spec, seed, config.device)
+    if isinstance(drawn.case, NotDrawn):
+        return run_operation(op, chosen, [drawn], config)
     references: References = []  # the oracle's answer, made on the first launch
-    return [_worst([run_one(op, named, case, config, references=references) for _ in range(repeat)])
+    return [_worst([run_one(op, named, drawn.case, config, references=references) for _ in range(repeat)])
             for named in chosen]
 
 

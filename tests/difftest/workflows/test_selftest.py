@@ -153,7 +153,7 @@ def test_a_ragged_miss_whose_family_cases_were_not_drawn_is_not_reachable_here_w
     assert correct.status == Status.PASSED and correct.ok
     assert heads.status == Status.MISSED and heads.ok and not heads.expected_here
     assert heads.why.startswith("heads: 2 of its cases skipped here, the first heads-16-s0: the case ran out of "
-                                "memory before any call (not drawn: drawing the case ran out of memory (")
+                                "memory before any call (drawing it: CUDA out of memory. Tried to allocate")
     assert done.status == ExitStatus.OK
 
 
