@@ -165,12 +165,25 @@ def check_outputs(files: Mapping[str, Path | None], repro_dir: Path | None = Non
         check_writable(repro_dir, "repro_dir", folder=True)
 
 
+def run_files(report: Path | None, stream: Path | None, stream_given: bool) -> dict[Path, str]:
+    """The files a run writes as it goes, resolved, each with the parameter that named it: the report, and the
+    stream (beside the report unless `stream_given`: then the report's parameter names it too)."""
+    files: dict[Path, str] = {}
+    for field, path in (("report", report), ("stream" if stream_given else "report", stream)):
+        if path is not None:
+            files.setdefault(path.resolve(), field)
+    return files
+
+
 def claimed(files: Mapping[Path, str], overwrite: bool, resumable: bool = False) -> list[OutputLock]:
-    """Before a run's first case: each of `files` (a resolved path and the parameter that named it) locked for
-    this run (OutputError naming the run that holds one), and none holding an earlier run's output unless
-    `overwrite` says so (SpecError, offering a resume where the workflow can resume): a run never replaces
-    another's results unasked. The caller releases the locks once its outputs are written."""
+    """Before a run's first case: each of `files` (a resolved path and the parameter that named it, run_files)
+    writable (OutputError naming the parameter) and locked for this run (OutputError naming the run that holds
+    one), and none holding an earlier run's output unless `overwrite` says so (SpecError, offering a resume where
+    the workflow can resume): a run never replaces another's results unasked. The caller releases the locks once
+    its outputs are written."""
     remedy = "overwrite it, or resume from it" if resumable else "overwrite it"
+    for path, field in files.items():
+        check_writable(path, field)
     locks: list[OutputLock] = []
     try:
         for path, field in files.items():

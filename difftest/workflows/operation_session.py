@@ -37,6 +37,7 @@ from difftest.records.outputs import (
     StreamOutput,
     check_outputs,
     claimed,
+    run_files,
 )
 from difftest.records.report import config_info, environment_info
 from difftest.workflows.shrink import Failure
@@ -125,7 +126,7 @@ def execute_operation(request: OperationRequest, on_result: Listener | None = No
     def made() -> dict[str, Any]:
         return {**run_info(request, started, len(plan)), "not_started": not_started}
 
-    locks = claimed(_files(request), request.overwrite)
+    locks = claimed(run_files(request.report, request.stream_path, request.stream is not None), request.overwrite)
     try:
         outputs = _outputs(f"difftest run --op {op.name}", request.config, run_info(request, started, len(plan)),
                            report=request.report, stream=request.stream_path, junit=request.junit,
@@ -163,16 +164,6 @@ def _outputs(suite: str, config: RunConfig, info: dict[str, Any], report: Path |
                     BundleOutput(repro_dir, config, first_of=first_of) if repro_dir else None,
                     ReportOutput(report) if report else None,
                     JUnitOutput(junit, suite) if junit else None])
-
-
-def _files(request: OperationRequest) -> dict[Path, str]:
-    """The files a run writes as it goes, resolved, each with the parameter that named it (the stream beside the
-    report is the report's)."""
-    files: dict[Path, str] = {}
-    for field, path in (("report", request.report), ("stream" if request.stream else "report", request.stream_path)):
-        if path is not None:
-            files.setdefault(path.resolve(), field)
-    return files
 
 
 def _bundles(outputs: Outputs) -> int:

@@ -20,7 +20,7 @@ from difftest.backends import Loaded, get_backends
 from difftest.core import hardware, lifetime, memory
 from difftest.core.case import Case
 from difftest.core.errors import Interrupted, first_line, require
-from difftest.core.files import OutputLock, check_writable
+from difftest.core.files import OutputLock
 from difftest.core.kinds import CaseKind, Device, ExitStatus
 from difftest.core.verdict import Verdict
 from difftest.engine import performance
@@ -32,7 +32,16 @@ from difftest.generators.envelope import Target, estimate_bytes, spec_shape
 from difftest.records.bundle import bundle_name
 from difftest.records.commands import backend_target, run_command
 from difftest.records.ledger import Ledger
-from difftest.records.outputs import BundleOutput, JUnitOutput, Outputs, ReportOutput, StreamOutput, claimed
+from difftest.records.outputs import (
+    BundleOutput,
+    JUnitOutput,
+    Outputs,
+    ReportOutput,
+    StreamOutput,
+    check_outputs,
+    claimed,
+    run_files,
+)
 from difftest.records.report import config_info, environment_info
 from difftest.records.serialize import is_stream, load_results, load_run_info
 from difftest.workflows import spread
@@ -174,17 +183,9 @@ def _claimed(request: RunRequest) -> list[OutputLock]:
     otherwise), the report and the stream are locked for this run (OutputError naming the run that
     holds one), and neither holds an earlier run's output unless `overwrite` or `resume` says so
     (SpecError)."""
-    outputs: dict[Path, str] = {}
-    for field, path in (("report", request.report), ("stream" if request.stream else "report", request.stream_path)):
-        if path is not None:
-            outputs.setdefault(path.resolve(), field)
-    for path, field in outputs.items():
-        check_writable(path, field)
-    if request.junit is not None:
-        check_writable(request.junit, "junit")
-    if request.repro_dir is not None:
-        check_writable(request.repro_dir, "repro_dir", folder=True)
-    return claimed(outputs, overwrite=request.overwrite or request.resume is not None, resumable=True)
+    check_outputs({"junit": request.junit}, request.repro_dir)
+    return claimed(run_files(request.report, request.stream_path, request.stream is not None),
+                   overwrite=request.overwrite or request.resume is not None, resumable=True)
 
 
 def _plan_info(planned: EnvelopePlan) -> dict[str, Any]:
