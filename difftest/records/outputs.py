@@ -165,6 +165,11 @@ def check_outputs(files: Mapping[str, Path | None], repro_dir: Path | None = Non
         check_writable(repro_dir, "repro_dir", folder=True)
 
 
+def stream_beside(report: Path | None, stream: Path | None) -> Path | None:
+    """Where a run's results stream: `stream`, else beside `report` (its suffix .jsonl), else nowhere."""
+    return stream or (report.with_suffix(".jsonl") if report else None)
+
+
 def run_files(report: Path | None, stream: Path | None, stream_given: bool) -> dict[Path, str]:
     """The files a run writes as it goes, resolved, each with the parameter that named it: the report, and the
     stream (beside the report unless `stream_given`: then the report's parameter names it too)."""

@@ -38,6 +38,7 @@ from difftest.records.outputs import (
     check_outputs,
     claimed,
     run_files,
+    stream_beside,
 )
 from difftest.records.report import config_info, environment_info
 from difftest.workflows.shrink import Failure
@@ -71,7 +72,7 @@ class OperationRequest:
     @property
     def stream_path(self) -> Path | None:
         """Where results stream: `stream`, else beside `report`, else nowhere."""
-        return self.stream or (self.report.with_suffix(".jsonl") if self.report else None)
+        return stream_beside(self.report, self.stream)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,6 +41,7 @@ from difftest.records.outputs import (
     check_outputs,
     claimed,
     run_files,
+    stream_beside,
 )
 from difftest.records.report import config_info, environment_info
 from difftest.records.serialize import is_stream, load_results, load_run_info
@@ -88,7 +89,7 @@ class RunRequest:
     @property
     def stream_path(self) -> Path | None:
         """Where results stream: `stream`, else beside `report`, else nowhere."""
-        return self.stream or (self.report.with_suffix(".jsonl") if self.report else None)
+        return stream_beside(self.report, self.stream)
 
 
 @dataclasses.dataclass(frozen=True)
