@@ -307,26 +307,24 @@ def test_ragged_run_with_shift_keys_fails_what_the_oracle_passes_and_its_bundle_
     assert "metamorphic: shift-keys (3 keys inserted before the buffer) does not hold" in capsys.readouterr().out
 
 
-def test_a_topk_bundle_naming_relations_of_another_operation_is_refused(padded_past_window, tmp_path):
+@pytest.mark.parametrize("registered, op, backend, relation, other, known", [
+    ("padded_past_window", "topk", "mutant-topk-padded-past-window", "add-neg-inf", "scale-q",
+     "['add-neg-inf', 'permute-columns']"),
+    ("tiles_from_key_0", "ragged-logits", "mutant-ragged-tiles-from-key-0", "shift-keys", "permute-pages",
+     "['shift-keys', 'permute-rows', 'scale-q', 'permute-heads', 'append-keys', 'split-rows']"),
+])
+def test_a_bundle_naming_relations_of_another_operation_is_refused(request, tmp_path, registered, op, backend,
+                                                                   relation, other, known):
+    request.getfixturevalue(registered)
     repro = tmp_path / "repro"
-    main(["run", "--op", "topk", "--cases", "random", "--backends", "mutant-topk-padded-past-window",
-          "--metamorphic", "add-neg-inf", "--repro-dir", str(repro)])
+    main(["run", "--op", op, "--cases", "random", "--backends", backend, "--metamorphic", relation, "--repro-dir",
+          str(repro)])
     info = _bundles(repro)[0] / "bundle.json"
-    info.write_text(info.read_text().replace('"add-neg-inf"', '"scale-q"'))
-    with pytest.raises(SpecError, match=r"bundle.json metamorphic=\['scale-q'\]: expected relations of the topk "
-                                        r"operation: \['add-neg-inf', 'permute-columns'\]"):
+    info.write_text(info.read_text().replace(f'"{relation}"', f'"{other}"'))
+    with pytest.raises(SpecError) as refused:
         load_bundle(info.parent)
-
-
-def test_a_ragged_bundle_naming_relations_of_another_operation_is_refused(tiles_from_key_0, tmp_path):
-    repro = tmp_path / "repro"
-    main(["run", "--op", "ragged-logits", "--cases", "random", "--backends", "mutant-ragged-tiles-from-key-0",
-          "--metamorphic", "shift-keys", "--repro-dir", str(repro)])
-    info = _bundles(repro)[0] / "bundle.json"
-    info.write_text(info.read_text().replace('"shift-keys"', '"permute-pages"'))
-    with pytest.raises(SpecError, match=r"bundle.json metamorphic=\['permute-pages'\]: expected relations of the "
-                                        r"ragged-logits operation: \['shift-keys', "):
-        load_bundle(info.parent)
+    assert f"bundle.json metamorphic=['{other}']: expected relations of the {op} operation: {known}" in \
+        str(refused.value)
 
 
 def test_backends_lists_every_operation(capsys):
