@@ -128,7 +128,8 @@ def _relations(op: OperationKind, names: tuple[str, ...]) -> tuple[AnyRelation, 
         return ()
     kind, shown = RELATIONS.get(op), ",".join(names)
     if kind is None:
-        raise SpecError("--metamorphic", shown, f"an option of --op {' or '.join(k.value for k in RELATIONS)}, the "
+        having = [k.value for k in RELATIONS]
+        raise SpecError("--metamorphic", shown, f"an option of --op {', '.join(having[:-1])} or {having[-1]}, the "
                                                 f"operations with metamorphic relations, not of --op {op.value}")
     if set(names) == {"all"}:
         return tuple(kind)
@@ -280,7 +281,8 @@ def _add_feeding(command: argparse.ArgumentParser, repeat: int = 1) -> None:
 
 
 def _add_metamorphic(command: argparse.ArgumentParser, ops: tuple[OperationKind, ...] = tuple(RELATIONS)) -> None:
-    """--metamorphic, as `run` (every operation with relations, by --op) and `selftest` (paged logits) take it."""
+    """--metamorphic, as `run` and `fuzz` (every operation with relations, by --op) and `selftest` (paged logits)
+    take it."""
     names = "; ".join(f"--op {op.value}: {', '.join(r.value for r in RELATIONS[op])}" for op in ops)
     command.add_argument("--metamorphic", type=_relation_names, nargs="?", const=("all",), default=(),
                          metavar="RELATIONS",
@@ -368,6 +370,7 @@ def _add_fuzz(commands: argparse._SubParsersAction) -> None:
                       help="small cases of one shape in one launch where every backend allows it; a failure "
                       "is tried again, with the batch's other failures, then alone (default: on)")
     fuzz.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    _add_metamorphic(fuzz)
     _add_loudness(fuzz)
 
 
@@ -1085,11 +1088,15 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     regime = Regime(max_batch=args.max_batch, max_context=args.max_context, heads=args.heads,
                     head_dim=args.head_dim, block_size=args.block_size)
     names = (args.backends or ()) + tuple(args.backend_module)
+    relations = _relations(args.op, args.metamorphic)
+    # A batch's passing members are judged on its rows alone: relations need each case launched by itself.
+    batching = args.batching if args.batching is not None else not relations
     campaign = fuzz.Campaign(budget=args.budget, backends=names or None, until_failures=args.until_failures,
                              seed=args.seed, repro_dir=args.repro_dir, stream=args.stream,
-                             shrink_seconds=args.shrink_seconds, regime=regime,
-                             batching=args.batching is not False, jobs=1 if args.jobs is None else args.jobs,
-                             config=_run_config(args), report=args.report, junit=args.junit, argv=tuple(args.argv))
+                             shrink_seconds=args.shrink_seconds, regime=regime, batching=batching,
+                             jobs=1 if args.jobs is None else args.jobs,
+                             config=_run_config(args, metamorphic=relations), report=args.report, junit=args.junit,
+                             argv=tuple(args.argv))
     progress = _CampaignProgress(args.budget, enabled=not (args.no_progress or args.quiet) and sys.stderr.isatty())
     try:
         outcome = fuzz.fuzz(campaign, on_progress=progress.step)
@@ -1114,7 +1121,8 @@ def _fuzz_operation(args: argparse.Namespace) -> int:
 
     _paged_only(args)
     campaign = OperationCampaign(operation=args.op, budget=args.budget, seed=args.seed, backends=args.backends,
-                                 config=_run_config(args), repro_dir=args.repro_dir, report=args.report,
+                                 config=_run_config(args, metamorphic=_relations(args.op, args.metamorphic)),
+                                 repro_dir=args.repro_dir, report=args.report,
                                  stream=args.stream, junit=args.junit, until_failures=args.until_failures,
                                  argv=tuple(args.argv))
     outcome = fuzz_operation(campaign)

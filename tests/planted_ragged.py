@@ -24,6 +24,7 @@ ABSOLUTE_CLEAN = RaggedContract(LogitsForm.ABSOLUTE, MaskConvention.TAIL_NEG_INF
 RELATIVE_CLEAN = RaggedContract(LogitsForm.WINDOW_RELATIVE, MaskConvention.TAIL_NEG_INF, **_ANY)
 RELATIVE_UNCLEANED = RaggedContract(LogitsForm.WINDOW_RELATIVE, MaskConvention.TAIL_UNSPECIFIED, **_ANY)
 WRAP_BYTES = 2 ** 31  # an int32 byte offset of key index * D wraps here
+SATURATION = 32.0  # |logit| the saturating backend stores at most: the random suite's rows reach 8 to 41
 
 
 def logits_of(inputs: RaggedInputs, k_start: torch.Tensor, k_end: torch.Tensor, width: int,
@@ -129,6 +130,13 @@ class Planted:
             wrong = (dots.relu() * inputs.weights.double()[rows]).sum(dim=1) * inputs.k_scale.double()[key]
             relative[rows, (ends - starts)[rows] - 1] = wrong
         return in_form(inputs, relative, starts)
+
+    def _saturated(self, inputs: RaggedInputs, out: torch.Tensor | None) -> torch.Tensor:
+        """Finite logits clamped to +-SATURATION (a saturating store sized for smaller scores): FAIL(value) where a
+        row passes it (random-full), and q doubled pushes every logit past SATURATION / 2 against it."""
+        relative = logits_of(inputs, inputs.k_start, inputs.k_end, inputs.width)
+        clamped = torch.where(torch.isfinite(relative), relative.clamp(-SATURATION, SATURATION), relative)
+        return in_form(inputs, clamped, inputs.k_start)
 
     def _unwritten(self, inputs: RaggedInputs, out: torch.Tensor | None) -> torch.Tensor:
         """Stores begin at k_start rounded up to a multiple of 4 (the start alignment applied the wrong way): the

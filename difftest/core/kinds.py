@@ -154,13 +154,28 @@ class TopkRelation(str, enum.Enum):
     PERMUTE_COLUMNS = "permute-columns"  # each window's columns shuffled: the same values chosen
 
 
-AnyRelation = MetamorphicRelation | TopkRelation  # a relation of some operation's
+class RaggedRelation(str, enum.Enum):
+    """A metamorphic relation of the ragged (prefill) logits operation: a change of a case whose logits follow
+    from the original's without an oracle (difftest.engine.ragged_metamorphic). Three share a paged relation's
+    name and idea; which operation's a name is comes from the run (or the bundle) it is named in."""
+
+    SHIFT_KEYS = "shift-keys"  # 3 keys inserted before the buffer: every window 3 keys to the right
+    PERMUTE_ROWS = "permute-rows"  # rows shuffled with their q, weights and windows: their logits move with them
+    SCALE_Q = "scale-q"  # q (or the weights) times 2: every logit times 2
+    PERMUTE_HEADS = "permute-heads"  # heads shuffled with their weights: the same head sum
+    APPEND_KEYS = "append-keys"  # keys no window reaches appended after the buffer: windows unchanged
+    SPLIT_ROWS = "split-rows"  # the first half of the rows and the second in two launches: their rows concatenated
+
+
+AnyRelation = MetamorphicRelation | TopkRelation | RaggedRelation  # a relation of some operation's
 
 # The metamorphic relations of each operation that has some: RunConfig.metamorphic holds one operation's, the
 # CLI's --metamorphic names them, a bundle records them. Paged logits checks its own in its own runner
-# (difftest.engine.metamorphic); top-k through its Operation (difftest.engine.topk_metamorphic).
-RELATIONS: dict[OperationKind, type[MetamorphicRelation] | type[TopkRelation]] = {
-    OperationKind.PAGED_LOGITS: MetamorphicRelation, OperationKind.TOPK: TopkRelation}
+# (difftest.engine.metamorphic); top-k and ragged logits through their Operation (difftest.engine.topk_metamorphic,
+# difftest.engine.ragged_metamorphic).
+RELATIONS: dict[OperationKind, type[MetamorphicRelation] | type[TopkRelation] | type[RaggedRelation]] = {
+    OperationKind.PAGED_LOGITS: MetamorphicRelation, OperationKind.RAGGED_LOGITS: RaggedRelation,
+    OperationKind.TOPK: TopkRelation}
 
 
 class TimingMethod(str, enum.Enum):

@@ -30,8 +30,9 @@ class RunConfig:
     startup_timeout: float = 600.0  # seconds a worker may take to import and build its backend (a JIT library)
     time: int | None = None  # launches timed per case after the checked ones (median; engine.timing); None: none
     # Metamorphic relations checked on every result that ran, one operation's (difftest.core.kinds.RELATIONS:
-    # paged logits' difftest.engine.metamorphic, top-k's difftest.engine.topk_metamorphic): a violated one is
-    # FAIL(metamorphic), each check a launch of each related case (paged logits: and one more of the case)
+    # paged logits' difftest.engine.metamorphic, top-k's difftest.engine.topk_metamorphic, ragged logits'
+    # difftest.engine.ragged_metamorphic): a violated one is FAIL(metamorphic), each check a launch of each related
+    # case (paged logits: and one more of the case)
     metamorphic: tuple[AnyRelation, ...] = ()
 
     def __post_init__(self) -> None:

@@ -149,7 +149,7 @@ def judge(original: torch.Tensor, got: torch.Tensor, change: Related, row_lens: 
         have = got[change.rows[start:stop].to(got.device)].double()
         inside = torch.arange(width, device=want.device)[None, :] < row_lens[start:stop, None].to(want.device)
         judged = torch.ones_like(inside) if tail else inside
-        wrong = judged & ~_agrees(want, have, inside, change.exact, contract.rtol)
+        wrong = judged & ~agrees(want, have, inside, change.exact, contract.rtol)
         bad += (torch.nonzero(wrong.any(dim=1)).flatten() + start).tolist()
         if first is None and bool(wrong.any()):
             row, position = (int(i) for i in torch.nonzero(wrong)[0])
@@ -167,9 +167,9 @@ def judge(original: torch.Tensor, got: torch.Tensor, change: Related, row_lens: 
                      first[3], first[4], change.exact, change.note)
 
 
-def _agrees(want: torch.Tensor, have: torch.Tensor, inside: torch.Tensor, exact: bool, rtol: float) -> torch.Tensor:
+def agrees(want: torch.Tensor, have: torch.Tensor, inside: torch.Tensor, exact: bool, rtol: float) -> torch.Tensor:
     """Where `have` follows from `want`: equal (NaN with NaN: the same garbage), or within rtol of the row's
-    largest finite |want| in its window when not exact."""
+    largest finite |want| in its window (`inside`) when not exact. The ragged relations judge by it too."""
     same = (want == have) | (torch.isnan(want) & torch.isnan(have))
     if exact:
         return same
@@ -213,7 +213,7 @@ def _row_of(request: torch.Tensor, next_n: int) -> torch.Tensor:
     return (request[:, None] * next_n + torch.arange(next_n, device=request.device)).flatten()
 
 
-def _shuffle(size: int, generator: torch.Generator) -> torch.Tensor:
+def shuffle(size: int, generator: torch.Generator) -> torch.Tensor:
     """A random permutation of range(size) that moves something (a rotation when the draw moves nothing)."""
     order = torch.randperm(size, generator=generator)
     if bool((order == torch.arange(size)).all()):
@@ -223,7 +223,7 @@ def _shuffle(size: int, generator: torch.Generator) -> torch.Tensor:
 
 def _permute_pages(case: Case, generator: torch.Generator) -> Related:
     blocks = case.k_pool.shape[0]
-    new_id = _shuffle(blocks, generator).to(case.device)  # old block b becomes block new_id[b]
+    new_id = shuffle(blocks, generator).to(case.device)  # old block b becomes block new_id[b]
     old_at = torch.argsort(new_id)  # the old block now at each id
     table = case.block_table.to(torch.int64)
     inside = (table >= 0) & (table < blocks)
@@ -241,7 +241,7 @@ _ANOTHER_SHAPE = "another batch: judged within rtol"
 def _reorder_requests(case: Case, generator: torch.Generator) -> Related | None:
     if case.batch < 2:
         return None
-    order = _shuffle(case.batch, generator).to(case.device)  # request order[i] goes to position i
+    order = shuffle(case.batch, generator).to(case.device)  # request order[i] goes to position i
     moved = _derived(case, MetamorphicRelation.REORDER_REQUESTS, **_requests(case, order))
     return Related(MetamorphicRelation.REORDER_REQUESTS, (moved,), _row_of(torch.argsort(order), case.next_n),
                    exact=False, note=_ANOTHER_SHAPE)
@@ -309,7 +309,7 @@ def _scale_q(case: Case, generator: torch.Generator) -> Related:
 def _permute_heads(case: Case, generator: torch.Generator) -> Related | None:
     if case.heads < 2:
         return None
-    order = _shuffle(case.heads, generator).to(case.device)
+    order = shuffle(case.heads, generator).to(case.device)
     moved = _derived(case, MetamorphicRelation.PERMUTE_HEADS, q=case.q[:, :, order].contiguous(),
                      weights=case.weights[:, order].contiguous())
     return Related(MetamorphicRelation.PERMUTE_HEADS, (moved,), _unmoved(case), exact=False,
@@ -321,16 +321,21 @@ def _append_keys(case: Case, generator: torch.Generator) -> Related | None:
     covered = _covered_slots(case)
     if bool(covered.all()):
         return None
-    shape = case.k_pool.shape
-    # Drawn as e4m3fn and converted, as the generators draw: values of both flavours, so any backend takes them.
-    drawn = torch.randn(shape, generator=generator).clamp(-8, 8).to(torch.float8_e4m3fn).view(torch.uint8)
-    keys = convert(drawn, Fp8Flavour.E4M3FN, case.fp8, "k_pool")
-    scales = 0.5 + 1.5 * torch.rand(shape[:2], generator=generator)
+    keys, scales = finite_keys(tuple(case.k_pool.shape), generator, case.fp8, "k_pool")
     filled = _derived(case, MetamorphicRelation.APPEND_KEYS,
                       k_pool=torch.where(covered[..., None], case.k_pool, keys.to(case.device)),
                       scale_pool=torch.where(covered, case.scale_pool, scales.to(case.device)))
     return Related(MetamorphicRelation.APPEND_KEYS, (filled,), _unmoved(case),
                    note=f"{int((~covered).sum())} slots outside every window filled")
+
+
+def finite_keys(shape: tuple[int, ...], generator: torch.Generator, flavour: Fp8Flavour,
+                field: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 fp8 keys of `shape` in `flavour`, float32 scales of shape[:-1]): N(0, 1) clamped to +-8 and scales in
+    [0.5, 2). Drawn as e4m3fn and converted, as the generators draw: values of both flavours, so any backend takes
+    them. The keys append-keys puts where no window reaches (here and in difftest.engine.ragged_metamorphic)."""
+    drawn = torch.randn(shape, generator=generator).clamp(-8, 8).to(torch.float8_e4m3fn).view(torch.uint8)
+    return convert(drawn, Fp8Flavour.E4M3FN, flavour, field), 0.5 + 1.5 * torch.rand(shape[:-1], generator=generator)
 
 
 def _covered_slots(case: Case) -> torch.Tensor:

@@ -10,7 +10,8 @@ in its worker) and a check that ran out are each a SKIP that says so, and the ru
 `on_result` as each is made.
 
 With RunConfig.metamorphic, each judged result then has the operation's relations checked on its case
-(Operation.relate; top-k's in difftest.engine.topk_metamorphic), each related case called where the case was:
+(Operation.relate; top-k's in difftest.engine.topk_metamorphic, ragged logits' in
+difftest.engine.ragged_metamorphic), each related case called where the case was:
 a relation that does not hold makes the result FAIL(metamorphic), unless the oracle's verdict is worse, and
 the violations (the relation, the related case) go into it.
 

@@ -15,10 +15,13 @@ from difftest.core.kinds import (
     Device,
     Isolation,
     LengthEncoding,
+    LogitsForm,
     MetamorphicRelation,
     OperationKind,
+    RaggedRelation,
     TopkRelation,
 )
+from difftest.core.ragged import MAX_KEYS
 from difftest.core.schema import (
     MAX_BATCH,
     MAX_ITEMS,
@@ -167,8 +170,46 @@ def _shown(values: tuple[float, ...]) -> str:
     return "[" + ", ".join(f"{v:g}" for v in values[:4]) + (", ...]" if len(values) > 4 else "]")
 
 
+@dataclasses.dataclass(frozen=True)
+class RaggedViolation(Record):
+    """A ragged logits relation that does not hold for a backend on a case (difftest.engine.ragged_metamorphic):
+    the related cases (derived from the case by `relation` with a fixed seed, so the case and the relation draw
+    them again), the rows of the case whose logits on them do not follow from its logits on the case, and the
+    first position, a column of the related output in the contract's form (absolute: a key; window-relative: an
+    offset from the window's start); or, with no rows, why a related case gave no answer to relate (`note`)."""
+
+    relation: Member(RaggedRelation)
+    related: TupleOf(Name, 16, "a list of related case names")  # '<case>~<relation>' (split-rows: two halves)
+    form: Member(LogitsForm)  # the output form `column` counts in (a ragged violation's mark, read back from JSON)
+    rows: RowTuple  # rows of the case where it does not hold
+    row: Int(0, MAX_ROWS)  # the first such row, of the case
+    related_row: Int(0, MAX_ROWS)  # the row of the related output it moved to
+    column: Int(0, 2 * MAX_KEYS)  # the first wrong column of that related row
+    original: JsonFloat  # the backend's logit on the case that this column follows from (-inf: from none)
+    related_value: JsonFloat  # the backend's logit there on the related case
+    expected: JsonFloat  # what the relation makes of `original`
+    note: Text() = ""  # how the related case was made (scale-q: which tensor was doubled), or why no answer
+
+    def describe(self) -> str:
+        """'shift-keys (3 keys inserted before the buffer) does not hold within rtol on 2 rows; first row 1: 1.5 on
+        the case, -inf on c~shift-keys (row 1, absolute column 7), 1.5 expected', or the relation, the related
+        cases and the note when one gave no answer."""
+        note = f" ({self.note})" if self.note else ""
+        if not self.rows:
+            return f"{self.relation.value} on {', '.join(self.related)}{note}"
+        rows = f"{len(self.rows)} row{'s' if len(self.rows) > 1 else ''}"
+        joined = ", their rows end to end" if len(self.related) > 1 else ""
+        return (f"{self.relation.value}{note} does not hold within rtol on {rows}; first row {self.row}: "
+                f"{self.original!r} on the case, {self.related_value!r} on {', '.join(self.related)} (row "
+                f"{self.related_row}, {self.form.value} column {self.column}{joined}), {self.expected!r} expected")
+
+
 def _violation_kind(violation: object) -> str:
-    """'topk' for a top-k relation's violation (as JSON or a TopkViolation), else 'paged'."""
+    """'ragged' for a ragged relation's violation (as JSON: it alone has a `form`; or a RaggedViolation), 'topk'
+    for a top-k relation's, else 'paged'. The ragged relations share names with the paged ones, so the name
+    alone cannot say."""
+    if isinstance(violation, RaggedViolation) or (isinstance(violation, dict) and "form" in violation):
+        return "ragged"
     relation = violation.get("relation") if isinstance(violation, dict) else getattr(violation, "relation", None)
     # a relation read from JSON may be any value, a list too: only a name can be a top-k relation's
     return "topk" if isinstance(relation, str) and relation in {r.value for r in TopkRelation} else "paged"
@@ -219,9 +260,9 @@ class CaseResult(Record):
     operation: Member(OperationKind) = OperationKind.PAGED_LOGITS
     selection: Selection | None = None  # a top-k stage's selected set against the oracle's
     headline: Text() | None = None  # an operation's one-line judgement (paged logits: None, the comparison says it)
-    # the relations it violated, if checked (a top-k result's are TopkViolations)
-    metamorphic: TupleOf(EitherOf(_violation_kind, "a violated relation", paged=Violation, topk=TopkViolation), 64,
-                         "a list of violated relations") = ()
+    # the relations it violated, if checked (a top-k result's are TopkViolations, a ragged one's RaggedViolations)
+    metamorphic: TupleOf(EitherOf(_violation_kind, "a violated relation", paged=Violation, topk=TopkViolation,
+                                  ragged=RaggedViolation), 64, "a list of violated relations") = ()
 
     def checked(self) -> None:
         """A paged-logits result's spec is a CaseSpec."""

@@ -1,5 +1,6 @@
 """The ragged (prefill) MQA logits operation: q [rows, H, D] against each query's key window of a contiguous
-key buffer (difftest.core.ragged), judged row by row like paged logits, the wrong -inf mask the headline."""
+key buffer (difftest.core.ragged), judged row by row like paged logits, the wrong -inf mask the headline; its
+metamorphic relations in difftest.engine.ragged_metamorphic."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from difftest.core.kinds import Device, Headline, OperationKind, OracleKind
 from difftest.core.operation import Operation, Planned
 from difftest.core.ragged import RaggedCase, RaggedContract, encode_ragged
 from difftest.engine.ragged_comparison import compare_ragged
+from difftest.engine.ragged_metamorphic import relate
 from difftest.engine.result import Judgement
 from difftest.generators.envelope import Target
 from difftest.generators.ragged import (
@@ -67,4 +69,4 @@ RAGGED_LOGITS = Operation(
     headlines=(Headline.MASK,), case_type=RaggedCase, spec_type=RaggedSpec, contract_type=RaggedContract,
     backends=ragged_backends, suite=default_ragged_specs, envelope=envelope, random_spec=random_spec,
     build=build_ragged_case, case_name=ragged_case_name, load_case=RaggedCase.load, reference=reference,
-    call=call, judge=judge, shrink=shrink, relate=None)
+    call=call, judge=judge, shrink=shrink, relate=relate)

@@ -65,9 +65,10 @@ CASE_FILE, INFO_FILE = "case.npz", "bundle.json"
 MAX_BUNDLE_INFO_BYTES = 1 << 28  # bundle.json: a comparison lists its bad rows, up to one per row
 
 
-_RELATIONS = {r.value: r for kind in RELATIONS.values() for r in kind}  # every operation's, by name
-Relation = Rule(lambda v: type(v) is str and v in _RELATIONS, f"one of {list(_RELATIONS)}", _RELATIONS.get).type(
-    AnyRelation)
+# Every operation's relation names. A bundle keeps the names it recorded and reads them as its operation's
+# relations (BundleInfo.config): the ragged operation's scale-q is not the paged operation's.
+_NAMES = list(dict.fromkeys(r.value for kind in RELATIONS.values() for r in kind))
+RelationName = Rule(lambda v: type(v) is str and v in _NAMES, f"one of {_NAMES}").type(str)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -93,8 +94,8 @@ class BundleInfo(Record):
     startup_timeout: Float(0.0, MAX_STARTUP_TIMEOUT) | None = None
     oracle: Member(OracleKind) | None = None
     repeat: Int(1, MAX_REPEAT) = 1
-    # the relations checked, its operation's (RunConfig.metamorphic)
-    metamorphic: TupleOf(Relation, 64, "a list of metamorphic relations") = ()
+    # the names of the relations checked, its operation's (RunConfig.metamorphic; `relations` reads them)
+    metamorphic: TupleOf(RelationName, 64, "a list of metamorphic relations") = ()
     verdict: Member(Verdict)
     reason: Text() | None = None
     comparison: Comparison | None = None
@@ -112,15 +113,21 @@ class BundleInfo(Record):
         default = RunConfig()
         return RunConfig(device=self.device, encoding=self.encoding_override, layout=self.layout_override,
                          isolate=self.isolate, timeout=self.timeout, oracle=self.oracle, repeat=self.repeat,
-                         metamorphic=self.metamorphic, startup_timeout=default.startup_timeout
+                         metamorphic=self.relations, startup_timeout=default.startup_timeout
                          if self.startup_timeout is None else self.startup_timeout)
+
+    @property
+    def relations(self) -> tuple[AnyRelation, ...]:
+        """The relations checked, as members of the bundle's operation's enum."""
+        kind = RELATIONS.get(self.operation)
+        return tuple(kind(name) for name in self.metamorphic) if kind is not None else ()
 
     def checked(self) -> None:
         """The relations are those of the bundle's operation."""
         kind = RELATIONS.get(self.operation)
-        require(not self.metamorphic or (kind is not None and all(isinstance(r, kind) for r in self.metamorphic)),
-                "metamorphic", [r.value for r in self.metamorphic],
-                f"relations of the {self.operation.value} operation: {[r.value for r in kind or ()]}")
+        known = [r.value for r in kind or ()]
+        require(all(name in known for name in self.metamorphic), "metamorphic", list(self.metamorphic),
+                f"relations of the {self.operation.value} operation: {known}")
 
     def dumped(self, out: dict[str, object]) -> dict[str, object]:
         """bundle.json; a paged-logits bundle without the operation's fields, as bundles were before operations."""
@@ -190,7 +197,8 @@ def write_bundle(directory: str | Path, case: Case, result: CaseResult, config: 
         selection=result.selection, device=config.device, encoding_override=config.encoding,
         layout_override=config.layout, isolate=config.isolate, timeout=config.timeout,
         startup_timeout=config.startup_timeout, oracle=config.oracle_kind, repeat=config.repeat,
-        metamorphic=config.metamorphic, verdict=result.verdict, reason=result.reason, comparison=result.comparison,
+        metamorphic=tuple(relation.value for relation in config.metamorphic), verdict=result.verdict,
+        reason=result.reason, comparison=result.comparison,
         case=case.name, description=case.describe(), torch=torch.__version__, difftest=__version__,
         python=platform.python_version(), gpu=result.gpu,  # where the result was computed, not where it is written
         replay=replay_command(folder, origin))

@@ -1,7 +1,8 @@
 """AITER's Triton ragged logits kernel (amd-aiter 0.1.7.post2.dev18, the pinned wheel) under the Triton
 interpreter: its contract, the window it gets wrong where k_start is no multiple of its 128-key tile
-(docs/findings/aiter-triton-ragged-window.md) on the families that reach it, and its smallest case; AITER main's
-kernel passes the whole small plan where scripts/prepare_versions.sh has copied it."""
+(docs/findings/aiter-triton-ragged-window.md) on the families that reach it, and its smallest case; the shift-keys
+relation finding it with no oracle; AITER main's kernel passes the whole small plan, and keeps every relation on it,
+where scripts/prepare_versions.sh has copied it."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ import torch
 
 from difftest.backends import aiter_ragged
 from difftest.backends.aiter_ragged import AiterRagged
-from difftest.core.kinds import LogitsForm, MaskConvention
+from difftest.core.kinds import LogitsForm, MaskConvention, RaggedRelation
 from difftest.core.ragged import RaggedCase, encode_ragged
 from difftest.core.verdict import Verdict
+from difftest.engine import ragged_metamorphic
 from difftest.engine.ragged_comparison import RaggedComparison, compare_ragged
 from difftest.generators.envelope import Target
-from difftest.generators.ragged import RaggedPlanned, RaggedSpec, build_ragged_case, ragged_plan
+from difftest.generators.ragged import RaggedPlanned, RaggedSpec, build_ragged_case, default_ragged_specs, ragged_plan
 from difftest.oracles.ragged_reference import make_ragged_reference
 
 PINNED = "0.1.7.post2.dev18"
@@ -65,14 +67,29 @@ def test_the_smallest_case_stores_its_one_key_past_the_row(pinned):
     assert pinned.last_out_of_bounds == 1
 
 
+def test_shift_keys_finds_the_window_bug_with_no_oracle(pinned):
+    """Windows off the 128-key tile ([3, 43), [130, 170)) moved 3 keys right come out wrong another way; the
+    relations that leave every window where it is hold (the values it stores belong to their keys). Windows on the
+    tile (random-full: every one from key 0), which the oracle passes, moved off it are wrong."""
+    off = build_ragged_case(RaggedSpec(rows=2, keys=200, heads=16, head_dim=32, starts=(3, 130), ends=(43, 170)), 0)
+    (violation,) = ragged_metamorphic.check(pinned, off, tuple(RaggedRelation))
+    assert violation.relation == RaggedRelation.SHIFT_KEYS and violation.rows == (0, 1), violation.describe()
+    on = build_ragged_case(next(s for s in default_ragged_specs() if s.name == "random-full"), 0)
+    assert judged(pinned, on).verdict == Verdict.PASS
+    assert ragged_metamorphic.check(pinned, on, (RaggedRelation.SHIFT_KEYS,))[0].rows
+
+
 @pytest.mark.skipif(not (MAIN / "aiter" / aiter_ragged.KERNEL_FILES[1]).is_file(),
                     reason=f"no {MAIN / 'aiter' / aiter_ragged.KERNEL_FILES[1]}: scripts/prepare_versions.sh copies it "
                            "from a checkout of ROCm/aiter")
-def test_main_passes_the_small_plan(monkeypatch):
+def test_main_passes_the_small_plan_and_keeps_every_relation(monkeypatch):
     monkeypatch.syspath_prepend(str(MAIN))
     backend = AiterRagged()
     assert str(MAIN) in backend.contract.library
     for planned in ragged_plan(backend.contract, Target.small_cpu()):
         if isinstance(planned, RaggedPlanned):
-            result = judged(backend, build_ragged_case(planned.spec, 0))
+            case = build_ragged_case(planned.spec, 0)
+            result = judged(backend, case)
             assert result.verdict == Verdict.PASS, f"{planned.spec.name}: {result.headline()}"
+            violations = ragged_metamorphic.check(backend, case, tuple(RaggedRelation))
+            assert violations == (), [v.describe() for v in violations]

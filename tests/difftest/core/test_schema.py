@@ -50,7 +50,7 @@ from difftest.engine.comparison import Comparison, Mismatch
 from difftest.engine.config import RunConfig
 from difftest.engine.explain import Example, Explanation, Pattern, Relation, Rounding
 from difftest.engine.performance import SiblingRace, SiblingTime
-from difftest.engine.result import CallMemory, CaseResult, Reach, Selection, TopkViolation, Violation
+from difftest.engine.result import CallMemory, CaseResult, RaggedViolation, Reach, Selection, TopkViolation, Violation
 from difftest.engine.sanitize import Finding, SanitizerReport
 from difftest.engine.stability import Stability, StabilityKind
 from difftest.engine.timing import Timing
@@ -253,8 +253,8 @@ def _folder() -> Path:
 
 RECORDS = [CaseResult, Comparison, Mismatch, Explanation, Relation, Example, Stability, SanitizerReport, Finding, Reach,
            Origin, Timing, Siblings, BackendSummary, SiblingRace, SiblingTime, CallMemory, CaseSpec, BundleInfo, Report,
-           Entry, MergedFile, Divergence, ArchiveMeta, CaseMeta, TopkSpec, TopkMeta, RaggedSpec,
-           RaggedMeta, Suite, Include, Exclude, Phases, Selection, Violation, TopkViolation, MutantScore, SelftestScore,
+           Entry, MergedFile, Divergence, ArchiveMeta, CaseMeta, TopkSpec, TopkMeta, RaggedSpec, RaggedMeta, Suite,
+           Include, Exclude, Phases, Selection, Violation, TopkViolation, RaggedViolation, MutantScore, SelftestScore,
            IndexerSpec, PrefillIndexerSpec]
 
 

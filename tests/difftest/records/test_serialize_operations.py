@@ -1,15 +1,16 @@
-"""Results of operations as JSON and back (a top-k result's violated relations too); a result written before
-operations existed reads as paged logits."""
+"""Results of operations as JSON and back (a top-k or ragged result's violated relations too); a result written
+before operations existed reads as paged logits."""
 
 from __future__ import annotations
 
 import pytest
 
+from difftest.core import kinds
 from difftest.core.errors import SpecError
 from difftest.core.kinds import CacheLayout, LengthEncoding, OperationKind, TopkRelation
 from difftest.core.schema import to_jsonable
 from difftest.core.verdict import Verdict
-from difftest.engine.result import CaseResult, Selection, TopkViolation
+from difftest.engine.result import CaseResult, RaggedViolation, Selection, TopkViolation, Violation
 
 
 def _paged() -> CaseResult:
@@ -41,3 +42,20 @@ def test_a_topk_violation_round_trips_and_a_bad_field_of_it_is_named_at_its_path
     data["metamorphic"][0]["related_pads"] = -2
     with pytest.raises(SpecError, match=r"^result\.metamorphic\[0\]\.related_pads=-2: expected an integer in "):
         CaseResult.from_json(data, "result.")
+
+
+def test_a_ragged_violation_reads_back_as_one_though_its_relation_shares_a_paged_name():
+    """scale-q is a paged relation's name and a ragged one's: a ragged violation is told by its `form`."""
+    ragged = RaggedViolation(kinds.RaggedRelation.SCALE_Q, ("c~scale-q",), kinds.LogitsForm.WINDOW_RELATIVE, (1, 2),
+                             1, 1, 7, 3.0, 5.0, 6.0, "q x 2")
+    paged = Violation(kinds.MetamorphicRelation.SCALE_Q, ("c~scale-q",), (1,), 1, 7, 3.0, 5.0, 6.0, True, "q x 2")
+    for operation, violation in ((OperationKind.RAGGED_LOGITS, ragged), (OperationKind.PAGED_LOGITS, paged)):
+        result = CaseResult(backend="b", case="c", description="d", rows=4, verdict=Verdict.FAIL_METAMORPHIC,
+                            device="cpu", encoding=None, layout=None, overridden=False, seconds=0.1,
+                            operation=operation, metamorphic=(violation,))
+        (read,) = CaseResult.from_json(to_jsonable(result), "result.").metamorphic
+        assert read == violation and type(read.relation) is type(violation.relation)
+    data = to_jsonable(ragged)
+    data["form"] = "diagonal"
+    with pytest.raises(SpecError, match=r"^form='diagonal': expected one of \['absolute', 'window-relative'\]"):
+        RaggedViolation.from_json(data)

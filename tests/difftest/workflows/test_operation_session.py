@@ -1,7 +1,7 @@
 """`difftest run/fuzz/replay/shrink --op` end to end on the CPU for ragged logits and top-k: a planted bug
 caught (and bundled, replayed, shrunk), a right backend passing, the report's own headline, reports that load;
-top-k's metamorphic relations (--metamorphic) failing a planted bug the oracle passes, through replay and
-shrink; their JUnit XML and stream, written through the same outputs as paged logits."""
+top-k's and ragged logits' metamorphic relations (--metamorphic) failing a planted bug the oracle passes, through
+replay and shrink; their JUnit XML and stream, written through the same outputs as paged logits."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 from difftest.backends import mutants, torch_topk, vllm_ragged
 from difftest.cli import main
 from difftest.core.errors import SpecError
-from difftest.core.kinds import ExitStatus, OperationKind, TopkRelation
+from difftest.core.kinds import ExitStatus, OperationKind, RaggedRelation, TopkRelation
 from difftest.core.verdict import Verdict
 from difftest.records.bundle import load_bundle
 from difftest.records.serialize import load_results, load_run_info
@@ -221,8 +221,11 @@ def test_an_option_of_paged_logits_only_is_refused_with_the_operation(capsys, ar
      "or comma-separated relations of --op topk among ['add-neg-inf', 'permute-columns']"),
     (["--metamorphic", "permute-columns"], "--metamorphic='permute-columns': expected 'all' or comma-separated "
      "relations of --op paged-logits among ['permute-pages', "),
-    (["--op", "ragged-logits", "--metamorphic"], "--metamorphic='all': expected an option of --op paged-logits or "
-     "topk, the operations with metamorphic relations, not of --op ragged-logits"),
+    (["--op", "ragged-logits", "--metamorphic", "shift-keys,add-neg-inf"], "--metamorphic='shift-keys,add-neg-inf': "
+     "expected 'all' or comma-separated relations of --op ragged-logits among ['shift-keys', 'permute-rows', "
+     "'scale-q', 'permute-heads', 'append-keys', 'split-rows']"),
+    (["--op", "indexer", "--metamorphic"], "--metamorphic='all': expected an option of --op paged-logits, "
+     "ragged-logits or topk, the operations with metamorphic relations, not of --op indexer"),
 ])
 def test_metamorphic_takes_the_relations_of_the_operation_and_refuses_others_in_one_line(capsys, argv, line):
     assert main(["run", *argv]) == ExitStatus.USAGE
@@ -266,15 +269,62 @@ def test_topk_run_with_metamorphic_fails_what_the_oracle_passes_and_its_bundle_r
     assert "metamorphic: add-neg-inf does not hold on 1 row; first row 0" in capsys.readouterr().out
 
 
-def test_a_topk_bundle_naming_relations_of_another_operation_is_refused(padded_past_window, tmp_path):
+@pytest.fixture
+def tiles_from_key_0(monkeypatch):
+    """The ragged mutant whose tiles are anchored to key 0 (AITER 0.1.7's bug), registered as a ragged backend."""
+    monkeypatch.setitem(vllm_ragged.RAGGED_BACKENDS, "mutant-ragged-tiles-from-key-0",
+                        functools.partial(mutants.ragged_mutant, "ragged_tiles_from_key_0"))
+
+
+def test_ragged_run_with_shift_keys_fails_what_the_oracle_passes_and_its_bundle_replays_and_shrinks_so(
+        tiles_from_key_0, tmp_path, capsys):
+    """random-full's windows all start at key 0, on a tile: the oracle passes the mutant there, and shift-keys
+    moves them to key 3."""
+    report, repro = tmp_path / "r.json", tmp_path / "repro"
+    code = main(["run", "--op", "ragged-logits", "--cases", "random", "--backends", "mutant-ragged-tiles-from-key-0",
+                 "--metamorphic", "shift-keys,scale-q", "--device", "cpu", "--report", str(report), "--repro-dir",
+                 str(repro)])
+    out = capsys.readouterr().out
+    assert code == ExitStatus.FAILED and "FAIL(metamorphic) (ragged-logits)" in out
+    assert "metamorphic: shift-keys (3 keys inserted before the buffer) does not hold within rtol on " in out
+    results = {r.case: r for r in load_results(report)}
+    assert {case: r.verdict for case, r in results.items()} == {
+        "random-windows-s0": Verdict.FAIL_MASK, "random-staircase-s0": Verdict.FAIL_MASK,
+        "random-full-s0": Verdict.FAIL_METAMORPHIC}
+    assert [v.related for v in results["random-full-s0"].metamorphic] == [("random-full-s0~shift-keys",)]
+    bundle = next(b for b in map(load_bundle, _bundles(repro)) if b.verdict == Verdict.FAIL_METAMORPHIC)
+    # scale-q read back as the ragged operation's (a paged relation has the name too)
+    assert [(type(r), r.value) for r in bundle.config.metamorphic] == [(RaggedRelation, "shift-keys"),
+                                                                       (RaggedRelation, "scale-q")]
+    assert main(["replay", str(bundle.path)]) == ExitStatus.FAILED
+    assert "verdict: FAIL(metamorphic) (the same as recorded" in capsys.readouterr().out
+    assert main(["shrink", str(bundle.path), "--seconds", "5", "--out", str(tmp_path / "small")]) == ExitStatus.OK
+    assert "metamorphic: shift-keys (3 keys inserted before the buffer) does not hold" in capsys.readouterr().out
+    small = load_bundle(_bundles(tmp_path / "small")[0])
+    assert small.verdict == Verdict.FAIL_METAMORPHIC
+    assert small.case.rows * small.case.keys < bundle.case.rows * bundle.case.keys, small.case.describe()
+    assert main(["replay", str(small.path)]) == ExitStatus.FAILED
+    assert "metamorphic: shift-keys (3 keys inserted before the buffer) does not hold" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("registered, op, backend, relation, other, known", [
+    ("padded_past_window", "topk", "mutant-topk-padded-past-window", "add-neg-inf", "scale-q",
+     "['add-neg-inf', 'permute-columns']"),
+    ("tiles_from_key_0", "ragged-logits", "mutant-ragged-tiles-from-key-0", "shift-keys", "permute-pages",
+     "['shift-keys', 'permute-rows', 'scale-q', 'permute-heads', 'append-keys', 'split-rows']"),
+])
+def test_a_bundle_naming_relations_of_another_operation_is_refused(request, tmp_path, registered, op, backend,
+                                                                   relation, other, known):
+    request.getfixturevalue(registered)
     repro = tmp_path / "repro"
-    main(["run", "--op", "topk", "--cases", "random", "--backends", "mutant-topk-padded-past-window",
-          "--metamorphic", "add-neg-inf", "--repro-dir", str(repro)])
+    main(["run", "--op", op, "--cases", "random", "--backends", backend, "--metamorphic", relation, "--repro-dir",
+          str(repro)])
     info = _bundles(repro)[0] / "bundle.json"
-    info.write_text(info.read_text().replace('"add-neg-inf"', '"scale-q"'))
-    with pytest.raises(SpecError, match=r"bundle.json metamorphic=\['scale-q'\]: expected relations of the topk "
-                                        r"operation: \['add-neg-inf', 'permute-columns'\]"):
+    info.write_text(info.read_text().replace(f'"{relation}"', f'"{other}"'))
+    with pytest.raises(SpecError) as refused:
         load_bundle(info.parent)
+    assert f"bundle.json metamorphic=['{other}']: expected relations of the {op} operation: {known}" in \
+        str(refused.value)
 
 
 def test_backends_lists_every_operation(capsys):

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The ragged (prefill) logits metamorphic relations on the H200, where DeepGEMM's sm90 ragged kernel runs
+# (window-relative, tail unspecified) and AITER's pinned Triton kernel runs compiled, at production scale (the
+# ragged plan's 16384 rows over 131072 keys among it): every ragged backend of the device, every relation, after
+# the oracle (the fused Triton one) has judged each result.
+#
+# What to look for: deepgemm-ragged keeps all six relations wherever the oracle passes it (a FAIL(metamorphic)
+# there is a finding, or a relation too strict for a kernel that schedules by shape: read its first position);
+# aiter-triton-ragged breaks shift-keys on every case, random-full (FAIL(metamorphic), which the oracle passes)
+# included, as it does on the CPU (docs/selftest.md, ragged logits relations); scale-q and permute-heads hold for
+# both.
+#
+# From the project root on the device, .whl carried (scripts/device_env.sh installs it); RUN_LIMIT seconds per
+# step, default 560:
+#   bash scripts/h200_ragged_relations.sh [OUTDIR]     (default reports/h200/ragged-relations)
+# Writes OUTDIR/00-environment.txt, then per step the command, what it printed, its exit status and wall time
+# (NN-*.txt) and its report (NN-*.json): 01-random (the fixed suite), 02-envelope (the production plan).
+set -uo pipefail
+out=${1:-reports/h200/ragged-relations}
+mkdir -p "$out"
+if [ -d .whl ] && [ -f scripts/device_env.sh ]; then
+  source scripts/device_env.sh  # installs the carried wheels, puts them and the repo on PYTHONPATH
+else
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+fi
+limit=${RUN_LIMIT:-560}
+
+step() {  # step NAME LIMIT COMMAND...: the command, its output and its exit status in $out/NAME.txt
+  local name=$1 limit=$2; shift 2
+  local began=$SECONDS
+  { echo "\$ $*"; echo; timeout --signal=INT --kill-after=20 "$limit" "$@" 2>&1; local status=$?; echo
+    echo "exit status: $status$([ $status = 124 ] && echo " (killed after $limit s: raise RUN_LIMIT)")"
+    echo "wall: $((SECONDS - began)) s"; } > "$out/$name.txt"
+  tail -n 40 "$out/$name.txt"
+}
+
+step 00-environment 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
+python3 -c "import torch, triton; print(\"torch\", torch.__version__, \"triton\", triton.__version__, torch.cuda.get_device_capability())"'
+
+step 01-random "$limit" python3 -m difftest.cli run --op ragged-logits --device cuda --cases random --metamorphic \
+  --report "$out/01-random.json" --overwrite
+step 02-envelope "$limit" python3 -m difftest.cli run --op ragged-logits --device cuda --metamorphic \
+  --report "$out/02-envelope.json" --overwrite
