@@ -10,7 +10,8 @@
 # included, as it does on the CPU (docs/selftest.md, ragged logits relations); scale-q and permute-heads hold for
 # both.
 #
-# From the project root on the device, .whl carried (scripts/device_env.sh installs it); RUN_LIMIT seconds per
+# From the project root on the device, .whl and .device-deps/deep_gemm.tgz and .device-deps/aiter* carried
+# (scripts/device_env.sh installs the wheels and unpacks DeepGEMM and AITER); RUN_LIMIT seconds per
 # step, default 560:
 #   bash scripts/h200_ragged_relations.sh [OUTDIR]     (default reports/h200/ragged-relations)
 # Writes OUTDIR/00-environment.txt, then per step the command, what it printed, its exit status and wall time
