@@ -38,9 +38,4 @@ export PYTHONPYCACHEPREFIX=/tmp/pycache
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTEST_PLUGINS=difftest_pytest.plugin
 dt="python3 -m difftest.cli"
 
-step() {  # step NAME COMMAND...: record the command and its output in $out/NAME.txt, keep going on failure
-  local name=$1; shift
-  [[ $name =~ ${ONLY:-.} ]] || return 0  # ONLY=regex runs a subset (one device call is 10 minutes)
-  { echo "\$ $*"; echo; "$@" 2>&1; local status=$?; echo; echo "exit status: $status"; } > "$out/$name.txt"
-  tail -n 25 "$out/$name.txt"
-}
+source scripts/device_steps.sh  # step, timed_step: what each device script records per step

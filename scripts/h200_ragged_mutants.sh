@@ -18,23 +18,16 @@ if [ -d .whl ] && [ -f scripts/device_env.sh ]; then
 else
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 fi
+source scripts/device_steps.sh  # timed_step
 limit=${SELFTEST_LIMIT:-560}
 
-step() {  # step NAME LIMIT COMMAND...: the command, its output and its exit status in $out/NAME.txt
-  local name=$1 limit=$2; shift 2
-  local began=$SECONDS
-  { echo "\$ $*"; echo; timeout --signal=INT --kill-after=20 "$limit" "$@" 2>&1; local status=$?; echo
-    echo "exit status: $status$([ $status = 124 ] && echo " (killed after $limit s: raise SELFTEST_LIMIT)")"
-    echo "wall: $((SECONDS - began)) s"; } > "$out/$name.txt"
-  tail -n 40 "$out/$name.txt"
-}
 
-step 00-environment 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
+timed_step 00-environment 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
 python3 -c "import torch, triton; print(\"torch\", torch.__version__, \"triton\", triton.__version__, torch.cuda.get_device_capability())"'
 
 mutants=$(python3 -c "from difftest.backends import mutants; from difftest.core.kinds import OperationKind
 print(','.join(s.key for s in mutants.CATALOGUE if s.operation == OperationKind.RAGGED_LOGITS))")
-step 01-selftest "$limit" python3 -m difftest.cli selftest --device cuda --mutants "$mutants" \
+timed_step 01-selftest "$limit" python3 -m difftest.cli selftest --device cuda --mutants "$mutants" \
   --report "$out/01-selftest.full.json"
 if [ -f "$out/01-selftest.full.json" ]; then
   python3 -c "import json, sys; json.dump(json.load(open(sys.argv[1]))['selftest'], open(sys.argv[2], 'w'), indent=1)" \

@@ -24,21 +24,14 @@ if [ -d .whl ] && [ -f scripts/device_env.sh ]; then
 else
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 fi
+source scripts/device_steps.sh  # timed_step
 limit=${RUN_LIMIT:-560}
 
-step() {  # step NAME LIMIT COMMAND...: the command, its output and its exit status in $out/NAME.txt
-  local name=$1 limit=$2; shift 2
-  local began=$SECONDS
-  { echo "\$ $*"; echo; timeout --signal=INT --kill-after=20 "$limit" "$@" 2>&1; local status=$?; echo
-    echo "exit status: $status$([ $status = 124 ] && echo " (killed after $limit s: raise RUN_LIMIT)")"
-    echo "wall: $((SECONDS - began)) s"; } > "$out/$name.txt"
-  tail -n 40 "$out/$name.txt"
-}
 
-step 00-environment 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
+timed_step 00-environment 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
 python3 -c "import torch, triton; print(\"torch\", torch.__version__, \"triton\", triton.__version__, torch.cuda.get_device_capability())"'
 
-step 01-random "$limit" python3 -m difftest.cli run --op ragged-logits --device cuda --cases random --metamorphic \
+timed_step 01-random "$limit" python3 -m difftest.cli run --op ragged-logits --device cuda --cases random --metamorphic \
   --report "$out/01-random.json" --overwrite
-step 02-envelope "$limit" python3 -m difftest.cli run --op ragged-logits --device cuda --metamorphic \
+timed_step 02-envelope "$limit" python3 -m difftest.cli run --op ragged-logits --device cuda --metamorphic \
   --report "$out/02-envelope.json" --overwrite

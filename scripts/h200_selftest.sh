@@ -18,22 +18,14 @@ if [ -d .device-deps ] && [ -f scripts/device_env.sh ]; then
 else
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 fi
+source scripts/device_steps.sh  # timed_step
 dt="python3 -m difftest.cli"
 FUZZ_BUDGET=${FUZZ_BUDGET:-90s}
 SELFTEST_LIMIT=${SELFTEST_LIMIT:-580}
 RELATIONS_LIMIT=${RELATIONS_LIMIT:-100}
 
-step() {  # step NAME LIMIT COMMAND...: the command, its output and its exit status in $out/NAME.txt
-  local name=$1 limit=$2; shift 2
-  if ! [[ $name =~ ${ONLY:-.} ]]; then echo "SKIPPED $name: not matched by ONLY=$ONLY"; return 0; fi
-  local began=$SECONDS
-  { echo "\$ $*"; echo; timeout --signal=INT --kill-after=20 "$limit" "$@" 2>&1; local status=$?; echo
-    echo "exit status: $status$([ $status = 124 ] && echo " (killed after $limit s: raise the limit)")"
-    echo "wall: $((SECONDS - began)) s"; } > "$out/$name.txt"
-  tail -n 30 "$out/$name.txt"
-}
 
-step 00-environment 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+timed_step 00-environment 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 python3 -c "import torch, triton; print(\"torch\", torch.__version__, \"triton\", triton.__version__, torch.cuda.get_device_capability())"
 python3 -c "import deep_gemm; print(\"deep_gemm\", getattr(deep_gemm, \"__version__\", \"?\"), deep_gemm.__file__)" || echo "deep_gemm: not importable (step 02 will skip DeepGEMM)"'
 
@@ -60,7 +52,7 @@ EOF
 # 1. The score under `difftest run`'s defaults on cuda (the production-scale envelope plan, isolated workers,
 #    the fused oracle, --repeat 2), then a fuzz round of FUZZ_BUDGET for the mutants still uncaught and the four
 #    that must pass. The report's `selftest` section is the score; its results stay out (they are many MB).
-step 01-selftest "$SELFTEST_LIMIT" $dt selftest --device cuda --budget "$FUZZ_BUDGET" --report "$out/01-selftest.full.json"
+timed_step 01-selftest "$SELFTEST_LIMIT" $dt selftest --device cuda --budget "$FUZZ_BUDGET" --report "$out/01-selftest.full.json"
 summarise "$out/01-selftest.full.json" "$out/01-selftest-score.json"
 
 # 3. The score of a fuzz campaign alone (--fuzz-only): no planned case, every paged mutant in a FUZZ_ONLY_BUDGET
@@ -69,7 +61,7 @@ summarise "$out/01-selftest.full.json" "$out/01-selftest-score.json"
 #    campaign's time.
 paged=$(python3 -c "from difftest.backends import mutants; from difftest.core.kinds import OperationKind
 print(','.join(s.key for s in mutants.CATALOGUE if s.operation == OperationKind.PAGED_LOGITS))")
-step 03-fuzz-only "${FUZZ_ONLY_LIMIT:-450}" $dt selftest --device cuda --fuzz-only --budget "${FUZZ_ONLY_BUDGET:-5m}" \
+timed_step 03-fuzz-only "${FUZZ_ONLY_LIMIT:-450}" $dt selftest --device cuda --fuzz-only --budget "${FUZZ_ONLY_BUDGET:-5m}" \
   --mutants "$paged" --report "$out/03-fuzz-only.full.json"
 summarise "$out/03-fuzz-only.full.json" "$out/03-fuzz-only-score.json"
 
@@ -83,7 +75,7 @@ if python3 -c "import deep_gemm" 2>/dev/null || python3 -c "import vllm.third_pa
               '{"name":"long-empty","lengths":[262144,0,131073,262144],"next_n":2,"heads":64,"head_dim":128,"block_size":64,"max_model_len":262144}' \
               '{"name":"exact-out-of-reach","batch":384,"next_n":2,"heads":64,"head_dim":128,"block_size":64,"max_model_len":262144,"length_dist":"full"}'; do
     name=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['name'])" "$spec")
-    step "02-relations-$name" "$RELATIONS_LIMIT" $dt run --device cuda --backends deepgemm,deepgemm-flattened \
+    timed_step "02-relations-$name" "$RELATIONS_LIMIT" $dt run --device cuda --backends deepgemm,deepgemm-flattened \
       --oracle none --metamorphic --spec "$spec" --report "$out/02-relations-$name.json" --verbose
     rm -f "$out/02-relations-$name.jsonl"  # the stream repeats the report's two results
   done
