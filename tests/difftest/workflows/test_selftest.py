@@ -191,17 +191,22 @@ def test_a_fuzz_round_that_ran_no_case_of_a_family_does_not_count_its_mutant_as_
     assert done.status == ExitStatus.FAILED
 
 
-def test_a_case_that_runs_out_of_memory_being_drawn_scores_nothing_and_the_selftest_goes_on(monkeypatch):
-    """A GPU shared with other runs: the plan's first case cannot be drawn; its results are SKIPs, and the
-    mutant is caught by the next case of its family."""
+def _undrawable(monkeypatch, prefix: str) -> None:
+    """The planned paged cases named `prefix`... run out of memory being drawn, as on a GPU other runs fill."""
     real = PlannedCase.build
 
     def build(self, device, **kwargs):
-        if self.name.startswith("shorter-than-next-n"):
+        if self.name.startswith(prefix):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 958.00 MiB (planted)")
         return real(self, device, **kwargs)
 
     monkeypatch.setattr(PlannedCase, "build", build)
+
+
+def test_a_case_that_runs_out_of_memory_being_drawn_scores_nothing_and_the_selftest_goes_on(monkeypatch):
+    """A GPU shared with other runs: the plan's first case cannot be drawn; its results are SKIPs, and the
+    mutant is caught by the next case of its family."""
+    _undrawable(monkeypatch, "shorter-than-next-n")
     done = selftest.selftest(SelftestRequest(case_filter=("shorter-than-next-n-*", "length-one-*"),
                                              mutants=("correct", "after_empty")))
     skipped = [r for r in done.results if r.case.startswith("shorter-than-next-n")]
@@ -214,14 +219,7 @@ def test_a_case_that_runs_out_of_memory_being_drawn_scores_nothing_and_the_selft
 def test_a_miss_whose_family_case_was_not_drawn_is_not_reachable_here_with_the_skip_reason(monkeypatch):
     """The plan's only case of the mutant's family ran out of memory being drawn: the mutant earned no verdict
     there, so its miss is no weakness of the configuration; the row says which case and why."""
-    real = PlannedCase.build
-
-    def build(self, device, **kwargs):
-        if self.name.startswith("shorter-than-next-n"):
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 958.00 MiB (planted)")
-        return real(self, device, **kwargs)
-
-    monkeypatch.setattr(PlannedCase, "build", build)
+    _undrawable(monkeypatch, "shorter-than-next-n")
     done = selftest.selftest(SelftestRequest(case_filter=("shorter-than-next-n-*",), mutants=("after_empty",)))
     (after,) = done.scores
     assert after.status == Status.MISSED and after.ok and not after.expected_here
