@@ -18,11 +18,15 @@ from difftest.backends.registry import (
     entry_point_backends,
     get_backends,
     load_backend,
+    load_operation_backend,
+    load_operation_registered,
     load_registered,
+    operation_names,
     origin_of,
     rebuild,
 )
 
 __all__ = ["BUILTIN_MODULES", "ENTRY_POINT_GROUP", "Backend", "Loaded", "Origin", "as_backend", "as_loaded",
            "available_names", "builtin_backends", "entry_point_backends", "get_backends", "load_backend",
-           "load_registered", "origin_of", "rebuild"]
+           "load_operation_backend", "load_operation_registered", "load_registered", "operation_names", "origin_of",
+           "rebuild"]
