@@ -233,7 +233,7 @@ def _add_operation(command: argparse.ArgumentParser) -> None:
 
 # Options of `run` and `fuzz` that only the paged-logits operation takes (its own engine's), by destination.
 PAGED_ONLY = ("spec", "next_n", "block_sizes", "batch", "max_model_len", "heads", "head_dim", "ledger",
-              "resume", "shard", "gpus", "time", "fail_slow", "sanitize", "encoding", "layout", "backend_module",
+              "resume", "shard", "gpus", "time", "fail_slow", "sanitize", "encoding", "layout",
               "case_filter", "max_batch", "max_context", "block_size", "shrink_seconds", "jobs", "batching")
 
 
