@@ -43,6 +43,8 @@ BUILTIN_MODULES = (
     "difftest.backends.flag_gems",
 )
 _TARGET = "'package.module:object'"
+# The operations a backend of one kernel is of (an indexer's are compositions of them), paged logits first.
+STAGE_OPERATIONS = (OperationKind.PAGED_LOGITS, OperationKind.RAGGED_LOGITS, OperationKind.TOPK)
 _DOTTED = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*")  # identifiers joined by dots: no relative import
 _OWN_PACKAGES = ("difftest", "difftest_pytest")
 
@@ -125,6 +127,18 @@ def load_operation_backend(kind: OperationKind, target: str, field: str = "backe
         loaded = load_operation_registered(kind, target, field, also=f", or {_TARGET}")
     _require_operation(kind, loaded.backend, field, target)
     return loaded
+
+
+def load_of_any_operation(target: str, field: str = "backend") -> Loaded:
+    """The backend `target` names, of whichever stage operation (paged logits, ragged logits, top-k) its contract
+    declares: a registered name of one of them, or 'package.module:object' (a selftest's template)."""
+    if ":" in target:
+        loaded = Loaded(as_backend(_import_object(target, field), field, target), Origin(target, registered=False))
+        require(_declared(loaded.backend) in STAGE_OPERATIONS, field, target, "a backend of one of the operations "
+                f"{[k.value for k in STAGE_OPERATIONS]} (its contract declares which)")
+        return loaded
+    kind = next((k for k in STAGE_OPERATIONS[1:] if target in operation_names(k)), OperationKind.PAGED_LOGITS)
+    return load_operation_registered(kind, target, field)
 
 
 def load_operation_registered(kind: OperationKind, name: str, field: str = "backend", also: str = "") -> Loaded:
