@@ -417,3 +417,9 @@ def test_a_backend_loaded_from_a_path_travels_to_a_worker_as_its_path_and_a_regi
     assert again.origin == imported.origin and again.backend is not imported.backend and again.name == imported.name
     registered = load_operation_backend(OperationKind.INDEXER, "torch+torch-topk")
     assert pickle.loads(pickle.dumps(registered)).origin == registered.origin
+
+
+def test_an_object_of_any_operation_gets_the_origin_that_rebuilds_it_in_its_operation():
+    assert as_loaded(TorchTopk()).origin == Origin("torch-topk", registered=True)
+    assert as_loaded(reg.load_operation_backend(OperationKind.TOPK, WHOLE_ROW_TOPK).backend).origin \
+        == Origin(WHOLE_ROW_TOPK, registered=False)
