@@ -219,8 +219,9 @@ def get_backends(names: Sequence[str] | None = None, field: str = "backends",
     by_own_name = {loaded.name: loaded for loaded in targets.values()}
     unknown = [n for n in chosen if n not in known and ":" not in n and "+" not in n and n not in by_own_name]
     if unknown:
-        raise SpecError(field, ",".join(unknown), f"registered names of the {kind.value} operation among "
-                        f"{sorted(known)}, {_TARGET}, or the name of a backend such a path loads")
+        whose = "" if paged else f" (of the {kind.value} operation, or its entry points)"
+        raise SpecError(field, ",".join(unknown), f"registered names among {sorted(known)}{whose}, {_TARGET}, "
+                        "or the name of a backend such a path loads")
     picked = [targets.get(n) or load_operation_backend(kind, n, field, by_own_name) for n in chosen]
     picked = [loaded for loaded in picked if _declared(loaded.backend) == kind]  # an indexer's stages stay out
     require(bool(picked) or not chosen, field, ",".join(chosen), f"a backend of the {kind.value} operation (its "
