@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from difftest.core import hardware
-from difftest.core.kinds import OperationKind
+from difftest.core.kinds import ExitStatus, OperationKind
 
 BACKENDS = "--difftest-backends"
 SEED = "--difftest-seed"
@@ -33,6 +33,7 @@ SEED_RANGE = 1_000_000  # a random seed is drawn below this, so case names stay 
 OPTIONS = (BACKENDS, SEED, CASES, DEVICE, REPORT, REPRO_DIR, SUITE, LEDGER, OP)
 DEFAULTS: dict[str, object] = {CASES: DEFAULT_CASES, DEVICE: "cpu", SUITE: False,
                                OP: OperationKind.PAGED_LOGITS.value}  # the others default to None
+WRITTEN = (REPORT, REPRO_DIR)  # the options naming what the run writes: checked writable at configure time
 WORKER_SEED = "difftest_seed"  # the workerinput key that carries the controller's seed to xdist workers
 
 
@@ -149,10 +150,33 @@ def _device(name: str) -> str:
 
 
 def _path(config: pytest.Config, option: str, want_dir: bool) -> Path | None:
+    """The option's path (from the invocation folder): a directory or not as `want_dir` says and, for what
+    the run writes, writable (_writable); None when not given."""
     text = config.getoption(option)
     if text is None:
         return None
     path = config.invocation_params.dir / text
-    if path.exists() and path.is_dir() != want_dir:
+    try:
+        wrong_kind = path.exists() and path.is_dir() != want_dir
+    except OSError as exc:  # a name too long, a loop of links: the path cannot even be looked at
+        if option in WRITTEN:
+            _writable(option, text, path, folder=want_dir)
+        raise usage_error(option, text, f"a path that can be looked at ({exc.strerror or exc})") from None
+    if wrong_kind:
         raise usage_error(option, text, "a directory" if want_dir else "a file path, not a directory")
+    if option in WRITTEN:
+        _writable(option, text, path, folder=want_dir)
     return path
+
+
+def _writable(option: str, text: str, path: Path, folder: bool) -> None:
+    """End the run before any test (one line, exit status 3 as `difftest run` gives an output it cannot write)
+    unless a file can be written at `path` (in the folder `path` when `folder`): a report lost at the session's
+    end would be a traceback after every test ran."""
+    from difftest.core.errors import OutputError
+    from difftest.core.files import check_writable
+
+    try:
+        check_writable(path, option, folder=folder)
+    except OutputError as exc:
+        pytest.exit(f"{option}={text!r}: {exc.reason}", returncode=int(ExitStatus.IO))

@@ -68,6 +68,27 @@ def test_bad_values_are_usage_errors(pytester: pytest.Pytester, args: list[str],
     result.stderr.fnmatch_lines([f"ERROR: {message}"])
 
 
+LONG_NAME = "r" * 300  # past NAME_MAX (255): the filesystem refuses the name
+
+
+@pytest.mark.parametrize(("option", "value", "reason"), [
+    ("--difftest-report", "a-file/report.json", "cannot write: Not a directory"),
+    ("--difftest-report", f"{LONG_NAME}.json", "cannot write: File name too long"),
+    ("--difftest-report", f"{LONG_NAME}/report.json", "cannot write: File name too long"),
+    ("--difftest-repro-dir", "a-file/repro", "cannot write: Not a directory"),
+    ("--difftest-repro-dir", LONG_NAME, "cannot write: File name too long"),
+])
+def test_an_output_that_cannot_be_written_is_one_line_and_status_3(pytester: pytest.Pytester, option: str,
+                                                                     value: str, reason: str) -> None:
+    """As `difftest run` refuses such a --report (ExitStatus.IO), before any test runs."""
+    (pytester.path / "a-file").write_text("a file, not a folder")
+    pytester.makepyfile(ONE_TEST)
+    result = pytester.runpytest_inprocess(f"{option}={value}")
+    assert result.ret == 3, result.stderr.str()
+    assert result.stderr.lines == [f"Exit: {option}={value!r}: {reason}"]
+    assert result.stdout.str() == ""
+
+
 def test_cuda_without_a_gpu_is_a_usage_error(pytester: pytest.Pytester) -> None:
     import torch
 
