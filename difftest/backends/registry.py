@@ -1,9 +1,12 @@
-"""The registry: names to backends, module paths to backends, and each backend's recorded origin.
+"""The registry: names to backends, module paths to backends, and each backend's recorded origin, for every
+operation.
 
-Built-in names come from the `BACKENDS` table of each module in BUILTIN_MODULES (name -> zero-argument
-factory); other packages register theirs under the entry-point group `difftest.backends`; anything
-else loads from 'package.module:object'. Every load records its Origin once, so a worker or a replay
-rebuilds the same backend in a fresh process with `rebuild(origin)`.
+Built-in paged-logits names come from the `BACKENDS` table of each module in BUILTIN_MODULES (name ->
+zero-argument factory), the other operations' from difftest.backends.stages; other packages register theirs
+under the one entry-point group `difftest.backends` (each object declares its operation through its contract's
+`operation`); anything else loads from 'package.module:object'. An indexer operation also takes any
+'LOGITS+TOPK' whose halves load as its logits stage's and top-k's backends. Every load records its Origin once,
+so a worker or a replay rebuilds the same backend in a fresh process (`rebuild`, `load_operation_backend`).
 """
 
 from __future__ import annotations
@@ -17,9 +20,13 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
+from typing import Any
 
+from difftest.backends import stages
 from difftest.backends.base import Backend, Loaded, Origin
-from difftest.core.errors import SpecError, exception_text
+from difftest.core.errors import SpecError, exception_text, require
+from difftest.core.indexer import LOGITS_STAGE
+from difftest.core.kinds import OperationKind
 
 ENTRY_POINT_GROUP = "difftest.backends"
 # Modules whose BACKENDS tables make the built-in names, in listing order. They import torch but no
@@ -74,17 +81,97 @@ def available_names() -> dict[str, str]:
     return names
 
 
+def operation_names(kind: OperationKind) -> dict[str, Callable[[], Any]]:
+    """name -> zero-argument factory of every built-in backend of the operation `kind` (an indexer's: its
+    default compositions, difftest.backends.stages)."""
+    if kind == OperationKind.PAGED_LOGITS:
+        return builtin_backends()
+    tables = {OperationKind.RAGGED_LOGITS: stages.ragged_backends, OperationKind.TOPK: stages.topk_backends}
+    if kind in tables:
+        return tables[kind]()
+    compositions = stages.COMPOSITIONS if kind == OperationKind.INDEXER else stages.PREFILL_COMPOSITIONS
+    return {c.name: functools.partial(_composed_of_names, kind, c.name) for c in compositions}
+
+
+def _composed_of_names(kind: OperationKind, name: str) -> Any:
+    return load_operation_backend(kind, name).backend
+
+
 # --------------------------------------------------------------------------- loading
 
 def load_backend(target: str, field: str = "backend") -> Loaded:
-    """The backend a registered name or 'package.module:object' names, with its origin.
+    """The paged-logits backend a registered name or 'package.module:object' names, with its origin.
 
     A module path is imported with the current working directory importable (as `python -m`
     would have it), so a kernel module in the folder difftest is run from loads without installing.
     """
-    if ":" not in target:
-        return load_registered(target, field, also=f", or {_TARGET}")
-    return Loaded(as_backend(_import_object(target, field), field, target), Origin(target, registered=False))
+    return load_operation_backend(OperationKind.PAGED_LOGITS, target, field)
+
+
+def load_operation_backend(kind: OperationKind, target: str, field: str = "backends",
+                           own: dict[str, Loaded] | None = None) -> Loaded:
+    """The backend of operation `kind` that `target` names, with its origin: a registered name (built in, or an
+    entry point), 'package.module:object' (a backend instance, a class or zero-argument factory of one, or a
+    function decorated with difftest.backend(contract)), or, for an indexer operation, 'LOGITS+TOPK' whose halves
+    are each of these (or a name in `own`: backends loaded by their own names). SpecError naming the operation
+    a backend of another operation belongs to."""
+    if kind in LOGITS_STAGE and "+" in target:
+        return _composition(kind, target, field, lambda stage, half: load_operation_backend(stage, half, field, own))
+    if own and target in own:
+        loaded = own[target]
+    elif ":" in target:
+        loaded = Loaded(as_backend(_import_object(target, field), field, target), Origin(target, registered=False))
+    else:
+        loaded = load_operation_registered(kind, target, field, also=f", or {_TARGET}")
+    _require_operation(kind, loaded.backend, field, target)
+    return loaded
+
+
+def load_operation_registered(kind: OperationKind, name: str, field: str = "backend", also: str = "") -> Loaded:
+    """The backend of operation `kind` a registered name (an indexer's: 'LOGITS+TOPK' of two) names, with its
+    origin; nothing but the registered backends' own modules is imported (see load_registered)."""
+    if kind == OperationKind.PAGED_LOGITS:
+        return load_registered(name, field, also)
+    if kind in LOGITS_STAGE and "+" in name:
+        return _composition(kind, name, field, lambda stage, half: load_operation_registered(stage, half, field))
+    table = operation_names(kind) if kind not in LOGITS_STAGE else {}
+    if name in table:
+        return Loaded(table[name](), Origin(name, registered=True))
+    points = _entry_points()
+    if name not in points:
+        raise SpecError(field, name, f"a backend of the {kind.value} operation: a registered name among "
+                        f"{sorted(operation_names(kind))}, an entry point of {ENTRY_POINT_GROUP}{also}"
+                        + (", or 'LOGITS+TOPK' of its two stages" if kind in LOGITS_STAGE else ""))
+    loaded = Loaded(as_backend(_load_entry_point(points[name], field), field, name), Origin(name, registered=True))
+    _require_operation(kind, loaded.backend, field, name)
+    return loaded
+
+
+def _composition(kind: OperationKind, target: str, field: str,
+                 load: Callable[[OperationKind, str], Loaded]) -> Loaded:
+    """'LOGITS+TOPK' as one backend of the indexer operation `kind`: each half loaded by `load` as its stage's
+    backend; its origin the halves' targets joined the same way (registered when both are)."""
+    logits_target, _, topk_target = target.partition("+")
+    require(bool(logits_target) and bool(topk_target) and "+" not in topk_target, field, target,
+            "'LOGITS+TOPK': a logits backend and a top-k backend joined by one '+'")
+    logits, topk = load(LOGITS_STAGE[kind], logits_target), load(OperationKind.TOPK, topk_target)
+    composed = stages.Composed(f"{logits.name}+{topk.name}", logits, topk)
+    if logits.origin.target is None or topk.origin.target is None:
+        why = "; ".join(o.why_not for o in (logits.origin, topk.origin) if o.target is None)
+        return Loaded(composed, Origin(None, False, why))
+    joined = f"{logits.origin.target}+{topk.origin.target}"
+    return Loaded(composed, Origin(joined, registered=logits.origin.registered and topk.origin.registered))
+
+
+def _require_operation(kind: OperationKind, backend: Any, field: str, target: str) -> None:
+    """SpecError unless `backend`'s contract declares the operation `kind` (which one it does declare, if any)."""
+    declared = getattr(backend.contract, "operation", None)
+    if declared == kind:
+        return
+    said = (f"{target} is a backend of the {declared.value} operation ({type(backend.contract).__name__})"
+            if isinstance(declared, OperationKind) else
+            f"{target}'s contract ({type(backend.contract).__name__}) declares no operation")
+    raise SpecError(field, target, f"a backend of the {kind.value} operation: {said}")
 
 
 def load_registered(name: str, field: str = "backend", also: str = "") -> Loaded:
@@ -134,14 +221,13 @@ def as_loaded(obj: object, field: str = "backend") -> Loaded:
 def as_backend(obj: object, field: str, target: str) -> Backend:
     """A Backend from an instance, a class or factory returning one, or a decorated function;
     SpecError(field, target, ...) for anything else."""
-    from difftest.backends.user import FunctionBackend  # deferred: it imports torch
-    from difftest.core.contract import Contract
+    from difftest.backends.user import CALLING_CONVENTIONS, FunctionBackend  # deferred: it imports torch
 
     if isinstance(obj, Loaded):
         return obj.backend
     if isinstance(obj, Backend) and not isinstance(obj, type):
         return obj
-    if isinstance(getattr(obj, "difftest_contract", None), Contract):
+    if getattr(getattr(obj, "difftest_contract", None), "operation", None) in CALLING_CONVENTIONS:
         return FunctionBackend.from_function(obj)  # type: ignore[arg-type]
     if callable(obj) and _takes_no_arguments(obj):
         made = _made_by(obj, field, target)

@@ -9,6 +9,7 @@ it is first asked whether it runs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,7 @@ from difftest.backends import (
     vllm_ragged,
     vllm_topk,
 )
+from difftest.core.indexer import IndexerContract
 
 RAGGED_TABLES = (deep_gemm_ragged.RAGGED_BACKENDS, vllm_ragged.RAGGED_BACKENDS, sglang_ragged.RAGGED_BACKENDS,
                  aiter_ragged.RAGGED_BACKENDS)
@@ -76,6 +78,29 @@ PREFILL_COMPOSITIONS = (
     Composition("vllm-torch-ref-ragged", "torch-topk"),
     Composition("sglang-torch-ref-ragged", "torch-topk"),
 )
+
+
+@dataclasses.dataclass
+class Composed:
+    """A logits backend and a top-k backend run one after the other: one backend of an indexer operation (its
+    contract says which: a paged logits stage makes the decode indexer, a ragged one the prefill indexer)."""
+
+    name: str
+    logits: Any  # a paged (difftest.backends.base.Backend) or ragged (RaggedBackend) logits backend
+    topk: Any  # a TopkBackend
+
+    @functools.cached_property
+    def contract(self) -> IndexerContract:
+        """Both stages' contracts."""
+        return IndexerContract(self.logits.contract, self.topk.contract)
+
+    def unavailable_reason(self, device: str) -> str | None:
+        """Why either stage cannot run on `device` (the stage named), or None when both can."""
+        for stage, backend in (("logits", self.logits), ("top-k", self.topk)):
+            reason = backend.unavailable_reason(device)
+            if reason:
+                return f"{stage} stage {backend.name}: {reason}"
+        return None
 
 
 def ragged_backends() -> dict[str, Callable[[], Any]]:

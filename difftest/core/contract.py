@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from difftest.core import hardware
 from difftest.core.errors import require
-from difftest.core.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention, PartitionScope
+from difftest.core.kinds import CacheLayout, Fp8Flavour, LengthEncoding, MaskConvention, OperationKind, PartitionScope
 from difftest.core.schema import Filled, Float, Record
 
 # Positions a decode row's top-k keeps: DeepSeek-V3.2's indexer (index_topk = 2048), also the k of
@@ -86,6 +86,7 @@ class WorkingMemory:
 class Contract:
     """A backend's declared interface and envelope. `None` in an envelope field means any value."""
 
+    operation: ClassVar[OperationKind] = OperationKind.PAGED_LOGITS  # the operation a backend of this contract is
     length_encoding: LengthEncoding
     cache_layout: CacheLayout
     mask: MaskConvention

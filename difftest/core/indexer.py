@@ -20,11 +20,14 @@ import torch
 from difftest.core.case import Case
 from difftest.core.contract import Contract
 from difftest.core.errors import require
-from difftest.core.kinds import LogitsForm
+from difftest.core.kinds import LogitsForm, OperationKind
 from difftest.core.ragged import RaggedCase, RaggedContract
 from difftest.core.topk import TopkCase, TopkContract
 
 K_META = "topk_k"  # the meta key a saved indexer case keeps its k under
+# Each indexer operation's logits stage: the operation whose backends make its first half (its second is top-k's).
+LOGITS_STAGE = {OperationKind.INDEXER: OperationKind.PAGED_LOGITS,
+                OperationKind.PREFILL_INDEXER: OperationKind.RAGGED_LOGITS}
 
 
 _Staged = TypeVar("_Staged", bound="_LogitsAndK")
@@ -156,6 +159,11 @@ class IndexerContract:
 
     logits: Contract | RaggedContract
     topk: TopkContract
+
+    @property
+    def operation(self) -> OperationKind:
+        """The indexer operation whose logits stage is the logits contract's operation (decode or prefill)."""
+        return next(kind for kind, stage in LOGITS_STAGE.items() if stage == self.logits.operation)
 
     @property
     def devices(self) -> tuple[str, ...]:

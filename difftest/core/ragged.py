@@ -21,7 +21,7 @@ import json
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ from difftest.core import hardware
 from difftest.core.case_archive import IN_CASE_META, ArchiveMeta
 from difftest.core.errors import SpecError, require
 from difftest.core.fp8 import convert, decode, nan_bytes
-from difftest.core.kinds import Fp8Flavour, LogitsForm, MaskConvention
+from difftest.core.kinds import Fp8Flavour, LogitsForm, MaskConvention, OperationKind
 from difftest.core.schema import MAX_HEADS, MAX_NAME, HeadDim, Int, Member, Rule, Seed, Text, parse_json
 
 MAX_ROWS = 1 << 20  # query rows of a case
@@ -301,6 +301,7 @@ class RaggedContract:
     case's max_seqlen_k is outside the contract (window_reason): no right answer fits it, and DeepGEMM 2.8
     stores past its row unchecked."""
 
+    operation: ClassVar[OperationKind] = OperationKind.RAGGED_LOGITS  # the operation a backend of this contract is
     form: LogitsForm
     mask: MaskConvention
     fp8: Fp8Flavour = Fp8Flavour.E4M3FN

@@ -18,7 +18,7 @@ import json
 import zipfile
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -26,7 +26,7 @@ import torch
 from difftest.core import hardware
 from difftest.core.case_archive import IN_CASE_META, ArchiveMeta
 from difftest.core.errors import SpecError, require
-from difftest.core.kinds import IndexConvention, NanRanking, RowStride, TopkPadding, WindowForm
+from difftest.core.kinds import IndexConvention, NanRanking, OperationKind, RowStride, TopkPadding, WindowForm
 from difftest.core.schema import MAX_NAME, MAX_NEXT_N, Int, Member, Rule, Seed, Text, parse_json
 
 if TYPE_CHECKING:
@@ -210,6 +210,7 @@ class TopkContract:
     """A top-k kernel's declared conventions and envelope. `None` in an envelope field means any value.
     No tolerance: a top-k is right or wrong (ties aside, which the oracle honours)."""
 
+    operation: ClassVar[OperationKind] = OperationKind.TOPK  # the operation a backend of this contract is
     index: IndexConvention
     padding: TopkPadding
     window: WindowForm

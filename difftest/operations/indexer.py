@@ -1,5 +1,6 @@
 """The indexer operation: a decode step end to end, a paged logits backend followed by a top-k backend on the
-logits it wrote (a composition, difftest.backends.stages.COMPOSITIONS), as a serving engine composes them.
+logits it wrote (a composition: difftest.backends.stages.COMPOSITIONS by default, or any 'LOGITS+TOPK' of two
+stages, difftest.backends.registry), as a serving engine composes them.
 
 The oracle is the tie-aware top-k of the exact logits. A right logits stage is only within the tolerance its
 contract is judged by (rtol times the row's largest logit, or the fp32 rounding bound), so a candidate within
@@ -15,15 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from difftest.backends import Backend, get_backends, stages
-from difftest.backends.ragged_base import RaggedBackend
-from difftest.backends.stages import Composition, ragged_backends, topk_backends
-from difftest.backends.topk_base import TopkBackend
+from difftest.backends.registry import operation_names
+from difftest.backends.stages import Composed
 from difftest.core.indexer import IndexerCase, IndexerContract
 from difftest.core.kinds import Headline, OperationKind, OracleKind
 from difftest.core.operation import Operation, Planned
@@ -48,28 +46,6 @@ from difftest.oracles.reference import Reference
 from difftest.oracles.topk import TopkTruth, topk_within
 
 
-@dataclasses.dataclass
-class Composed:
-    """A logits backend and a top-k backend run one after the other: one backend of the indexer operation."""
-
-    name: str
-    logits: Backend | RaggedBackend
-    topk: TopkBackend
-
-    @functools.cached_property
-    def contract(self) -> IndexerContract:
-        """Both stages' contracts."""
-        return IndexerContract(self.logits.contract, self.topk.contract)
-
-    def unavailable_reason(self, device: str) -> str | None:
-        """Why either stage cannot run on `device` (the stage named), or None when both can."""
-        for stage, backend in (("logits", self.logits), ("top-k", self.topk)):
-            reason = backend.unavailable_reason(device)
-            if reason:
-                return f"{stage} stage {backend.name}: {reason}"
-        return None
-
-
 @dataclasses.dataclass(frozen=True)
 class Staged:
     """What a composition computed: its logits stage's logits and its top-k stage's indices."""
@@ -85,22 +61,6 @@ class IndexerTruth:
     logits: Reference | RaggedReference
     ranked: torch.Tensor  # float64 [rows, logits width]: the exact logits, near-ties of the k-th value made ties
     truth: TopkTruth
-
-
-def composed(composition: Composition) -> Composed:
-    """The backends a composition of COMPOSITIONS names, built (their libraries load when first asked whether
-    they run)."""
-    return Composed(composition.name, get_backends([composition.logits])[0], topk_backends()[composition.topk]())
-
-
-def composed_prefill(composition: Composition) -> Composed:
-    """The backends a composition of PREFILL_COMPOSITIONS names (a ragged logits backend first), built."""
-    return Composed(composition.name, ragged_backends()[composition.logits](), topk_backends()[composition.topk]())
-
-
-def backends() -> dict[str, Callable[[], Composed]]:
-    """name -> factory of every composition of COMPOSITIONS."""
-    return {c.name: functools.partial(composed, c) for c in stages.COMPOSITIONS}
 
 
 def topk_k(contract: TopkContract, device: str) -> int:
@@ -198,6 +158,7 @@ def shrink(case: IndexerCase, still_fails: Any, contract: IndexerContract, secon
 INDEXER = Operation(
     kind=OperationKind.INDEXER, summary="decode end to end: paged logits, then top-k (the selected token set)",
     headlines=(Headline.SELECTION, Headline.MASK), case_type=IndexerCase, spec_type=IndexerSpec,
-    contract_type=IndexerContract, backends=backends, suite=suite, envelope=envelope,
+    contract_type=IndexerContract, backends=functools.partial(operation_names, OperationKind.INDEXER), suite=suite,
+    envelope=envelope,
     random_spec=random_indexer_spec, build=build_indexer_case, case_name=indexer_case_name,
     load_case=IndexerCase.load, reference=reference, call=call, judge=judge, shrink=shrink, relate=None)

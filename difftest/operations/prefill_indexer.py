@@ -1,5 +1,6 @@
 """The prefill indexer operation: a prefill step end to end, a ragged logits backend followed by a top-k backend
-ranking each query row inside its key window (a composition of difftest.backends.stages.PREFILL_COMPOSITIONS),
+ranking each query row inside its key window (a composition: difftest.backends.stages.PREFILL_COMPOSITIONS by
+default, or any 'RAGGED+TOPK' of two stages, difftest.backends.registry),
 as vLLM's prefill composes fp8_mqa_logits with top_k_per_row_prefill.
 
 The oracle, the headline and the verdict are the decode indexer's (difftest.operations.indexer): the tie-aware
@@ -12,10 +13,10 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Callable
 from typing import Any
 
-from difftest.backends import stages
+from difftest.backends.registry import operation_names
+from difftest.backends.stages import Composed
 from difftest.core.indexer import IndexerContract, PrefillIndexerCase
 from difftest.core.kinds import Headline, LogitsForm, OperationKind, OracleKind
 from difftest.core.operation import Operation, Planned
@@ -32,11 +33,6 @@ from difftest.generators.ragged import default_ragged_specs
 from difftest.operations import indexer, ragged, topk
 from difftest.oracles.ragged_mqa_logits import absolute
 from difftest.oracles.topk import topk_within
-
-
-def backends() -> dict[str, Callable[[], indexer.Composed]]:
-    """name -> factory of every composition of PREFILL_COMPOSITIONS."""
-    return {c.name: functools.partial(indexer.composed_prefill, c) for c in stages.PREFILL_COMPOSITIONS}
 
 
 def envelope(contract: IndexerContract, device: str) -> list[Planned]:
@@ -74,7 +70,7 @@ def reference(case: PrefillIndexerCase, contract: IndexerContract, oracle: Oracl
     return indexer.IndexerTruth(logits, ranked, truth)
 
 
-def call(backend: indexer.Composed, case: PrefillIndexerCase) -> indexer.Staged:
+def call(backend: Composed, case: PrefillIndexerCase) -> indexer.Staged:
     """The logits stage on the ragged case, then the top-k stage on the logits as written, each row windowed
     by its key window."""
     logits = ragged.call(backend.logits, case.logits)
@@ -104,6 +100,7 @@ def shrink(case: PrefillIndexerCase, still_fails: Any, contract: IndexerContract
 PREFILL_INDEXER = Operation(
     kind=OperationKind.PREFILL_INDEXER, summary="prefill end to end: ragged logits, then top-k of each row's window",
     headlines=(Headline.SELECTION, Headline.MASK), case_type=PrefillIndexerCase, spec_type=PrefillIndexerSpec,
-    contract_type=IndexerContract, backends=backends, suite=suite, envelope=envelope, random_spec=random_spec,
+    contract_type=IndexerContract, backends=functools.partial(operation_names, OperationKind.PREFILL_INDEXER),
+    suite=suite, envelope=envelope, random_spec=random_spec,
     build=build_prefill_indexer_case, case_name=prefill_indexer_case_name, load_case=PrefillIndexerCase.load,
     reference=reference, call=call, judge=judge, shrink=shrink, relate=None)

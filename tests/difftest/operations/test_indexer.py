@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from difftest.backends import get_backends, stages
-from difftest.backends.stages import Composition
+from difftest.backends.stages import Composed, Composition
 from difftest.backends.torch_topk import TorchTopk
 from difftest.backends.user import FunctionBackend
 from difftest.cli import main
@@ -20,7 +20,7 @@ from difftest.engine.config import RunConfig
 from difftest.engine.operation_run import Named, run_one
 from difftest.generators.indexer import IndexerSpec, build_indexer_case
 from difftest.operations import operation
-from difftest.operations.indexer import Composed, rows_in_memory
+from difftest.operations.indexer import rows_in_memory
 from difftest.records.bundle import load_bundle
 from difftest.records.serialize import load_results
 
