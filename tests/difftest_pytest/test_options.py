@@ -18,7 +18,7 @@ def test_k(difftest_backend, difftest_case):
 
 def test_help_lists_the_option_group(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_inprocess("--help")
-    result.stdout.fnmatch_lines(["differential testing of paged MQA logits kernels against the oracle:",
+    result.stdout.fnmatch_lines(["differential testing of indexer kernels against the oracle:",
                                  "*--difftest-backends=NAMES*", "*--difftest-seed=N*",
                                  "*--difftest-cases=KIND[[]:COUNT]*", "*--difftest-device=*",
                                  "*--difftest-report=PATH*", "*--difftest-repro-dir=DIR*", "*--difftest-suite*",
@@ -51,8 +51,8 @@ def test_without_options_the_header_comes_once_a_collected_test_uses_difftest(py
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--difftest-cases=sometimes"],
-     "--difftest-cases='sometimes': expected one of random, edges, all, optionally with :COUNT >= 1 (e.g. random:4)"),
-    (["--difftest-cases=random:0"], "--difftest-cases='random:0': expected one of random, edges, all, *"),
+     "--difftest-cases='sometimes': expected one of random, edges, all, envelope, optionally with :COUNT >= 1 (e.g. random:4)"),
+    (["--difftest-cases=random:0"], "--difftest-cases='random:0': expected one of random, edges, all, envelope, *"),
     (["--difftest-seed=-3"], "--difftest-seed='-3': expected a non-negative integer"),
     (["--difftest-device=tpu"], "--difftest-device='tpu': expected cpu or cuda"),
     (["--difftest-backends=torch,nope"],
