@@ -24,7 +24,7 @@ from difftest_pytest import markers, profiles
 from difftest_pytest.ledger import LedgerPlugin, load
 from difftest_pytest.options import add_options, options_given, read_settings
 from difftest_pytest.results import Recorder
-from difftest_pytest.selection import Selection, case_ids
+from difftest_pytest.selection import Selection, case_ids, per_backend
 from difftest_pytest.suite import SuitePlugin
 from difftest_pytest.workers import SeedToWorkers, pin_gpu
 
@@ -90,8 +90,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     ids = selection.backend_ids(backends) if "difftest_backend" in wanted else []
     cases = selection.cases(next_n) if "difftest_case" in wanted else []
     if len(wanted) == 2 and any(case.backends is not None for case in cases):
-        pairs = [(backend_id, case, case_id) for backend_id in ids
-                 for case, case_id in zip(cases, case_ids(cases), strict=True) if case.for_backend(backend_id)]
+        pairs = per_backend(ids, cases)
         metafunc.parametrize(wanted, [(b, c) for b, c, _ in pairs], ids=[f"{b}-{i}" for b, _, i in pairs],
                              indirect=True)
         return

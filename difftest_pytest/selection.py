@@ -157,3 +157,13 @@ def case_ids(cases: Sequence[Drawable]) -> list[str]:
         ids.append(name if total[name] == 1 else f"{name}-{seen[name]}")
         seen[name] += 1
     return ids
+
+
+def per_backend(backend_ids: Sequence[str], cases: Sequence[Drawable]) -> list[tuple[str, Drawable, str]]:
+    """(backend id, case, case id) of every case each backend runs, backend-major; the ids numbered among that
+    backend's own cases (case_ids), so two envelope plans that each name a spec 'random-k512' number neither."""
+    pairs = []
+    for backend_id in backend_ids:
+        mine = [case for case in cases if case.for_backend(backend_id)]
+        pairs += [(backend_id, case, case_id) for case, case_id in zip(mine, case_ids(mine), strict=True)]
+    return pairs

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from difftest.core.kinds import OperationKind
-from difftest_pytest.selection import Drawable, Selection, case_ids
+from difftest_pytest.selection import Drawable, Selection, per_backend
 
 if TYPE_CHECKING:
     from _pytest._code.code import TerminalRepr
@@ -57,17 +57,13 @@ class DifftestSuite(pytest.Collector):
     def collect(self) -> Iterator[SuiteItem | OperationItem]:
         """One item per (backend, case), backend-major (under envelope, each backend's own cases), named
         'suite[backend::case id]' (selection.case_ids: no seed in it)."""
-        cases = self.selection.cases()
-        ids = case_ids(cases)
         item = SuiteItem if self.selection.settings.op == OperationKind.PAGED_LOGITS else OperationItem
-        for backend_id in self.selection.targets():
-            for drawable, case_id in zip(cases, ids, strict=True):
-                if drawable.for_backend(backend_id):
-                    name = f"suite[{backend_id}::{case_id}]"
-                    # The node id as a string: parsed, its [...] part becomes the id's params, as in the
-                    # ids --lf reads back from the cache.
-                    yield item.from_parent(self, name=name, nodeid=f"{self.nodeid}::{name}", backend_id=backend_id,
-                                           drawable=drawable)
+        for backend_id, drawable, case_id in per_backend(list(self.selection.targets()), self.selection.cases()):
+            name = f"suite[{backend_id}::{case_id}]"
+            # The node id as a string: parsed, its [...] part becomes the id's params, as in the
+            # ids --lf reads back from the cache.
+            yield item.from_parent(self, name=name, nodeid=f"{self.nodeid}::{name}", backend_id=backend_id,
+                                   drawable=drawable)
 
 
 class _SuiteNode(pytest.Item):

@@ -51,7 +51,8 @@ def test_without_options_the_header_comes_once_a_collected_test_uses_difftest(py
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--difftest-cases=sometimes"],
-     "--difftest-cases='sometimes': expected one of random, edges, all, envelope, optionally with :COUNT >= 1 (e.g. random:4)"),
+     "--difftest-cases='sometimes': expected one of random, edges, all, envelope, optionally with :COUNT >= 1 "
+     "(e.g. random:4)"),
     (["--difftest-cases=random:0"], "--difftest-cases='random:0': expected one of random, edges, all, envelope, *"),
     (["--difftest-seed=-3"], "--difftest-seed='-3': expected a non-negative integer"),
     (["--difftest-device=tpu"], "--difftest-device='tpu': expected cpu or cuda"),
