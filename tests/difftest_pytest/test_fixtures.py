@@ -101,3 +101,28 @@ def test_several_seeds_of_one_spec_are_numbered(pytester: pytest.Pytester) -> No
                                           "-k", "mtp1")
     result.stdout.fnmatch_lines(["*[[]torch-random-mtp1-uniform-0]", "*[[]torch-random-mtp1-uniform-1]",
                                  "2/8 tests collected*"])
+
+
+def test_the_fixtures_take_the_cases_and_backends_of_another_operation(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(CHECK_TEST.replace('and result.comparison.mask_rows == []', ''))
+    args = ["--difftest-op=topk", "--difftest-backends=torch-topk,torch-topk-vllm", "--difftest-seed=0"]
+    collected = pytester.runpytest_inprocess("--co", "-q", *args)
+    collected.stdout.fnmatch_lines(["*::test_k[[]torch-topk-random-ragged-k512]",
+                                    "*::test_k[[]torch-topk-vllm-random-decode-k2048]", "12 tests collected*"])
+    result = pytester.runpytest_inprocess("-rs", *args, "-k", "decode-k512")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["torch-topk: 0/4 rows select a wrong set (0 tokens)"])
+
+
+def test_next_n_copies_only_the_paged_cases(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.difftest(next_n=[2])
+        def test_k(difftest_case):
+            pass
+    """)
+    result = pytester.runpytest_inprocess("--difftest-op=topk")
+    result.assert_outcomes(errors=1)
+    assert "difftest marker: next_n=[2]: copies the fixed paged-logits cases only (not topk edges cases)" in \
+        result.stdout.str()
