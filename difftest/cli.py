@@ -43,6 +43,7 @@ from difftest.core.text import printable
 if TYPE_CHECKING:
     from tqdm import tqdm
 
+    from difftest.backends import Loaded
     from difftest.engine.config import RunConfig
     from difftest.engine.result import CaseResult
     from difftest.records.bundle import Bundle
@@ -232,7 +233,7 @@ def _add_operation(command: argparse.ArgumentParser) -> None:
 
 # Options of `run` and `fuzz` that only the paged-logits operation takes (its own engine's), by destination.
 PAGED_ONLY = ("spec", "next_n", "block_sizes", "batch", "max_model_len", "heads", "head_dim", "ledger",
-              "resume", "shard", "gpus", "time", "fail_slow", "sanitize", "encoding", "layout", "backend_module",
+              "resume", "shard", "gpus", "time", "fail_slow", "sanitize", "encoding", "layout",
               "case_filter", "max_batch", "max_context", "block_size", "shrink_seconds", "jobs", "batching")
 
 
@@ -257,6 +258,11 @@ def _add_backend_choice(command: argparse.ArgumentParser) -> None:
     command.add_argument("--backend-module", action="append", default=[], metavar="PKG.MOD:OBJ",
                          help="a user backend: a Backend, a factory, or a difftest.backend-decorated function "
                               "(repeatable)")
+
+
+def _backend_names(args: argparse.Namespace) -> tuple[str, ...] | None:
+    """What --backends and --backend-module name, in that order (None: neither was given)."""
+    return (*(args.backends or ()), *args.backend_module) or None
 
 
 def _add_feeding(command: argparse.ArgumentParser, repeat: int = 1) -> None:
@@ -742,7 +748,8 @@ def _run_operation(args: argparse.Namespace) -> int:
     _paged_only(args)
     config = _run_config(args, metamorphic=_relations(args.op, args.metamorphic))
     request = OperationRequest(operation=args.op, cases=args.cases, seed=args.seed, count=args.count or 1,
-                               backends=args.backends, config=config, report=args.report, stream=args.stream,
+                               backends=_backend_names(args), config=config, report=args.report,
+                               stream=args.stream,
                                junit=args.junit, repro_dir=args.repro_dir, budget=args.budget,
                                overwrite=args.overwrite, argv=tuple(args.argv))
     outcome = execute_operation(request)
@@ -836,10 +843,9 @@ def _run_request(args: argparse.Namespace) -> RunRequest:
                          block_sizes=args.block_sizes, batch=args.batch, max_model_len=args.max_model_len,
                          heads=args.heads, head_dim=args.head_dim, spec=spec,
                          case_filter=tuple(args.case_filter), shard=Shard.parse(args.shard) if args.shard else None)
-    names = (args.backends or ()) + tuple(args.backend_module)
     config = _run_config(args, sanitize=args.sanitize, sanitize_all=args.sanitize_all, time=args.time,
                          metamorphic=_relations(args.op, args.metamorphic))
-    return RunRequest(suite=suite, backends=names or None, config=config, report=args.report, stream=args.stream,
+    return RunRequest(suite=suite, backends=_backend_names(args), config=config, report=args.report, stream=args.stream,
                       junit=args.junit, resume=args.resume, repro_dir=args.repro_dir, gpus=args.gpus,
                       budget=args.budget, argv=tuple(args.argv), overwrite=args.overwrite, fail_slow=args.fail_slow,
                       ledger=_ledger(args.ledger))
@@ -937,14 +943,15 @@ def _memory_line(results: list) -> str:
             "report)")
 
 
-def _bundle_backend(args: argparse.Namespace, bundle: object) -> object:
-    """The backend to replay or shrink a bundle through: --backends, else the recorded one."""
+def _bundle_backend(args: argparse.Namespace, bundle: Bundle) -> Loaded:
+    """The backend to replay or shrink a bundle through: --backends (one of the bundle's operation), else the
+    recorded one."""
     from difftest.backends import get_backends  # deferred: loads torch
     from difftest.workflows.replay import bundle_backend  # deferred: loads torch
 
     if args.backends:
-        return get_backends(list(args.backends))[0]
-    return bundle_backend(bundle, trust=args.trust_bundle)  # type: ignore[arg-type]
+        return get_backends(list(args.backends), kind=bundle.operation)[0]
+    return bundle_backend(bundle, trust=args.trust_bundle)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -956,7 +963,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if bundle.operation != OperationKind.PAGED_LOGITS:
         from difftest.workflows.operation_session import replay_operation  # deferred: loads torch
 
-        result = replay_operation(bundle, args.backends[0] if args.backends else None)
+        result = replay_operation(bundle, _bundle_backend(args, bundle))
     else:
         result = replay(bundle, _bundle_backend(args, bundle), isolate=args.isolate)  # type: ignore[arg-type]
     print(render_replay(bundle, result))
@@ -978,14 +985,13 @@ def _bundle_here(path: Path) -> Bundle:
 
 def cmd_shrink(args: argparse.Namespace) -> int:
     """`difftest shrink`: the smallest case that fails the same way, as a new bundle."""
-    from difftest.backends import as_loaded  # deferred: loads torch
     from difftest.records.bundle import write_bundle  # deferred: loads torch
     from difftest.workflows.shrink import shrink  # deferred: loads torch
 
     bundle = _bundle_here(args.bundle)
     if bundle.operation != OperationKind.PAGED_LOGITS:
         return _shrink_operation(args, bundle)
-    backend = as_loaded(_bundle_backend(args, bundle))
+    backend = _bundle_backend(args, bundle)
     found = shrink(bundle, backend, bundle.config, args.seconds)
     folder = write_bundle(args.out or bundle.path.parent, found.case, found.result, bundle.config, backend.origin,
                           backend.contract.library, field="--out" if args.out else "bundle")
@@ -995,13 +1001,13 @@ def cmd_shrink(args: argparse.Namespace) -> int:
 
 def _shrink_operation(args: argparse.Namespace, bundle: Bundle) -> int:
     """`difftest shrink` of a bundle of an operation other than paged logits."""
-    from difftest.backends import Origin  # deferred: loads torch
     from difftest.records.bundle import write_bundle  # deferred: loads torch
     from difftest.workflows.operation_session import shrink_operation  # deferred: loads torch
 
-    found = shrink_operation(bundle, args.seconds, args.backends[0] if args.backends else None)
-    folder = write_bundle(args.out or bundle.path.parent, found.case, found.result, bundle.config,
-                          Origin(found.result.backend, registered=True), found.result.library,
+    backend = _bundle_backend(args, bundle)
+    found = shrink_operation(bundle, args.seconds, backend)
+    folder = write_bundle(args.out or bundle.path.parent, found.case, found.result, bundle.config, backend.origin,
+                          found.result.library,
                           field="--out" if args.out else "bundle")
     violated = "".join(f"\n    metamorphic: {violation.describe()}" for violation in found.result.metamorphic)
     print(f"shrunk {bundle.case.describe()}\n    to {found.case.describe()}: {found.result.verdict.value}: "
@@ -1087,11 +1093,10 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
     regime = Regime(max_batch=args.max_batch, max_context=args.max_context, heads=args.heads,
                     head_dim=args.head_dim, block_size=args.block_size)
-    names = (args.backends or ()) + tuple(args.backend_module)
     relations = _relations(args.op, args.metamorphic)
     # A batch's passing members are judged on its rows alone: relations need each case launched by itself.
     batching = args.batching if args.batching is not None else not relations
-    campaign = fuzz.Campaign(budget=args.budget, backends=names or None, until_failures=args.until_failures,
+    campaign = fuzz.Campaign(budget=args.budget, backends=_backend_names(args), until_failures=args.until_failures,
                              seed=args.seed, repro_dir=args.repro_dir, stream=args.stream,
                              shrink_seconds=args.shrink_seconds, regime=regime, batching=batching,
                              jobs=1 if args.jobs is None else args.jobs,
@@ -1120,7 +1125,7 @@ def _fuzz_operation(args: argparse.Namespace) -> int:
     from difftest.workflows.operation_session import OperationCampaign, fuzz_operation  # deferred: loads torch
 
     _paged_only(args)
-    campaign = OperationCampaign(operation=args.op, budget=args.budget, seed=args.seed, backends=args.backends,
+    campaign = OperationCampaign(operation=args.op, budget=args.budget, seed=args.seed, backends=_backend_names(args),
                                  config=_run_config(args, metamorphic=_relations(args.op, args.metamorphic)),
                                  repro_dir=args.repro_dir, report=args.report,
                                  stream=args.stream, junit=args.junit, until_failures=args.until_failures,

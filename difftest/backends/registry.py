@@ -43,6 +43,8 @@ BUILTIN_MODULES = (
     "difftest.backends.flag_gems",
 )
 _TARGET = "'package.module:object'"
+# The operations a backend of one kernel is of (an indexer's are compositions of them), paged logits first.
+STAGE_OPERATIONS = (OperationKind.PAGED_LOGITS, OperationKind.RAGGED_LOGITS, OperationKind.TOPK)
 _DOTTED = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*")  # identifiers joined by dots: no relative import
 _OWN_PACKAGES = ("difftest", "difftest_pytest")
 
@@ -127,6 +129,18 @@ def load_operation_backend(kind: OperationKind, target: str, field: str = "backe
     return loaded
 
 
+def load_of_any_operation(target: str, field: str = "backend") -> Loaded:
+    """The backend `target` names, of whichever stage operation (paged logits, ragged logits, top-k) its contract
+    declares: a registered name of one of them, or 'package.module:object' (a selftest's template)."""
+    if ":" in target:
+        loaded = Loaded(as_backend(_import_object(target, field), field, target), Origin(target, registered=False))
+        require(_declared(loaded.backend) in STAGE_OPERATIONS, field, target, "a backend of one of the operations "
+                f"{[k.value for k in STAGE_OPERATIONS]} (its contract declares which)")
+        return loaded
+    kind = next((k for k in STAGE_OPERATIONS[1:] if target in operation_names(k)), OperationKind.PAGED_LOGITS)
+    return load_operation_registered(kind, target, field)
+
+
 def load_operation_registered(kind: OperationKind, name: str, field: str = "backend", also: str = "") -> Loaded:
     """The backend of operation `kind` a registered name (an indexer's: 'LOGITS+TOPK' of two) names, with its
     origin; nothing but the registered backends' own modules is imported (see load_registered)."""
@@ -165,7 +179,7 @@ def _composition(kind: OperationKind, target: str, field: str,
 
 def _require_operation(kind: OperationKind, backend: Any, field: str, target: str) -> None:
     """SpecError unless `backend`'s contract declares the operation `kind` (which one it does declare, if any)."""
-    declared = getattr(backend.contract, "operation", None)
+    declared = _declared(backend)
     if declared == kind:
         return
     said = (f"{target} is a backend of the {declared.value} operation ({type(backend.contract).__name__})"
@@ -187,23 +201,46 @@ def load_registered(name: str, field: str = "backend", also: str = "") -> Loaded
     return Loaded(as_backend(_load_entry_point(points[name], field), field, name), Origin(name, registered=True))
 
 
-def get_backends(names: Sequence[str] | None = None, field: str = "backends") -> list[Loaded]:
-    """The backends named, in order: each a registered name, 'package.module:object', or the name of a
-    backend that one of the 'package.module:object' entries loads (so a user backend can be named as
-    it calls itself); each backend once. None means every registered one. Unknown names are reported
-    together."""
+def get_backends(names: Sequence[str] | None = None, field: str = "backends",
+                 kind: OperationKind = OperationKind.PAGED_LOGITS) -> list[Loaded]:
+    """The backends of operation `kind` named, in order: each a registered name, 'package.module:object', the
+    name of a backend that one of the 'package.module:object' entries loads (so a user backend can be named as
+    it calls itself), or for an indexer 'LOGITS+TOPK' of two of these; each backend once. None means every
+    registered one (of an operation other than paged logits: every built-in one; an entry point's operation is
+    known only once it is loaded). Unknown names are reported together. An indexer's 'package.module:object'
+    entry may be one of its stages (a logits or a top-k backend): not run alone, it is named in a
+    'LOGITS+TOPK'."""
     if isinstance(names, str):  # a str is a Sequence of one-letter names: never what was meant
         raise SpecError(field, names, "a list of backend names, not one string")
-    known = available_names()
-    chosen = list(known) if names is None else list(names)
-    targets = {name: load_backend(name, field) for name in chosen if ":" in name}
+    paged = kind == OperationKind.PAGED_LOGITS
+    known = available_names() if paged else {**operation_names(kind), **_entry_points()}
+    chosen = list(known if paged else operation_names(kind)) if names is None else list(names)
+    targets = {name: _path_target(kind, name, field) for name in chosen if ":" in name and "+" not in name}
     by_own_name = {loaded.name: loaded for loaded in targets.values()}
-    unknown = [n for n in chosen if n not in known and ":" not in n and n not in by_own_name]
+    unknown = [n for n in chosen if n not in known and ":" not in n and "+" not in n and n not in by_own_name]
     if unknown:
-        raise SpecError(field, ",".join(unknown), f"registered names among {sorted(known)}, {_TARGET}, "
-                        f"or the name of a backend such a path loads")
-    picked = [targets.get(n) or (load_backend(n, field) if n in known else by_own_name[n]) for n in chosen]
+        raise SpecError(field, ",".join(unknown), f"registered names of the {kind.value} operation among "
+                        f"{sorted(known)}, {_TARGET}, or the name of a backend such a path loads")
+    picked = [targets.get(n) or load_operation_backend(kind, n, field, by_own_name) for n in chosen]
+    picked = [loaded for loaded in picked if _declared(loaded.backend) == kind]  # an indexer's stages stay out
+    require(bool(picked) or not chosen, field, ",".join(chosen), f"a backend of the {kind.value} operation (its "
+            "stages are named as 'LOGITS+TOPK')")
     return [loaded for i, loaded in enumerate(picked) if all(loaded is not p for p in picked[:i])]
+
+
+def _path_target(kind: OperationKind, target: str, field: str) -> Loaded:
+    """The backend 'package.module:object' loads for a run of operation `kind`: one of `kind`, or of one of its
+    stages when `kind` is an indexer's."""
+    stages_of = (LOGITS_STAGE[kind], OperationKind.TOPK) if kind in LOGITS_STAGE else ()
+    loaded = Loaded(as_backend(_import_object(target, field), field, target), Origin(target, registered=False))
+    if _declared(loaded.backend) not in stages_of:
+        _require_operation(kind, loaded.backend, field, target)
+    return loaded
+
+
+def _declared(backend: Any) -> OperationKind | None:
+    """The operation `backend`'s contract declares (None when it declares none)."""
+    return getattr(backend.contract, "operation", None)
 
 
 def as_loaded(obj: object, field: str = "backend") -> Loaded:
@@ -255,6 +292,13 @@ def rebuild(origin: Origin, field: str = "backend") -> Loaded:
     if origin.target is None:
         raise SpecError(field, None, f"an origin with a target ({origin.describe()})")
     return load_backend(origin.target, field)
+
+
+def rebuilt_in(folder: str, kind: OperationKind, origin: Origin) -> Loaded:
+    """In a fresh process (a worker): work in `folder` (the run's), then load the backend of operation `kind`
+    that `origin` names, as the run loaded it."""
+    os.chdir(folder)
+    return load_operation_backend(kind, origin.target or "", "backend")
 
 
 # --------------------------------------------------------------------------- origins of objects

@@ -24,6 +24,7 @@ from difftest.backends import (
     vllm_ragged,
     vllm_topk,
 )
+from difftest.backends.base import Loaded
 from difftest.core.indexer import IndexerContract
 
 RAGGED_TABLES = (deep_gemm_ragged.RAGGED_BACKENDS, vllm_ragged.RAGGED_BACKENDS, sglang_ragged.RAGGED_BACKENDS,
@@ -101,6 +102,11 @@ class Composed:
             if reason:
                 return f"{stage} stage {backend.name}: {reason}"
         return None
+
+
+def composed(backend: Composed | Loaded) -> Composed:
+    """The Composed `backend` is, or the one it holds when loaded (its stages are what the operation calls)."""
+    return backend.backend if isinstance(backend, Loaded) else backend
 
 
 def ragged_backends() -> dict[str, Callable[[], Any]]:

@@ -20,8 +20,9 @@ from typing import Any
 
 import torch
 
+from difftest.backends.base import Loaded
 from difftest.backends.registry import operation_names
-from difftest.backends.stages import Composed
+from difftest.backends.stages import Composed, composed
 from difftest.core.indexer import IndexerCase, IndexerContract
 from difftest.core.kinds import Headline, OperationKind, OracleKind
 from difftest.core.operation import Operation, Planned
@@ -107,9 +108,10 @@ def selection_band(exact: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor
     return 2 * tolerance(exact.to(starts.device), inside, rtol, bound.to(starts.device))
 
 
-def call(backend: Composed, case: IndexerCase) -> Staged:
+def call(backend: Composed | Loaded, case: IndexerCase) -> Staged:
     """The logits stage on the paged case, then the top-k stage on the logits as written (their row stride
     kept, as a serving engine hands them on), windowed by the decode rule."""
+    backend = composed(backend)
     logits = paged.call(backend.logits, case.logits)
     expected = (case.rows, case.logits.max_model_len)
     if tuple(logits.shape) != expected:

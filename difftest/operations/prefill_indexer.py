@@ -15,8 +15,9 @@ import functools
 import random
 from typing import Any
 
+from difftest.backends.base import Loaded
 from difftest.backends.registry import operation_names
-from difftest.backends.stages import Composed
+from difftest.backends.stages import Composed, composed
 from difftest.core.indexer import IndexerContract, PrefillIndexerCase
 from difftest.core.kinds import Headline, LogitsForm, OperationKind, OracleKind
 from difftest.core.operation import Operation, Planned
@@ -70,9 +71,10 @@ def reference(case: PrefillIndexerCase, contract: IndexerContract, oracle: Oracl
     return indexer.IndexerTruth(logits, ranked, truth)
 
 
-def call(backend: Composed, case: PrefillIndexerCase) -> indexer.Staged:
+def call(backend: Composed | Loaded, case: PrefillIndexerCase) -> indexer.Staged:
     """The logits stage on the ragged case, then the top-k stage on the logits as written, each row windowed
     by its key window."""
+    backend = composed(backend)
     logits = ragged.call(backend.logits, case.logits)
     expected = (case.rows, backend.logits.contract.width(case.logits))
     if tuple(logits.shape) != expected:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from difftest.backends import Loaded, get_backends
 from difftest.core import memory
 from difftest.core.errors import SpecError, first_line, require
 from difftest.core.kinds import CaseKind, OperationKind
@@ -54,7 +55,7 @@ class OperationRequest:
     cases: CaseKind = CaseKind.ENVELOPE
     seed: int = 0
     count: int = 1  # seeds per spec
-    backends: tuple[str, ...] | None = None  # names of the operation's backends; None: every one
+    backends: tuple[str, ...] | None = None  # what chosen_backends takes; None: every built-in one
     config: RunConfig = dataclasses.field(default_factory=RunConfig)
     report: Path | None = None
     stream: Path | None = None  # default: beside the report, suffix .jsonl
@@ -92,11 +93,10 @@ class OperationOutcome:
 
 
 def chosen_backends(op: Operation, names: tuple[str, ...] | None) -> list[Named]:
-    """The operation's backends named (every one for None), built; SpecError naming one it does not have."""
-    table = op.backends()
-    for name in names or ():
-        require(name in table, "backends", name, f"a backend of the {op.name} operation: {sorted(table)}")
-    return [Named(name, table[name]()) for name in (names or tuple(table))]
+    """The operation's backends named (every built-in one for None), built, each with its origin: a registered
+    name, 'package.module:object', the name a path loaded calls itself, an indexer's 'LOGITS+TOPK'
+    (difftest.backends.registry.get_backends); SpecError naming one it cannot load."""
+    return [Named(loaded.name, loaded) for loaded in get_backends(names, "backends", op.kind)]
 
 
 def planned(op: Operation, backends: list[Named], request: OperationRequest) -> list[tuple[Any, int, tuple[str, ...]
@@ -131,7 +131,7 @@ def execute_operation(request: OperationRequest, on_result: Listener | None = No
     try:
         outputs = _outputs(f"difftest run --op {op.name}", request.config, run_info(request, started, len(plan)),
                            report=request.report, stream=request.stream_path, junit=request.junit,
-                           repro_dir=request.repro_dir)
+                           repro_dir=request.repro_dir, backends=backends)
         current: list[Any] = [None]
         finished: list[CaseResult] = []
 
@@ -154,15 +154,16 @@ def execute_operation(request: OperationRequest, on_result: Listener | None = No
 
 
 def _outputs(suite: str, config: RunConfig, info: dict[str, Any], report: Path | None, stream: Path | None,
-             junit: Path | None, repro_dir: Path | None, first_of: Callable[[CaseResult], Any] | None = None,
-             flush_seconds: float = 0.0) -> Outputs:
+             junit: Path | None, repro_dir: Path | None, backends: list[Named],
+             first_of: Callable[[CaseResult], Any] | None = None, flush_seconds: float = 0.0) -> Outputs:
     """The writers of an operation's run or campaign (difftest.records.outputs), each path checked writable
     before its first case: its stream (after its run line, written in batches `flush_seconds` apart), a bundle
-    per failing result (`first_of`: only the first of each key), the report, and JUnit XML in a suite called
-    `suite`."""
+    per failing result recording its backend's origin (`first_of`: only the first of each key), the report, and
+    JUnit XML in a suite called `suite`."""
     check_outputs({"report": report, "stream": stream, "junit": junit}, repro_dir)
+    loaded = [named.backend for named in backends]
     return Outputs([StreamOutput(stream, info, flush_seconds=flush_seconds) if stream else None,
-                    BundleOutput(repro_dir, config, first_of=first_of) if repro_dir else None,
+                    BundleOutput(repro_dir, config, loaded, first_of=first_of) if repro_dir else None,
                     ReportOutput(report) if report else None,
                     JUnitOutput(junit, suite) if junit else None])
 
@@ -206,16 +207,11 @@ def run_info(request: OperationRequest, started: float, cases: int) -> dict[str,
             "cases_kind": request.cases.value, "budget": request.budget}
 
 
-def bundle_backend(bundle: Bundle, name: str | None = None) -> Named:
-    """The backend a bundle of an operation was recorded with (or `name`, another of the operation's)."""
-    op = operation(bundle.operation)
-    return chosen_backends(op, (name or bundle.backend,))[0]
-
-
-def replay_operation(bundle: Bundle, name: str | None = None) -> CaseResult:
-    """The bundle's case through its backend (or `name`), on the recorded device: in a worker process when the
-    recorded run was isolated, else in this process."""
-    return run_one(operation(bundle.operation), bundle_backend(bundle, name), bundle.case, bundle.config)
+def replay_operation(bundle: Bundle, backend: Loaded) -> CaseResult:
+    """The bundle's case through `backend` (its recorded one: difftest.workflows.replay.bundle_backend, or
+    another of the operation's), on the recorded device: in a worker process when the recorded run was
+    isolated, else in this process."""
+    return run_one(operation(bundle.operation), Named(backend.name, backend), bundle.case, bundle.config)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,13 +223,13 @@ class OperationShrink:
     original: Any
 
 
-def shrink_operation(bundle: Bundle, seconds: float, name: str | None = None) -> OperationShrink:
-    """Reduce a bundle's case with its operation's shrink moves while its backend still fails it the way it does
-    now, with the recorded verdict (an ERROR: the same exception type; a FAIL(metamorphic): the same relation
-    violated); SpecError when it does not fail so now."""
+def shrink_operation(bundle: Bundle, seconds: float, backend: Loaded) -> OperationShrink:
+    """Reduce a bundle's case with its operation's shrink moves while `backend` (its recorded one, or another of
+    the operation's) still fails it the way it does now, with the recorded verdict (an ERROR: the same exception
+    type; a FAIL(metamorphic): the same relation violated); SpecError when it does not fail so now."""
     op = operation(bundle.operation)
     require(op.shrink is not None, "operation", op.name, "an operation with shrink moves")
-    named = bundle_backend(bundle, name)
+    named = Named(backend.name, backend)
     with operation_workers(op, bundle.config) as workers:  # under isolation, one worker for every probe
         first = run_one(op, named, bundle.case, bundle.config, workers=workers)
         failure = Failure.of(first)
@@ -288,7 +284,7 @@ def fuzz_operation(campaign: OperationCampaign, on_result: Listener | None = Non
 
     outputs = _outputs(f"difftest fuzz --op {op.name}", campaign.config, made(), report=campaign.report,
                        stream=campaign.stream, junit=campaign.junit, repro_dir=campaign.repro_dir,
-                       first_of=_backend_and_verdict, flush_seconds=CAMPAIGN_FLUSH_SECONDS)
+                       backends=backends, first_of=_backend_and_verdict, flush_seconds=CAMPAIGN_FLUSH_SECONDS)
 
     def heard(result: CaseResult, case: Any) -> None:
         outputs.take(result, case)

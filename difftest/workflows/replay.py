@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from difftest.backends import Backend, as_loaded, load_backend, load_registered
+from difftest.backends import Backend, Loaded, as_loaded, load_operation_backend, load_operation_registered
 from difftest.core.errors import SpecError
 from difftest.core.kinds import OperationKind
 from difftest.engine.result import CaseResult
@@ -19,15 +19,16 @@ from difftest.records.report import render_failures, render_table, summarize
 from difftest.workflows.running import run_one
 
 
-def bundle_backend(bundle: Bundle, trust: bool = False) -> Backend:
-    """The backend the bundle was recorded with: a registered name always (resolved among the registered
-    names only: an origin that claims to be registered imports nothing else); a 'pkg.mod:obj' origin
-    only when `trust` (importing it runs that module's code)."""
+def bundle_backend(bundle: Bundle, trust: bool = False) -> Loaded:
+    """The backend the bundle was recorded with, a backend of the bundle's operation: a registered name always
+    (resolved among the registered names only: an origin that claims to be registered imports nothing else); a
+    'pkg.mod:obj' origin (an indexer's 'LOGITS+TOPK' with such a half) only when `trust` (importing it runs
+    that module's code)."""
     origin = bundle.origin
     if origin.target is not None and origin.registered:
-        return load_registered(origin.target, "backend")
+        return load_operation_registered(bundle.operation, origin.target, "backend")
     if origin.target is not None and trust:
-        return load_backend(origin.target, "backend")
+        return load_operation_backend(bundle.operation, origin.target, "backend")
     why = (f"the bundle names {origin.target}, which replay does not import unless trusted" if origin.target
            else f"the bundle's backend could not be rebuilt ({origin.why_not})")
     raise SpecError("backend", bundle.backend, f"a backend handed to replay, or trust: {why}")

@@ -2,14 +2,15 @@
 the score says which were caught, by which edge family or fuzz round, how soon, and why any was missed.
 
 The cases are the envelope plan `difftest run` makes (difftest.engine.plan.envelope_plan) for the mutants'
-contract: the kernel's own envelope, or with a template (a user's backend) that backend's, so the score is
-for that envelope. Every mutant runs the plan's cases in order under the run's config; a mutant that must be
-caught stops once a case of the family it names has failed (or, where that family is not in the plan, at its
-first failure): what is left would only confirm it. Then, within `budget` seconds, a fuzz round
+contract: the kernel's own envelope, or with a template (a user's backend) that backend's, so the score is for that
+envelope. A template of another operation (a top-k or ragged logits backend: its contract says which) scores that
+operation's mutants, in its envelope. Every mutant runs the plan's cases in order under the run's config; a mutant
+that must be caught stops once a case of the family it names has failed (or, where that family is not in the plan,
+at its first failure): what is left would only confirm it. Then, within `budget` seconds, a fuzz round
 (difftest.workflows.fuzz) of fresh seeds runs the paged mutants still uncaught and the two that must pass. The
 top-k and ragged-logits mutants run the same way on their own operation's plan, in this process
-(difftest.workflows.selftest_operations), and have no fuzz round. Without the plan (plan=False) the fuzz round
-runs every paged mutant, and the paged score is the campaign's alone: a catch by any family counts.
+(difftest.workflows.selftest_operations), and have no fuzz round. Without the plan (plan=False) the fuzz round runs
+every paged mutant, and the paged score is the campaign's alone: a catch by any family counts.
 
 A miss is explained from the plan: the family that would have reached it was left out (the plan's own
 reason), or what the mutant needs is not in the envelope (draft rows, a second head group, a judged tail,
@@ -27,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from difftest.backends import Loaded, Origin
+from difftest.backends import Loaded, Origin, load_of_any_operation
 from difftest.backends import mutants as catalogue
 from difftest.core.contract import Contract
 from difftest.core.errors import require
@@ -44,7 +45,13 @@ from difftest.records.report import config_info, environment_info, render_reach,
 from difftest.records.score import MutantScore, SelftestScore, Status
 from difftest.workflows import fuzz
 from difftest.workflows.running import run
-from difftest.workflows.selftest_operations import OperationTally, Progress, first_failure, run_operations
+from difftest.workflows.selftest_operations import (
+    OperationTally,
+    Progress,
+    first_failure,
+    operation_envelope,
+    run_operations,
+)
 from difftest.workflows.session import drawn_or_not
 
 PAGED = OperationKind.PAGED_LOGITS
@@ -56,7 +63,7 @@ class SelftestRequest:
     """What a selftest is asked to do. Errors name these fields."""
 
     config: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(repeat=2))
-    template: str | None = None  # a backend whose envelope the mutants take: registered name or 'pkg.mod:obj'
+    template: str | None = None  # a backend whose envelope its operation's mutants take: a name or 'pkg.mod:obj'
     budget: float | None = None  # seconds of the fuzz round after the plan; None: no fuzz round
     seed: int = 0
     mutants: tuple[str, ...] | None = None  # catalogue keys (or names); None: every kernel mutant
@@ -81,7 +88,7 @@ class SelftestOutcome:
     scores: list[MutantScore]
     results: list[CaseResult]
     plan: EnvelopePlan
-    contract: Contract  # the mutants' contract: the template's envelope
+    contract: Any  # the contract of the template's operation's mutants, in its envelope (default: paged logits')
     template: str | None
     seconds: float
     fuzz_seconds: float | None = None  # the fuzz round's, when there was one
@@ -112,9 +119,12 @@ def selftest(request: SelftestRequest, progress: Progress | None = None) -> Self
     start = time.monotonic()
     if request.report is not None:
         check_writable(request.report, "report")
-    specs = _chosen(request.mutants)
-    with environ(catalogue.TEMPLATE_ENV, request.template or ""):  # how a worker rebuilds the mutants
-        contract = catalogue.envelope_of(catalogue.template_contract(request.template))
+    template = load_of_any_operation(request.template, "backend_template").contract if request.template else None
+    kind = PAGED if template is None else template.operation
+    specs = _chosen(request.mutants, kind)
+    paged_template = request.template if kind == PAGED else None
+    with environ(catalogue.TEMPLATE_ENV, paged_template or ""):  # how a worker rebuilds the mutants
+        contract = catalogue.envelope_of(template if kind == PAGED else None)
         backends = {spec.key: _loaded(spec, contract) for spec in specs if spec.operation == PAGED}
         target = Target.probe(Device(request.config.device))
         plan = envelope_plan(list(backends.values()), target, request.seed)
@@ -123,10 +133,12 @@ def selftest(request: SelftestRequest, progress: Progress | None = None) -> Self
         results = run(list(backends.values()), _drawn(cases, request.config.device, tally), request.config,
                       on_result=tally.heard, takes=tally.takes) if backends else []
         fuzz_seconds = _fuzz_round(request, tally, backends) if request.budget and backends else None
-    operations = run_operations(specs, target, request.config, request.seed, start, progress)
+    operations = run_operations(specs, target, request.config, request.seed, start, progress,
+                                template if kind != PAGED else None)
     scores = [_score(spec, tally, plan, cases, contract, target, request) if spec.operation == PAGED
               else _operation_score(spec, operations[spec.operation]) for spec in specs]
-    outcome = SelftestOutcome(scores, results + tally.fuzz_results, plan, contract, request.template,
+    shown = contract if kind == PAGED or template is None else operation_envelope(kind, template)
+    outcome = SelftestOutcome(scores, results + tally.fuzz_results, plan, shown, request.template,
                               time.monotonic() - start, fuzz_seconds)
     if request.report is None:
         return outcome
@@ -141,15 +153,20 @@ def _planned(plan: EnvelopePlan, request: SelftestRequest) -> list[PlannedCase]:
     return filtered(plan.cases, request.case_filter) if request.case_filter else plan.cases
 
 
-def _chosen(keys: tuple[str, ...] | None) -> list[catalogue.MutantSpec]:
+def _chosen(keys: tuple[str, ...] | None, kind: OperationKind = PAGED) -> list[catalogue.MutantSpec]:
     """The catalogue entries named (by key, dashed or not, or by backend name), in catalogue order; every one
-    when None."""
+    when None. A template of an operation other than paged logits (`kind`) scores that operation's mutants
+    alone: they are its default, and another operation's named is a SpecError."""
+    own = [spec for spec in catalogue.CATALOGUE if kind == PAGED or spec.operation == kind]
     if keys is None:
-        return list(catalogue.CATALOGUE)
+        return own
     wanted = {key.removeprefix(catalogue.PREFIX).replace("-", "_") for key in keys}
     unknown = sorted(wanted - set(catalogue.BY_KEY))
     require(not unknown, "mutants", ",".join(unknown), f"catalogue keys among {sorted(catalogue.BY_KEY)}")
-    return [spec for spec in catalogue.CATALOGUE if spec.key in wanted]
+    foreign = sorted(key for key in wanted if catalogue.BY_KEY[key] not in own)
+    require(not foreign, "mutants", ",".join(foreign), f"mutants of the {kind.value} operation, whose backend the "
+            f"template is: {[spec.key for spec in own]}")
+    return [spec for spec in own if spec.key in wanted]
 
 
 def _loaded(spec: catalogue.MutantSpec, contract: Contract) -> Loaded:

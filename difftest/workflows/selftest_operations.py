@@ -8,6 +8,12 @@ operation's own pieces (difftest.operations: the tie-aware top-k oracle, the rag
 time through the operation runner (difftest.engine.operation_run.run_one: a mutant that raises is an ERROR, one
 that runs out of memory a SKIP), the oracle's answer made once per case.
 
+With a template (a user's top-k or ragged backend: `difftest selftest --backend-template`) the operation's
+mutants take its envelope, as the paged mutants take a paged template's: the shapes it accepts and, for ragged
+logits, its mask and tolerance; each mutant keeps the conventions its code implements (the top-k index, padding,
+window form and NaN ranking; the ragged output form and fp8 flavour), so the plan is the template's envelope
+seen through them.
+
 As for the paged mutants, one that must pass runs every case, and another stops once a case of the family it
 names has failed (at its first failure where that family has no case here). Each case runs `repeat` launches,
 each judged: a choice among ties, or a head sum, that moves from launch to launch must be right every time.
@@ -23,6 +29,8 @@ from typing import Any
 from difftest.backends import mutants as catalogue
 from difftest.core.kinds import OperationKind
 from difftest.core.operation import Operation
+from difftest.core.ragged import RaggedContract
+from difftest.core.topk import TopkContract
 from difftest.core.verdict import Verdict, worst
 from difftest.engine.config import RunConfig
 from difftest.engine.operation_run import Named, References, run_one, run_operation
@@ -46,6 +54,7 @@ class MutantRun:
     plan: Callable[[Any, Target], list[Any]]  # (contract, target) -> planned cases and omissions
     planned: type  # the plan's planned case (.spec, .families); its other items are omissions (.family, .reason)
     mutant: Callable[[str], Any]  # catalogue key -> the mutant backend
+    envelope: Callable[[Any, Any], Any]  # (a mutant's contract, a template's) -> the mutant's in that envelope
 
     @property
     def operation(self) -> Operation:
@@ -53,9 +62,32 @@ class MutantRun:
         return operation(self.kind)
 
 
-RUNS = {OperationKind.TOPK: MutantRun(OperationKind.TOPK, topk_plan, TopkPlanned, catalogue.topk_mutant),
+def topk_envelope(own: TopkContract, template: TopkContract) -> TopkContract:
+    """A top-k mutant's conventions (`own`: index, padding, window form, order, NaN ranking) in the envelope of
+    `template`: the k values, widths, rows, next_n, row strides and dtypes it takes."""
+    return dataclasses.replace(own, ks=template.ks, max_k=template.max_k, max_width=template.max_width,
+                               max_rows=template.max_rows, width_at_least_k=template.width_at_least_k,
+                               next_n=template.next_n, row_stride=template.row_stride, dtypes=template.dtypes,
+                               library=_in_envelope(own.library, template.library))
+
+
+def ragged_envelope(own: RaggedContract, template: RaggedContract) -> RaggedContract:
+    """A ragged mutant's conventions (`own`: output form, fp8 flavour, tiling) in the envelope of `template`: the
+    heads, head dims, rows and keys it takes, and the mask and tolerance it is judged by."""
+    return dataclasses.replace(own, mask=template.mask, rtol=template.rtol, heads=template.heads,
+                               head_dims=template.head_dims, powers_of_two=template.powers_of_two,
+                               max_rows=template.max_rows, max_keys=template.max_keys,
+                               library=_in_envelope(own.library, template.library))
+
+
+def _in_envelope(own: str, template: str) -> str:
+    return f"{own}, in the envelope of {template or 'the template'}"
+
+
+RUNS = {OperationKind.TOPK: MutantRun(OperationKind.TOPK, topk_plan, TopkPlanned, catalogue.topk_mutant,
+                                      topk_envelope),
         OperationKind.RAGGED_LOGITS: MutantRun(OperationKind.RAGGED_LOGITS, ragged_plan, RaggedPlanned,
-                                               catalogue.ragged_mutant)}
+                                               catalogue.ragged_mutant, ragged_envelope)}
 
 
 @dataclasses.dataclass
@@ -81,20 +113,30 @@ class OperationTally:
         return next((o.reason for o in self.omissions if o.family.value == family), None)
 
 
+def operation_envelope(kind: OperationKind, template: Any) -> Any:
+    """The contract the mutants of operation `kind` run under in `template`'s envelope (the first one's, for
+    the report: they share it)."""
+    run = RUNS[kind]
+    first = next(spec for spec in catalogue.CATALOGUE if spec.operation == kind)
+    return run.envelope(run.mutant(first.key).contract, template)
+
+
 def run_operations(specs: list[catalogue.MutantSpec], target: Target, config: RunConfig, seed: int, start: float,
-                   progress: Progress | None = None) -> dict[OperationKind, OperationTally]:
+                   progress: Progress | None = None, template: Any = None) -> dict[OperationKind, OperationTally]:
     """Every top-k and ragged mutant of `specs`, operation by operation in catalogue order, on its plan's cases
-    (seed `seed`), `config.repeat` launches each; `progress` hears a line as each first fails."""
+    (seed `seed`), `config.repeat` launches each, those of the template's operation in its envelope (`template`:
+    a top-k or ragged contract, or None); `progress` hears a line as each first fails."""
     kinds = dict.fromkeys(spec.operation for spec in specs if spec.operation in RUNS)
-    return {kind: _run(RUNS[kind], [s for s in specs if s.operation == kind], target, config, seed, start, progress)
+    return {kind: _run(RUNS[kind], [s for s in specs if s.operation == kind], target, config, seed, start, progress,
+                       template if getattr(template, "operation", None) == kind else None)
             for kind in kinds}
 
 
 def _run(run: MutantRun, specs: list[catalogue.MutantSpec], target: Target, config: RunConfig, seed: int,
-         start: float, progress: Progress | None) -> OperationTally:
-    """`run`'s mutants of `specs` on its plan. Every one keeps its operation's mutant contract: one plan, one
-    oracle answer per case, serve them all."""
-    kernels = {spec.name: Named(spec.name, run.mutant(spec.key)) for spec in specs}
+         start: float, progress: Progress | None, template: Any) -> OperationTally:
+    """`run`'s mutants of `specs` on its plan. Every one keeps its operation's mutant contract (in `template`'s
+    envelope, when there is one): one plan, one oracle answer per case, serve them all."""
+    kernels = {spec.name: Named(spec.name, _mutant(run, spec, template)) for spec in specs}
     plan = run.plan(next(iter(kernels.values())).backend.contract, target)
     names = list(kernels)
     cases = [p for p in plan if isinstance(p, run.planned)]
@@ -109,6 +151,14 @@ def _run(run: MutantRun, specs: list[catalogue.MutantSpec], target: Target, conf
         for result in _launched(run, planned.spec, chosen, seed, in_process, config.repeat):
             _heard(tally, result, families, start, progress)
     return tally
+
+
+def _mutant(run: MutantRun, spec: catalogue.MutantSpec, template: Any) -> Any:
+    """The catalogue's mutant of `spec`, its contract in `template`'s envelope when there is one."""
+    mutant = run.mutant(spec.key)
+    if template is not None:
+        mutant.contract = run.envelope(mutant.contract, template)
+    return mutant
 
 
 def _launched(run: MutantRun, spec: Any, chosen: list[Named], seed: int, config: RunConfig,
