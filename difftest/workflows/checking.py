@@ -93,10 +93,10 @@ def operation_backend(kind: OperationKind, backend: Any) -> Loaded:
     """The backend of operation `kind` that `backend` is or names (a registered name or 'package.module:object',
     difftest.backends.registry.load_operation_backend), with the origin that loads it again; SpecError naming
     `backend` for a backend of another operation."""
-    if kind == OperationKind.PAGED_LOGITS:  # a user backend may also be named as it calls itself (get_backends)
-        made = _paged_named(backend) if isinstance(backend, str) else as_loaded(backend, "backend")
-    elif isinstance(backend, str):
-        return load_operation_backend(kind, backend, "backend")
+    if isinstance(backend, str):  # a user backend may also be named as it calls itself (get_backends)
+        return get_backends([backend], "backend", kind)[0]
+    if kind == OperationKind.PAGED_LOGITS:
+        made = as_loaded(backend, "backend")
     elif isinstance(backend, Loaded):
         made = backend
     else:
@@ -107,20 +107,6 @@ def operation_backend(kind: OperationKind, backend: Any) -> Loaded:
         raise SpecError("backend", made.name, f"a backend of the {kind.value} operation (the case's): its contract "
                         f"({type(made.contract).__name__}) is of the {said} operation")
     return made if made.origin.target else Loaded(made.backend, _origin(kind, made.backend, backend))
-
-
-def _paged_named(name: str) -> Loaded:
-    """The paged backend `name` names (registry.get_backends); SpecError naming the operation whose registered
-    name it is instead, when it is one."""
-    try:
-        return get_backends([name], "backend")[0]
-    except SpecError:
-        other = next((op.kind for op in OPERATIONS.values() if op.kind != OperationKind.PAGED_LOGITS
-                      and name in operation_names(op.kind)), None)
-        if other is None:
-            raise
-        raise SpecError("backend", name, f"a backend of the paged-logits operation (the case's): {name} is a "
-                        f"registered backend of the {other.value} operation") from None
 
 
 def _origin(kind: OperationKind, backend: Any, given: object) -> Origin:
