@@ -126,3 +126,26 @@ def test_next_n_copies_only_the_paged_cases(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(errors=1)
     assert "difftest marker: next_n=[2]: copies the fixed paged-logits cases only (not topk edges cases)" in \
         result.stdout.str()
+
+
+def test_envelope_cases_are_planned_inside_each_paged_contract(planted: pytest.Pytester) -> None:
+    planted.makepyfile(mtp1="""
+        import dataclasses
+
+        import difftest
+        from planted import CONTRACT
+
+
+        @difftest.backend(dataclasses.replace(CONTRACT, next_n=(1,), block_sizes=(16,)), name="mtp1-only")
+        def mtp1_only(q, kv_cache, weights, context_lens, block_table, max_model_len):
+            raise AssertionError("collected only")
+    """)
+    planted.makepyfile(CHECK_TEST)
+    result = planted.runpytest_inprocess("--co", "-q", "--difftest-cases=envelope",
+                                         "--difftest-backends=torch,mtp1:mtp1_only")
+    ids = [line.partition("[")[2].rstrip("]") for line in result.stdout.lines if "::test_k[" in line]
+    torch_ids = [i for i in ids if i.startswith("torch-")]
+    mine = [i.removeprefix("mtp1-only-") for i in ids if i.startswith("mtp1-only-")]
+    assert {"torch-random-mtp2-edges", "torch-block-size-64"} <= set(torch_ids), ids
+    assert mine and not any("mtp2" in i or "mtp3" in i or "mtp4" in i or "block-size-64" in i for i in mine), mine
+    assert len(ids) == len(torch_ids) + len(mine)
