@@ -213,7 +213,7 @@ def get_backends(names: Sequence[str] | None = None, field: str = "backends",
     if isinstance(names, str):  # a str is a Sequence of one-letter names: never what was meant
         raise SpecError(field, names, "a list of backend names, not one string")
     paged = kind == OperationKind.PAGED_LOGITS
-    known = available_names() if paged else {**operation_names(kind), **_entry_points()}
+    known = _registered_names(kind)
     chosen = list(known if paged else operation_names(kind)) if names is None else list(names)
     targets = {name: _path_target(kind, name, field) for name in chosen if ":" in name and "+" not in name}
     by_own_name = {loaded.name: loaded for loaded in targets.values()}
@@ -226,6 +226,26 @@ def get_backends(names: Sequence[str] | None = None, field: str = "backends",
     require(bool(picked) or not chosen, field, ",".join(chosen), f"a backend of the {kind.value} operation (its "
             "stages are named as 'LOGITS+TOPK')")
     return [loaded for i, loaded in enumerate(picked) if all(loaded is not p for p in picked[:i])]
+
+
+def _registered_names(kind: OperationKind) -> dict[str, Any]:
+    """Every name registered for operation `kind`: its built-in ones and (whatever their operation) the entry
+    points'; an indexer's compositions of registered halves are registered too (_is_registered)."""
+    return available_names() if kind == OperationKind.PAGED_LOGITS else {**operation_names(kind), **_entry_points()}
+
+
+def _is_registered(kind: OperationKind, target: str) -> bool:
+    """Whether `target` is a registered name of `kind` (an indexer's: both halves of 'LOGITS+TOPK' registered)."""
+    if kind in LOGITS_STAGE and "+" in target:
+        logits, _, topk = target.partition("+")
+        return _is_registered(LOGITS_STAGE[kind], logits) and _is_registered(OperationKind.TOPK, topk)
+    return ":" not in target and target in _registered_names(kind)
+
+
+def _operation_of(backend: Backend) -> OperationKind:
+    """The operation `backend` declares; paged logits for a contract that declares none (as before operations)."""
+    declared = _declared(backend)
+    return declared if isinstance(declared, OperationKind) else OperationKind.PAGED_LOGITS
 
 
 def _path_target(kind: OperationKind, target: str, field: str) -> Loaded:
@@ -316,7 +336,7 @@ def _origin_among(backend: Backend, candidates: tuple[str | None, ...]) -> Origi
     for target in dict.fromkeys(t for t in candidates if t):
         why = _rebuild_difference(backend, target)
         if why is None:
-            return Origin(target, registered=target in available_names())
+            return Origin(target, registered=_is_registered(_operation_of(backend), target))
         tried.append(f"{target} {why}")
     if tried:
         return Origin(None, False, "; ".join(tried))
@@ -326,7 +346,7 @@ def _origin_among(backend: Backend, candidates: tuple[str | None, ...]) -> Origi
 
 
 def _registered_name(backend: Backend) -> str | None:
-    return backend.name if backend.name in available_names() else None
+    return backend.name if _is_registered(_operation_of(backend), backend.name) else None
 
 
 def _source(backend: Backend) -> object:
@@ -347,7 +367,7 @@ def _own_target(obj: object) -> str | None:
 def _rebuild_difference(backend: Backend, target: str) -> str | None:
     """How what `target` builds differs from `backend`, or None when it is the same backend."""
     try:
-        again = load_backend(target, "backend").backend
+        again = load_operation_backend(_operation_of(backend), target, "backend").backend
     except Exception as exc:  # a factory may raise anything; the rebuild check reports it
         return f"does not load: {exc}" if isinstance(exc, SpecError) else \
             f"does not load: {type(exc).__name__}: {exc}"

@@ -18,7 +18,9 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class TopkBackend(Protocol):
-    """A top-k kernel under test, called the way its production callers call it."""
+    """A top-k kernel under test, called the way its production callers call it. Its TopkContract declares the
+    operation (TopkContract.operation), so the registry takes any object of this shape, built in or a user's
+    'package.module:object' (difftest.backends.registry.load_operation_backend)."""
 
     name: str
     contract: TopkContract

@@ -4,7 +4,9 @@ that name the `backends` parameter."""
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
+import pickle
 import sys
 import textwrap
 
@@ -21,13 +23,20 @@ from difftest.backends import (
     builtin_backends,
     get_backends,
     load_backend,
+    load_of_any_operation,
+    load_operation_backend,
+    load_operation_registered,
+    operation_names,
     origin_of,
     rebuild,
 )
 from difftest.backends import registry as reg
 from difftest.backends.torch_ref import TorchBackend
+from difftest.backends.torch_topk import TorchTopk
 from difftest.backends.user import FunctionBackend, backend
 from difftest.core.errors import SpecError
+from difftest.core.indexer import IndexerContract
+from difftest.core.kinds import OperationKind
 from tests import broken_backends as bb
 from tests import user_backends as ub
 
@@ -304,3 +313,113 @@ def test_a_user_backends_name_without_its_path_is_unknown():
         get_backends(["mirrored-mtp-window"])
     message = str(raised.value)
     assert raised.value.value == "mirrored-mtp-window" and "the name of a backend such a path loads" in message
+
+
+# --------------------------------------------------------------------------- every operation
+
+RIGHT_RAGGED = "tests.difftest.operations.planted:OracleRagged"
+WHOLE_ROW_TOPK = "tests.difftest.operations.planted:WholeRowTopk"
+
+
+@pytest.mark.parametrize(("kind", "target", "name", "registered"), [
+    (OperationKind.TOPK, "torch-topk", "torch-topk", True),
+    (OperationKind.TOPK, WHOLE_ROW_TOPK, "planted-whole-row-topk", False),
+    (OperationKind.RAGGED_LOGITS, "vllm-torch-ref-ragged", "vllm-torch-ref-ragged", True),
+    (OperationKind.RAGGED_LOGITS, RIGHT_RAGGED, "planted-right-ragged", False),
+    (OperationKind.PAGED_LOGITS, "tests.user_backends:per_sequence_reader", "per_sequence_reader", False),
+    (OperationKind.INDEXER, "torch+torch-topk", "torch+torch-topk", True),
+    (OperationKind.INDEXER, f"torch+{WHOLE_ROW_TOPK}", "torch+planted-whole-row-topk", False),
+    (OperationKind.PREFILL_INDEXER, f"{RIGHT_RAGGED}+torch-topk", "planted-right-ragged+torch-topk", False),
+])
+def test_every_operation_loads_a_registered_name_or_a_module_path_with_the_origin_that_rebuilds_it(kind, target, name,
+                                                                                                   registered):
+    loaded = load_operation_backend(kind, target)
+    assert loaded.name == name and loaded.contract.operation == kind
+    assert loaded.origin == Origin(target, registered=registered)
+    assert load_operation_backend(kind, loaded.origin.target).name == name
+
+
+@pytest.mark.parametrize(("kind", "target", "wanted", "belongs"), [
+    (OperationKind.TOPK, RIGHT_RAGGED, "topk", "ragged-logits"),
+    (OperationKind.RAGGED_LOGITS, "torch-topk", "ragged-logits", None),  # another operation's name is no name here
+    (OperationKind.PAGED_LOGITS, WHOLE_ROW_TOPK, "paged-logits", "topk"),
+    # a composition's half: the operation of its stage
+    (OperationKind.INDEXER, f"{RIGHT_RAGGED}+torch-topk", "paged-logits", "ragged-logits"),
+    (OperationKind.PREFILL_INDEXER, f"{RIGHT_RAGGED}+{RIGHT_RAGGED}", "topk", "ragged-logits"),
+])
+def test_a_backend_of_another_operation_is_one_error_naming_the_operation_it_belongs_to(kind, target, wanted,
+                                                                                        belongs):
+    with pytest.raises(SpecError) as raised:
+        load_operation_backend(kind, target)
+    assert raised.value.field == "backends" and f"a backend of the {wanted} operation" in raised.value.expected
+    assert belongs is None or f"is a backend of the {belongs} operation" in raised.value.expected
+
+
+def test_a_composition_is_two_halves_joined_by_one_plus():
+    with pytest.raises(SpecError, match="'LOGITS\\+TOPK'"):
+        load_operation_backend(OperationKind.INDEXER, "torch+torch-topk+torch-topk")
+    with pytest.raises(SpecError, match="'LOGITS\\+TOPK'"):
+        load_operation_backend(OperationKind.INDEXER, "torch+")
+
+
+def test_a_registered_origin_of_any_operation_imports_no_module_path():
+    for kind, target in ((OperationKind.TOPK, WHOLE_ROW_TOPK), (OperationKind.INDEXER, f"torch+{WHOLE_ROW_TOPK}")):
+        with pytest.raises(SpecError, match="a registered name"):
+            load_operation_registered(kind, target)
+
+
+def test_an_indexers_path_stages_are_named_in_compositions_by_their_own_names_and_not_run_alone():
+    loaded = get_backends([WHOLE_ROW_TOPK, "torch+planted-whole-row-topk", "torch+torch-topk"],
+                          kind=OperationKind.INDEXER)
+    assert [b.name for b in loaded] == ["torch+planted-whole-row-topk", "torch+torch-topk"]
+    assert loaded[0].origin == Origin(f"torch+{WHOLE_ROW_TOPK}", registered=False)
+    with pytest.raises(SpecError, match="its stages are named as 'LOGITS\\+TOPK'"):
+        get_backends([WHOLE_ROW_TOPK], kind=OperationKind.INDEXER)
+
+
+def test_an_operations_default_backends_are_its_built_in_ones():
+    assert [b.name for b in get_backends(None, kind=OperationKind.TOPK)] == list(operation_names(OperationKind.TOPK))
+
+
+def test_an_entry_point_is_a_backend_of_the_operation_its_contract_declares(monkeypatch):
+    point = importlib.metadata.EntryPoint("ragged-plugin", RIGHT_RAGGED, reg.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(reg, "_entry_points", lambda: {point.name: point})
+    loaded = load_operation_backend(OperationKind.RAGGED_LOGITS, "ragged-plugin")
+    assert loaded.name == "planted-right-ragged" and loaded.origin == Origin("ragged-plugin", registered=True)
+    with pytest.raises(SpecError, match="ragged-plugin is a backend of the ragged-logits operation"):
+        load_operation_backend(OperationKind.TOPK, "ragged-plugin")
+
+
+def test_a_template_of_any_operation_loads_by_name_or_path():
+    assert load_of_any_operation("torch-topk").contract.operation == OperationKind.TOPK
+    assert load_of_any_operation("torch").contract.operation == OperationKind.PAGED_LOGITS
+    assert load_of_any_operation(RIGHT_RAGGED).origin == Origin(RIGHT_RAGGED, registered=False)
+    with pytest.raises(SpecError, match="a backend of one of the operations"):
+        load_of_any_operation(f"{__name__}:WholeIndexer")  # an indexer is no template: its stages are
+
+
+class WholeIndexer:
+    """A pipeline in one object: a backend of the indexer operation."""
+
+    name = "whole-indexer"
+    contract = IndexerContract(TorchBackend.contract, TorchTopk.contract)
+
+    def unavailable_reason(self, device: str) -> None:
+        return None
+
+    def __call__(self, inputs: object, out: object) -> None:
+        raise NotImplementedError  # never called: only loaded
+
+
+def test_a_backend_loaded_from_a_path_travels_to_a_worker_as_its_path_and_a_registered_one_as_itself():
+    imported = load_operation_backend(OperationKind.TOPK, WHOLE_ROW_TOPK)
+    again = pickle.loads(pickle.dumps(imported))
+    assert again.origin == imported.origin and again.backend is not imported.backend and again.name == imported.name
+    registered = load_operation_backend(OperationKind.INDEXER, "torch+torch-topk")
+    assert pickle.loads(pickle.dumps(registered)).origin == registered.origin
+
+
+def test_an_object_of_any_operation_gets_the_origin_that_rebuilds_it_in_its_operation():
+    assert as_loaded(TorchTopk()).origin == Origin("torch-topk", registered=True)
+    assert as_loaded(reg.load_operation_backend(OperationKind.TOPK, WHOLE_ROW_TOPK).backend).origin \
+        == Origin(WHOLE_ROW_TOPK, registered=False)

@@ -16,11 +16,13 @@ import pytest
 import torch
 
 from difftest.backends import mutants, ragged_mutants
+from difftest.backends.torch_topk import TorchTopk
 from difftest.backends.user import backend
 from difftest.cli import main
-from difftest.core.kinds import ExitStatus, MaskConvention, MetamorphicRelation, TopkRelation
+from difftest.core.kinds import Device, ExitStatus, MaskConvention, MetamorphicRelation, TopkRelation
 from difftest.core.schema import validate
 from difftest.core.verdict import Verdict
+from difftest.engine.config import RunConfig
 from difftest.engine.plan import PlannedCase
 from difftest.engine.result import CaseResult, Reach
 from difftest.generators.envelope import EdgeFamily, Target
@@ -267,3 +269,21 @@ def test_the_selftest_page_names_every_mutant_and_relation():
     text = (Path(__file__).resolve().parents[3] / "docs" / "selftest.md").read_text()
     names = [spec.name for spec in mutants.CATALOGUE] + [r.value for r in (*MetamorphicRelation, *TopkRelation)]
     assert not [name for name in names if f"`{name}`" not in text]
+
+
+@pytest.mark.parametrize(("template", "fits"), [
+    (dataclasses.replace(TorchTopk.contract, max_k=64, max_width=512, library="narrow topk"),
+     lambda spec: spec.k <= 64 and spec.width <= 512),
+    (dataclasses.replace(ragged_mutants.contract(), heads=(32,), head_dims=(64,), library="narrow ragged"),
+     lambda spec: (spec.heads, spec.head_dim) == (32, 64)),
+], ids=["topk", "ragged"])
+def test_a_templates_envelope_bounds_its_operations_mutants_plan(template, fits):
+    """A top-k or ragged template: its operation's mutants plan and run inside its envelope only."""
+    kind = template.operation
+    correct = next(s for s in mutants.CATALOGUE if s.operation == kind and s.must_pass)
+    tallies = selftest_operations.run_operations([correct], Target.probe(Device.CPU), RunConfig(repeat=2), 0, 0.0,
+                                                 template=template)
+    planned = tallies[kind].cases
+    assert planned and all(fits(p.spec) for p in planned) and tallies[kind].ran[correct.name] > 0
+    envelope = selftest_operations.operation_envelope(kind, template)
+    assert envelope.library.endswith(f"in the envelope of {template.library}")
