@@ -17,8 +17,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from difftest.backends import Loaded, Origin, as_backend, as_loaded, get_backends
-from difftest.backends.registry import load_operation_backend, operation_names
+from difftest.backends import Loaded, as_loaded, get_backends
 from difftest.core.case import Case
 from difftest.core.errors import SpecError
 from difftest.core.kinds import OperationKind
@@ -90,47 +89,18 @@ def operation_of(case: Any) -> Operation:
 
 
 def operation_backend(kind: OperationKind, backend: Any) -> Loaded:
-    """The backend of operation `kind` that `backend` is or names (a registered name or 'package.module:object',
-    difftest.backends.registry.load_operation_backend), with the origin that loads it again; SpecError naming
-    `backend` for a backend of another operation."""
+    """The backend of operation `kind` that `backend` is or names (a backend object, a decorated function, a
+    registered name or 'package.module:object'), with the origin that loads it again (difftest.backends.registry);
+    SpecError naming `backend` for a backend of another operation."""
     if isinstance(backend, str):  # a user backend may also be named as it calls itself (get_backends)
         return get_backends([backend], "backend", kind)[0]
-    if kind == OperationKind.PAGED_LOGITS:
-        made = as_loaded(backend, "backend")
-    elif isinstance(backend, Loaded):
-        made = backend
-    else:
-        made = Loaded(as_backend(backend, "backend", repr(backend)), Origin(None, False))
+    made = as_loaded(backend, "backend")
     declared = getattr(made.contract, "operation", None)
     if declared != kind:
         said = declared.value if isinstance(declared, OperationKind) else "no"
         raise SpecError("backend", made.name, f"a backend of the {kind.value} operation (the case's): its contract "
                         f"({type(made.contract).__name__}) is of the {said} operation")
-    return made if made.origin.target else Loaded(made.backend, _origin(kind, made.backend, backend))
-
-
-def _origin(kind: OperationKind, backend: Any, given: object) -> Origin:
-    """The first of the backend's registered name and its own 'module:qualname' (of the function or class that
-    defines it, or the factory given) that loads an equal backend of `kind` again; else why none does."""
-    source = getattr(backend, "fn", None) or type(backend)
-    candidates = [backend.name if backend.name in operation_names(kind) else None, _own_target(source),
-                  _own_target(given)]
-    for target in dict.fromkeys(t for t in candidates if t):
-        try:
-            again = load_operation_backend(kind, target, "backend").backend
-        except Exception:  # a target that does not load is no origin; the next is tried
-            continue
-        if again.name == backend.name and again.contract == backend.contract:
-            return Origin(target, registered=":" not in target)
-    return Origin(None, False, f"{backend.name} is not loaded again by any of {candidates}")
-
-
-def _own_target(obj: object) -> str | None:
-    """'module:qualname' of a function or class a fresh process can import, else None."""
-    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
-    if not module or not qualname or module == "__main__" or "<locals>" in qualname:
-        return None
-    return f"{module}:{qualname}"
+    return made
 
 
 def _operation_checked(op: Operation, backend: Loaded, case: Any, config: RunConfig) -> CaseResult:
