@@ -1,7 +1,8 @@
 """`pytest --difftest-suite`: the built-in differential suite as test items, no test file needed.
 
 How: the suite is one Collector whose parent is the Session (node id `difftest`), holding one item
-per selected backend x case (`difftest::suite[torch::block-boundaries]`). SuitePlugin, registered
+per selected backend x case of --difftest-op's operation (`difftest::suite[torch::block-boundaries]`; under
+--difftest-cases envelope, each backend's own cases). SuitePlugin, registered
 only with --difftest-suite, collects it through Session.genitems at the start of
 pytest_collection_modifyitems (tryfirst), so the collect report, the "collected N items" count,
 -k, -m, --deselect, --lf and xdist (every worker draws the same cases from the shared seed) all
