@@ -1,5 +1,6 @@
-"""difftest's pytest plugin: `difftest_backend` and `difftest_case` fixtures, `difftest.workflows.checking`'s
-row-table failures, hardware markers, `--difftest-suite`, a known-divergence ledger, and xdist.
+"""difftest's pytest plugin: `difftest_backend` and `difftest_case` fixtures of every operation (`--difftest-op`),
+`difftest.workflows.checking`'s row-table and headline failures, hardware markers, `--difftest-suite`, a
+known-divergence ledger, and xdist.
 
 The plugin lives in difftest_pytest.plugin (entry point `difftest` in pytest11); importing this
 package imports neither torch nor difftest.

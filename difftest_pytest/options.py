@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from difftest.core import hardware
-from difftest.core.kinds import OperationKind
+from difftest.core.kinds import ExitStatus, OperationKind
 
 BACKENDS = "--difftest-backends"
 SEED = "--difftest-seed"
@@ -25,14 +25,15 @@ SUITE = "--difftest-suite"
 LEDGER = "--difftest-ledger"
 OP = "--difftest-op"
 
-CASE_KINDS = ("random", "edges", "all")
+CASE_KINDS = ("random", "edges", "all", "envelope")
 DEVICES = ("cpu", "cuda")
 DEFAULT_CASES = "edges"
-DEFAULT_COUNT = 2  # seeds per random spec when --difftest-cases names no count
+DEFAULT_COUNT = 2  # seeds per random spec when --difftest-cases names no count (per envelope spec: 1)
 SEED_RANGE = 1_000_000  # a random seed is drawn below this, so case names stay short
 OPTIONS = (BACKENDS, SEED, CASES, DEVICE, REPORT, REPRO_DIR, SUITE, LEDGER, OP)
 DEFAULTS: dict[str, object] = {CASES: DEFAULT_CASES, DEVICE: "cpu", SUITE: False,
                                OP: OperationKind.PAGED_LOGITS.value}  # the others default to None
+WRITTEN = (REPORT, REPRO_DIR)  # the options naming what the run writes: checked writable at configure time
 WORKER_SEED = "difftest_seed"  # the workerinput key that carries the controller's seed to xdist workers
 
 
@@ -43,13 +44,13 @@ class Settings:
     backends: tuple[str, ...] | None  # names or 'package.module:object', as given; None: every registered one
     seed: int
     cases: str  # one of CASE_KINDS
-    count: int  # seeds per random spec
+    count: int  # seeds per random spec (per spec of an envelope plan)
     device: str
     report: Path | None
     repro_dir: Path | None
     suite: bool
     ledger: Path | None
-    op: OperationKind = OperationKind.PAGED_LOGITS  # the operation the suite's items test
+    op: OperationKind = OperationKind.PAGED_LOGITS  # the operation the fixtures and the suite's items test
 
     def header(self) -> str:
         """The options that repeat this run, for the report header."""
@@ -59,28 +60,30 @@ class Settings:
 
     @property
     def cases_text(self) -> str:
-        """--difftest-cases as it would be given: 'edges', 'random:2', 'all:2'."""
-        return self.cases if self.cases == "edges" else f"{self.cases}:{self.count}"
+        """--difftest-cases as it would be given: 'edges', 'random:2', 'all:2', 'envelope'."""
+        plain = self.cases == "edges" or (self.cases == "envelope" and self.count == 1)
+        return self.cases if plain else f"{self.cases}:{self.count}"
 
 
 def add_options(parser: pytest.Parser) -> None:
     """Register the `difftest` option group."""
-    group = parser.getgroup("difftest", "differential testing of paged MQA logits kernels against the oracle")
+    group = parser.getgroup("difftest", "differential testing of indexer kernels against the oracle")
     group.addoption(BACKENDS, metavar="NAMES",
-                    help="comma-separated backends: registered names or package.module:object "
-                         "(default: every registered backend)")
+                    help="comma-separated backends of --difftest-op's operation: registered names or "
+                         "package.module:object, LOGITS+TOPK for an indexer (default: every registered backend)")
     group.addoption(SEED, metavar="N", help="seed of the generated cases (default: random, printed in the header)")
     group.addoption(CASES, metavar="KIND[:COUNT]", default=DEFAULT_CASES,
-                    help=f"cases: random, edges or all; COUNT seeds per random spec (default: {DEFAULT_CASES}, "
-                         f"count {DEFAULT_COUNT})")
+                    help=f"cases: random, edges or all (the operation's fixed suite), or envelope (each backend's "
+                         f"cases inside its own contract); COUNT seeds per random spec (default: {DEFAULT_CASES}, "
+                         f"count {DEFAULT_COUNT}; 1 per envelope spec)")
     group.addoption(DEVICE, default=DEFAULTS[DEVICE], help="cpu or cuda (default: cpu)")
     group.addoption(REPORT, metavar="PATH", help="write the JSON report of every checked result here")
     group.addoption(REPRO_DIR, metavar="DIR", help="write a reproducer bundle of every failure here")
     group.addoption(SUITE, action="store_true", default=DEFAULTS[SUITE], help="collect the built-in differential suite")
     group.addoption(LEDGER, metavar="PATH", help="TOML ledger of known divergences (xfail, each citing its issue)")
     group.addoption(OP, default=DEFAULTS[OP], metavar="NAME",
-                    help=f"the operation --difftest-suite tests: one of {', '.join(k.value for k in OperationKind)} "
-                         f"(default: {DEFAULTS[OP]})")
+                    help=f"the operation the fixtures and --difftest-suite test: one of "
+                         f"{', '.join(k.value for k in OperationKind)} (default: {DEFAULTS[OP]})")
 
 
 def options_given(config: pytest.Config) -> bool:
@@ -129,7 +132,7 @@ def _cases(text: str) -> tuple[str, int]:
     kind, colon, count = text.partition(":")
     if kind not in CASE_KINDS or (colon and not (count.isdigit() and int(count) >= 1)):
         raise usage_error(CASES, text, f"one of {', '.join(CASE_KINDS)}, optionally with :COUNT >= 1 (e.g. random:4)")
-    return kind, int(count) if colon else DEFAULT_COUNT
+    return kind, int(count) if colon else 1 if kind == "envelope" else DEFAULT_COUNT
 
 
 def _op(name: str) -> OperationKind:
@@ -149,10 +152,33 @@ def _device(name: str) -> str:
 
 
 def _path(config: pytest.Config, option: str, want_dir: bool) -> Path | None:
+    """The option's path (from the invocation folder): a directory or not as `want_dir` says and, for what
+    the run writes, writable (_writable); None when not given."""
     text = config.getoption(option)
     if text is None:
         return None
     path = config.invocation_params.dir / text
-    if path.exists() and path.is_dir() != want_dir:
+    try:
+        wrong_kind = path.exists() and path.is_dir() != want_dir
+    except OSError as exc:  # a name too long, a loop of links: the path cannot even be looked at
+        if option in WRITTEN:
+            _writable(option, text, path, folder=want_dir)
+        raise usage_error(option, text, f"a path that can be looked at ({exc.strerror or exc})") from None
+    if wrong_kind:
         raise usage_error(option, text, "a directory" if want_dir else "a file path, not a directory")
+    if option in WRITTEN:
+        _writable(option, text, path, folder=want_dir)
     return path
+
+
+def _writable(option: str, text: str, path: Path, folder: bool) -> None:
+    """End the run before any test (one line, exit status 3 as `difftest run` gives an output it cannot write)
+    unless a file can be written at `path` (in the folder `path` when `folder`): a report lost at the session's
+    end would be a traceback after every test ran."""
+    from difftest.core.errors import OutputError
+    from difftest.core.files import check_writable
+
+    try:
+        check_writable(path, option, folder=folder)
+    except OutputError as exc:
+        pytest.exit(f"{option}={text!r}: {exc.reason}", returncode=int(ExitStatus.IO))

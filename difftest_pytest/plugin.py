@@ -16,7 +16,7 @@ objects registered at configure time: results and summary (results.py) always, t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -24,13 +24,12 @@ from difftest_pytest import markers, profiles
 from difftest_pytest.ledger import LedgerPlugin, load
 from difftest_pytest.options import add_options, options_given, read_settings
 from difftest_pytest.results import Recorder
-from difftest_pytest.selection import Selection, case_ids
+from difftest_pytest.selection import Selection, case_ids, per_backend
 from difftest_pytest.suite import SuitePlugin
 from difftest_pytest.workers import SeedToWorkers, pin_gpu
 
 if TYPE_CHECKING:
-    from difftest.backends import Backend
-    from difftest.core.case import Case
+    from difftest.backends import Loaded
 
 SELECTION = pytest.StashKey[Selection]()
 FIXTURES = frozenset({"difftest_backend", "difftest_case", "difftest_seed"})
@@ -80,18 +79,24 @@ def pytest_report_collectionfinish(config: pytest.Config, items: Sequence[pytest
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Parametrize difftest_backend over the selected backends and difftest_case over the selected
-    cases, as the test's difftest marker restricts them."""
+    """Parametrize difftest_backend over the selected backends and difftest_case over the selected cases
+    (of --difftest-op's operation), as the test's difftest marker restricts them; a test taking both under
+    --difftest-cases envelope gets each backend with the cases of its own envelope plan only."""
     wanted = [name for name in ("difftest_backend", "difftest_case") if name in metafunc.fixturenames]
     if not wanted:
         return
     selection = metafunc.config.stash[SELECTION]
     backends, next_n = markers.difftest_restrictions(metafunc.definition.get_closest_marker("difftest"))
+    ids = selection.backend_ids(backends) if "difftest_backend" in wanted else []
+    cases = selection.cases(next_n) if "difftest_case" in wanted else []
+    if len(wanted) == 2 and any(case.backends is not None for case in cases):
+        pairs = per_backend(ids, cases)
+        metafunc.parametrize(wanted, [(b, c) for b, c, _ in pairs], ids=[f"{b}-{i}" for b, _, i in pairs],
+                             indirect=True)
+        return
     if "difftest_backend" in wanted:
-        ids = selection.backend_ids(backends)
         metafunc.parametrize("difftest_backend", ids, ids=ids, indirect=True)
     if "difftest_case" in wanted:
-        cases = selection.cases(next_n)
         metafunc.parametrize("difftest_case", cases, ids=case_ids(cases), indirect=True)
 
 
@@ -103,15 +108,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture
-def difftest_backend(request: pytest.FixtureRequest) -> Backend:
-    """One selected backend per test (--difftest-backends, or every registered one); where it cannot
-    run on --difftest-device the test is skipped with the backend's unavailable_reason."""
+def difftest_backend(request: pytest.FixtureRequest) -> Loaded:
+    """One selected backend of --difftest-op's operation per test (--difftest-backends, or every registered
+    one); where it cannot run on --difftest-device the test is skipped with the backend's unavailable_reason."""
     return request.config.stash[SELECTION].backend(request.param)
 
 
 @pytest.fixture
-def difftest_case(request: pytest.FixtureRequest) -> Case:
-    """One seeded case per test (--difftest-cases, drawn from --difftest-seed) on --difftest-device."""
+def difftest_case(request: pytest.FixtureRequest) -> Any:
+    """One seeded case of --difftest-op's operation per test (--difftest-cases, drawn from --difftest-seed) on
+    --difftest-device: a difftest.Case for paged logits, a TopkCase, RaggedCase, ... for the others."""
     return request.config.stash[SELECTION].build(request.param)
 
 

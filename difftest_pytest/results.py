@@ -17,6 +17,7 @@ from difftest_pytest.options import SEED, Settings
 
 if TYPE_CHECKING:
     from difftest.engine.result import CaseResult
+    from difftest.records.report import BackendSummary
 
 PROPERTY = "difftest"  # user_properties name of one result, as difftest.core.schema.to_jsonable writes it
 RESULTS = pytest.StashKey[list["CaseResult"]]()  # an item's results, in the order its checks ran
@@ -67,7 +68,7 @@ class Recorder:
         several, and each backend's -inf-mask headline."""
         if not self.results:
             return
-        from difftest.records.report import headline, render_devices, render_table, summarize  # deferred: loads torch
+        from difftest.records.report import render_devices, render_table, summarize  # deferred: loads torch
 
         summaries = summarize(self.results)
         terminalreporter.write_sep("=", "difftest")
@@ -78,7 +79,7 @@ class Recorder:
             terminalreporter.write_line(devices)
         for summary in summaries:
             if summary.cases:
-                terminalreporter.write_line(f"{summary.backend}: {headline(summary)}")
+                terminalreporter.write_line(f"{summary.backend}: {summary_headline(summary)}")
         terminalreporter.write_line(f"{SEED}={self.settings.seed} (the seed of difftest_case and --difftest-suite)")
         if self.settings.report is not None:
             terminalreporter.write_line(f"report: {self.settings.report}")
@@ -92,3 +93,16 @@ class Recorder:
                 "backends": self.settings.backends, "torch": torch.__version__, "difftest": __version__,
                 "python": platform.python_version()}
 
+
+
+def summary_headline(summary: BackendSummary) -> str:
+    """The number a kernel engineer reads first of a backend's results: the rows with the wrong -inf mask of a
+    logits stage, the rows selecting a wrong set of a top-k stage (an indexer's: that, its logits stage's
+    after)."""
+    from difftest.core.kinds import Headline
+    from difftest.records.report import headline, headlines
+
+    if Headline.SELECTION not in headlines(summary.operation):
+        return headline(summary)
+    chosen = f"{summary.set_rows}/{summary.selected_rows} rows select a wrong set ({summary.wrong_tokens} tokens)"
+    return chosen if Headline.MASK not in headlines(summary.operation) else f"{chosen}; {headline(summary)}"

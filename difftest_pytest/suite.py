@@ -1,7 +1,8 @@
 """`pytest --difftest-suite`: the built-in differential suite as test items, no test file needed.
 
 How: the suite is one Collector whose parent is the Session (node id `difftest`), holding one item
-per selected backend x case (`difftest::suite[torch::block-boundaries]`). SuitePlugin, registered
+per selected backend x case of --difftest-op's operation (`difftest::suite[torch::block-boundaries]`; under
+--difftest-cases envelope, each backend's own cases). SuitePlugin, registered
 only with --difftest-suite, collects it through Session.genitems at the start of
 pytest_collection_modifyitems (tryfirst), so the collect report, the "collected N items" count,
 -k, -m, --deselect, --lf and xdist (every worker draws the same cases from the shared seed) all
@@ -18,8 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from difftest.core.kinds import OperationKind
-from difftest.core.verdict import Verdict
-from difftest_pytest.selection import Selection, case_ids
+from difftest_pytest.selection import Drawable, Selection, per_backend
 
 if TYPE_CHECKING:
     from _pytest._code.code import TerminalRepr
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from difftest.core.operation import Operation
     from difftest.engine.config import RunConfig
     from difftest.engine.operation_run import Workers
-    from difftest.engine.plan import PlannedCase
 
 COLLECTOR = "difftest"
 
@@ -56,30 +55,16 @@ class DifftestSuite(pytest.Collector):
         """Let the workers the items shared exit."""
         self._held.close()
 
-    def collect(self) -> Iterator[SuiteItem]:
-        """One item per (backend, case), backend-major, named 'suite[backend::case id]' (selection.case_ids:
-        no seed in it)."""
-        if self.selection.settings.op != OperationKind.PAGED_LOGITS:
-            yield from self._operation_items()
-            return
-        cases = self.selection.cases()
-        ids = case_ids(cases)
-        for backend_id in self.selection.targets():
-            for planned, case_id in zip(cases, ids, strict=True):
-                name = f"suite[{backend_id}::{case_id}]"
-                # The node id as a string: parsed, its [...] part becomes the id's params, as in the
-                # ids --lf reads back from the cache.
-                yield SuiteItem.from_parent(self, name=name, nodeid=f"{self.nodeid}::{name}",
-                                            backend_id=backend_id, planned=planned)
-
-
-    def _operation_items(self) -> Iterator[OperationItem]:
-        """One item per (backend, case) of another operation (--difftest-op), named as collect() names them."""
-        for backend_id in self.selection.targets():
-            for case_id, spec, seed in self.selection.operation_cases():
-                name = f"suite[{backend_id}::{case_id}]"
-                yield OperationItem.from_parent(self, name=name, nodeid=f"{self.nodeid}::{name}",
-                                                backend_id=backend_id, spec=spec, seed=seed)
+    def collect(self) -> Iterator[SuiteItem | OperationItem]:
+        """One item per (backend, case), backend-major (under envelope, each backend's own cases), named
+        'suite[backend::case id]' (selection.case_ids: no seed in it)."""
+        item = SuiteItem if self.selection.settings.op == OperationKind.PAGED_LOGITS else OperationItem
+        for backend_id, drawable, case_id in per_backend(list(self.selection.targets()), self.selection.cases()):
+            name = f"suite[{backend_id}::{case_id}]"
+            # The node id as a string: parsed, its [...] part becomes the id's params, as in the
+            # ids --lf reads back from the cache.
+            yield item.from_parent(self, name=name, nodeid=f"{self.nodeid}::{name}", backend_id=backend_id,
+                                   drawable=drawable)
 
 
 class _SuiteNode(pytest.Item):
@@ -99,12 +84,13 @@ class _SuiteNode(pytest.Item):
 
 
 class SuiteItem(_SuiteNode):
-    """One backend on one case: difftest.check, so a failure is the row table and its replay line."""
+    """One backend on one case: difftest.check, so a failure is the row table (another operation's: its verdict
+    and headline) and its replay line."""
 
-    def __init__(self, *, backend_id: str, planned: PlannedCase, **kwargs: Any) -> None:
-        """A pytest node (from_parent's keywords) for backend `backend_id` on the planned case."""
+    def __init__(self, *, backend_id: str, drawable: Drawable, **kwargs: Any) -> None:
+        """A pytest node (from_parent's keywords) for backend `backend_id` on the case `drawable` draws."""
         super().__init__(**kwargs)
-        self.backend_id, self.planned = backend_id, planned
+        self.backend_id, self.drawable = backend_id, drawable
         self.add_marker(pytest.mark.difftest)  # `-m difftest` selects the suite
 
     @property
@@ -117,37 +103,28 @@ class SuiteItem(_SuiteNode):
         """Check the backend (skipped with its reason where it cannot run) on the drawn case."""
         from difftest.workflows.checking import check  # deferred: loads torch
 
-        check(self.selection.backend(self.backend_id), self.selection.build(self.planned))
+        check(self.selection.backend(self.backend_id), self.selection.build(self.drawable))
 
 
-class OperationItem(_SuiteNode):
-    """One backend of an operation other than paged logits on one case of its suite, through the operation
-    runner (difftest.engine.operation_run): a failure is its verdict and headline, a SKIP its reason."""
-
-    def __init__(self, *, backend_id: str, spec: Any, seed: int, **kwargs: Any) -> None:
-        """A pytest node (from_parent's keywords) for backend `backend_id` on the case (spec, seed) draws."""
-        super().__init__(**kwargs)
-        self.backend_id, self.spec, self.seed = backend_id, spec, seed
-        self.add_marker(pytest.mark.difftest)
+class OperationItem(SuiteItem):
+    """One backend of an operation other than paged logits on one case, through the operation runner
+    (difftest.engine.operation_run) with the workers the suite's items share; what it makes of the result is
+    check()'s (difftest.workflows.checking.conclude)."""
 
     def runtest(self) -> None:
         """Run the backend on the drawn case; skip with the reason it could not run."""
         from difftest.engine.config import RunConfig  # deferred: loads torch
         from difftest.engine.operation_run import Named, run_one
-        from difftest.operations import operation
+        from difftest.workflows.checking import conclude, spec_of
 
         assert isinstance(self.parent, DifftestSuite)
-        settings = self.parent.selection.settings
-        op = operation(settings.op)
-        case = op.build(self.spec, self.seed, settings.device)
-        config = RunConfig(device=settings.device)
-        result = run_one(op, Named(self.backend_id, op.backends()[self.backend_id]()), case, config,
+        backend, op = self.selection.backend(self.backend_id), self.selection.op
+        case = self.selection.build(self.drawable)
+        config = RunConfig(device=self.selection.settings.device)
+        result = run_one(op, Named(self.backend_id, backend.backend), case, config, spec_of(case),
                          workers=self.parent.operation_workers(op, config))
-        if result.verdict == Verdict.SKIP:
-            pytest.skip(result.reason or "skipped")
-        if result.verdict.failed:
-            raise AssertionError(f"{self.backend_id} on {case.name} [{case.describe()}]: {result.verdict.value}: "
-                                 f"{result.headline or result.reason}")
+        conclude(backend, case, result, config)
+
 
 class SuitePlugin:
     """Adds the suite's items to the session; registered only with --difftest-suite."""

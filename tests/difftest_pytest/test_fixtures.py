@@ -101,3 +101,51 @@ def test_several_seeds_of_one_spec_are_numbered(pytester: pytest.Pytester) -> No
                                           "-k", "mtp1")
     result.stdout.fnmatch_lines(["*[[]torch-random-mtp1-uniform-0]", "*[[]torch-random-mtp1-uniform-1]",
                                  "2/8 tests collected*"])
+
+
+def test_the_fixtures_take_the_cases_and_backends_of_another_operation(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(CHECK_TEST.replace('and result.comparison.mask_rows == []', ''))
+    args = ["--difftest-op=topk", "--difftest-backends=torch-topk,torch-topk-vllm", "--difftest-seed=0"]
+    collected = pytester.runpytest_inprocess("--co", "-q", *args)
+    collected.stdout.fnmatch_lines(["*::test_k[[]torch-topk-random-ragged-k512]",
+                                    "*::test_k[[]torch-topk-vllm-random-decode-k2048]", "12 tests collected*"])
+    result = pytester.runpytest_inprocess("-rs", *args, "-k", "decode-k512")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["torch-topk: 0/4 rows select a wrong set (0 tokens)"])
+
+
+def test_next_n_copies_only_the_paged_cases(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.difftest(next_n=[2])
+        def test_k(difftest_case):
+            pass
+    """)
+    result = pytester.runpytest_inprocess("--difftest-op=topk")
+    result.assert_outcomes(errors=1)
+    assert "difftest marker: next_n=[2]: copies the fixed paged-logits cases only (not topk edges cases)" in \
+        result.stdout.str()
+
+
+def test_envelope_cases_are_planned_inside_each_paged_contract(planted: pytest.Pytester) -> None:
+    planted.makepyfile(mtp1="""
+        import dataclasses
+
+        import difftest
+        from planted import CONTRACT
+
+
+        @difftest.backend(dataclasses.replace(CONTRACT, next_n=(1,), block_sizes=(16,)), name="mtp1-only")
+        def mtp1_only(q, kv_cache, weights, context_lens, block_table, max_model_len):
+            raise AssertionError("collected only")
+    """)
+    planted.makepyfile(CHECK_TEST)
+    result = planted.runpytest_inprocess("--co", "-q", "--difftest-cases=envelope",
+                                         "--difftest-backends=torch,mtp1:mtp1_only")
+    ids = [line.partition("[")[2].rstrip("]") for line in result.stdout.lines if "::test_k[" in line]
+    torch_ids = [i for i in ids if i.startswith("torch-")]
+    mine = [i.removeprefix("mtp1-only-") for i in ids if i.startswith("mtp1-only-")]
+    assert {"torch-random-mtp2-edges", "torch-block-size-64"} <= set(torch_ids), ids
+    assert mine and not any("mtp2" in i or "mtp3" in i or "mtp4" in i or "block-size-64" in i for i in mine), mine
+    assert len(ids) == len(torch_ids) + len(mine)

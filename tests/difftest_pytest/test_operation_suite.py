@@ -23,7 +23,8 @@ def test_an_operation_or_backend_it_does_not_have_is_a_usage_error(pytester: pyt
     result.stderr.fnmatch_lines(["*--difftest-op='nonsense': expected one of paged-logits*indexer*"])
     result = pytester.runpytest_inprocess(*OP_SUITE, "--difftest-backends=torch")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--difftest-backends='torch': expected backends of the topk operation*"])
+    result.stderr.fnmatch_lines(["*--difftest-backends='torch': expected a backend of the topk operation: a "
+                                 "registered name among [[]*'torch-topk'*]*"])
 
 
 def test_isolated_items_share_one_worker_per_backend(pytester: pytest.Pytester) -> None:

@@ -18,7 +18,7 @@ def test_k(difftest_backend, difftest_case):
 
 def test_help_lists_the_option_group(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_inprocess("--help")
-    result.stdout.fnmatch_lines(["differential testing of paged MQA logits kernels against the oracle:",
+    result.stdout.fnmatch_lines(["differential testing of indexer kernels against the oracle:",
                                  "*--difftest-backends=NAMES*", "*--difftest-seed=N*",
                                  "*--difftest-cases=KIND[[]:COUNT]*", "*--difftest-device=*",
                                  "*--difftest-report=PATH*", "*--difftest-repro-dir=DIR*", "*--difftest-suite*",
@@ -51,8 +51,9 @@ def test_without_options_the_header_comes_once_a_collected_test_uses_difftest(py
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--difftest-cases=sometimes"],
-     "--difftest-cases='sometimes': expected one of random, edges, all, optionally with :COUNT >= 1 (e.g. random:4)"),
-    (["--difftest-cases=random:0"], "--difftest-cases='random:0': expected one of random, edges, all, *"),
+     "--difftest-cases='sometimes': expected one of random, edges, all, envelope, optionally with :COUNT >= 1 "
+     "(e.g. random:4)"),
+    (["--difftest-cases=random:0"], "--difftest-cases='random:0': expected one of random, edges, all, envelope, *"),
     (["--difftest-seed=-3"], "--difftest-seed='-3': expected a non-negative integer"),
     (["--difftest-device=tpu"], "--difftest-device='tpu': expected cpu or cuda"),
     (["--difftest-backends=torch,nope"],
@@ -66,6 +67,27 @@ def test_bad_values_are_usage_errors(pytester: pytest.Pytester, args: list[str],
     result = pytester.runpytest_inprocess(*args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: {message}"])
+
+
+LONG_NAME = "r" * 300  # past NAME_MAX (255): the filesystem refuses the name
+
+
+@pytest.mark.parametrize(("option", "value", "reason"), [
+    ("--difftest-report", "a-file/report.json", "cannot write: Not a directory"),
+    ("--difftest-report", f"{LONG_NAME}.json", "cannot write: File name too long"),
+    ("--difftest-report", f"{LONG_NAME}/report.json", "cannot write: File name too long"),
+    ("--difftest-repro-dir", "a-file/repro", "cannot write: Not a directory"),
+    ("--difftest-repro-dir", LONG_NAME, "cannot write: File name too long"),
+])
+def test_an_output_that_cannot_be_written_is_one_line_and_status_3(pytester: pytest.Pytester, option: str,
+                                                                     value: str, reason: str) -> None:
+    """As `difftest run` refuses such a --report (ExitStatus.IO), before any test runs."""
+    (pytester.path / "a-file").write_text("a file, not a folder")
+    pytester.makepyfile(ONE_TEST)
+    result = pytester.runpytest_inprocess(f"{option}={value}")
+    assert result.ret == 3, result.stderr.str()
+    assert result.stderr.lines == [f"Exit: {option}={value!r}: {reason}"]
+    assert result.stdout.str() == ""
 
 
 def test_cuda_without_a_gpu_is_a_usage_error(pytester: pytest.Pytester) -> None:

@@ -1,16 +1,34 @@
-"""difftest.generators.strategies: what specs() and cases() draw, which way they shrink, how they reject arguments."""
+"""difftest.generators.strategies: what specs() and cases() draw, which way they shrink, how they reject arguments,
+and that a strategy built from a contract draws only cases the contract takes (every built-in backend's)."""
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Any
 
 import pytest
 import torch
 from hypothesis import find, given, settings
-from hypothesis.errors import InvalidArgument
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument, NoSuchExample
 
-from difftest.core.kinds import Fp8Flavour
+from difftest.backends.registry import builtin_backends
+from difftest.backends.stages import ragged_backends, topk_backends
+from difftest.core.contract import Contract
+from difftest.core.kinds import (
+    CacheLayout,
+    Fp8Flavour,
+    IndexConvention,
+    LengthEncoding,
+    MaskConvention,
+    RowStride,
+    TopkPadding,
+    WindowForm,
+)
+from difftest.core.topk import TopkContract
 from difftest.generators import CaseSpec, Stale, Values, build_case
 from difftest.generators.profiles import CI_PROFILE, DEV_PROFILE, NIGHTLY_PROFILE, register_profiles
-from difftest.generators.strategies import cases, specs
+from difftest.generators.strategies import cases, for_contract, specs, topk_specs
 
 CI = settings(max_examples=30, deadline=None, derandomize=True, database=None)
 FIND = settings(max_examples=200, deadline=None, derandomize=True, database=None)
@@ -82,3 +100,75 @@ def test_registered_profiles_have_no_deadline_and_ci_is_repeatable() -> None:
     assert all(p.deadline is None for p in profiles.values())
     assert profiles[CI_PROFILE].derandomize and profiles[CI_PROFILE].database is None
     assert profiles[NIGHTLY_PROFILE].max_examples > profiles[CI_PROFILE].max_examples
+
+
+register_profiles()
+CI_RUN = settings(settings.get_profile(CI_PROFILE), max_examples=15)  # 15 of difftest-ci's 30: 37 contracts
+MTP_124 = Contract(length_encoding=LengthEncoding.PER_ROW, cache_layout=CacheLayout.BLOCK_SPLIT,
+                   mask=MaskConvention.TAIL_NEG_INF, next_n=(1, 2, 4))
+
+
+def on_cpu(contract: Any) -> Any:
+    """The contract with the CPU among its devices and no arch named: the envelope is what is drawn from."""
+    return dataclasses.replace(contract, devices=("cpu",), archs=None)
+
+
+def every_builtin_contract() -> list[Any]:
+    tables = {**builtin_backends(), **topk_backends(), **ragged_backends()}
+    return [pytest.param(on_cpu(make().contract), id=name) for name, make in tables.items()]
+
+
+HANDMADE = [
+    pytest.param(MTP_124, id="paged-mtp-1-2-4"),
+    pytest.param(dataclasses.replace(MTP_124, length_encoding=LengthEncoding.FLATTENED, max_batch=6, heads=(8, 16),
+                                     heads_power_of_two=True, head_dims=(32,), block_sizes=(64,), max_context=80,
+                                     max_pool_bytes=64 * 36 * 4, fp8=Fp8Flavour.E4M3FNUZ), id="paged-tight"),
+    pytest.param(TopkContract(index=IndexConvention.ROW_RELATIVE, padding=TopkPadding.PAST_CANDIDATES,
+                              window=WindowForm.DECODE_RULE, next_n=(2, 3), ks=(4, 16), width_at_least_k=True,
+                              row_stride=RowStride.MULTIPLE_OF_4, max_rows=6), id="topk-decode-rule"),
+    pytest.param(TopkContract(index=IndexConvention.ROW_RELATIVE, padding=TopkPadding.PAST_CANDIDATES,
+                              window=WindowForm.LENGTHS, max_k=8, max_width=40, row_stride=RowStride.EQUALS_WIDTH),
+                 id="topk-lengths"),
+]
+
+
+@pytest.mark.parametrize("contract", every_builtin_contract() + HANDMADE)
+@CI_RUN
+@given(data=st.data())
+def test_every_drawn_case_is_one_the_contract_takes(contract: Any, data: st.DataObject) -> None:
+    case = data.draw(for_contract(contract))
+    assert contract.accepts(case, "cpu") is None, case
+
+
+@CI_RUN
+@given(specs(contract=MTP_124, max_next_n=4))
+def test_a_next_n_1_2_4_kernel_never_draws_next_n_3(spec: CaseSpec) -> None:
+    assert spec.next_n in (1, 2, 4)
+
+
+def test_the_contract_values_are_all_reachable() -> None:
+    assert find(specs(contract=MTP_124), lambda s: s.next_n == 4, settings=FIND).next_n == 4
+    with pytest.raises(NoSuchExample):
+        find(specs(contract=MTP_124), lambda s: s.next_n == 3, settings=FIND)
+
+
+def test_the_contract_lists_replace_the_defaults_and_filter_the_given_choices() -> None:
+    tight = HANDMADE[1].values[0]
+    spec = find(specs(contract=tight), lambda s: True, settings=FIND)
+    assert (spec.heads, spec.head_dim, spec.block_size, spec.fp8) == (8, 32, 64, Fp8Flavour.E4M3FNUZ)
+    assert spec.max_model_len == 80
+    assert find(specs(contract=MTP_124, heads=(3, 4, 8)), lambda s: True, settings=FIND).heads == 3
+
+
+@pytest.mark.parametrize(("build", "message"), [
+    (lambda: specs(contract=dataclasses.replace(MTP_124, devices=("cpu",)), device="cuda"),
+     r"device=.cuda.: the contract declares"),
+    (lambda: specs(contract=dataclasses.replace(MTP_124, heads=(8,)), heads=(4,)), r"heads: the contract takes none"),
+    (lambda: specs(contract=dataclasses.replace(MTP_124, next_n=(8,))), r"max_next_n: the contract takes none"),
+    (lambda: topk_specs(TopkContract(index=IndexConvention.ROW_RELATIVE, padding=TopkPadding.PAST_CANDIDATES,
+                                     window=WindowForm.STARTS_ENDS, dtypes=(torch.bfloat16,))),
+     r"contract.dtypes=.*float32"),
+], ids=["device", "heads", "next-n", "topk-dtype"])
+def test_a_contract_that_leaves_nothing_to_draw_is_named(build: Any, message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        build()
