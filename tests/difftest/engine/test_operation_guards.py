@@ -20,7 +20,7 @@ from difftest.engine.operation_run import Drawn, Named, run_operation
 from difftest.engine.stability import StabilityKind
 from difftest.generators.topk import TopkSpec, TopkValues, WindowDist
 from difftest.operations import operation
-from tests.difftest.operations.planted import OracleRagged
+from tests.difftest.operations.planted import OracleRagged, WrongAfterFirstTopk
 
 TOPK = operation(OperationKind.TOPK)
 RAGGED = operation(OperationKind.RAGGED_LOGITS)
@@ -34,22 +34,6 @@ def _topk_case():
 
 def _ragged_case():
     return RAGGED.build(RAGGED.suite()[0], 0, "cpu")
-
-
-class WrongAfterFirst(TorchTopk):
-    """Right on its first launch; later launches put row 0's first pick twice (a race on the output)."""
-
-    name = "wrong-after-first"
-
-    def __init__(self):
-        self.launches = 0
-
-    def __call__(self, inputs, out):
-        got = super().__call__(inputs, out)
-        self.launches += 1
-        if self.launches > 1:
-            got[0, 1] = got[0, 0]
-        return got
 
 
 class NoisyRagged(OracleRagged):
@@ -82,14 +66,15 @@ def test_run_repeat_3_a_top_k_choosing_among_ties_is_stable_within_tolerance_and
 
 
 def test_run_repeat_3_a_top_k_that_goes_wrong_on_a_later_launch_is_fail_nondeterministic():
-    result, = run_operation(TOPK, [Named("wrong-after-first", WrongAfterFirst())], [Drawn(_topk_case())],
+    result, = run_operation(TOPK, [Named("wrong-after-first", WrongAfterFirstTopk())], [Drawn(_topk_case())],
                             RunConfig(repeat=3))
     assert result.verdict == Verdict.FAIL_NONDETERMINISTIC
     assert result.stability.kind == StabilityKind.UNSTABLE and result.stability.unstable_rows == [0]
 
 
 def test_one_launch_keeps_no_stability_record():
-    result, = run_operation(TOPK, [Named("wrong-after-first", WrongAfterFirst())], [Drawn(_topk_case())], RunConfig())
+    backend = WrongAfterFirstTopk()
+    result, = run_operation(TOPK, [Named(backend.name, backend)], [Drawn(_topk_case())], RunConfig())
     assert result.verdict == Verdict.PASS and result.stability is None
 
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from difftest.backends import mutants, torch_topk, vllm_ragged
+from difftest.backends.topk_mutants import TopkMutation, TorchTopkMutant
 from difftest.cli import main
 from difftest.core.errors import SpecError
 from difftest.core.kinds import ExitStatus, OperationKind, RaggedRelation, TopkRelation
@@ -24,7 +25,7 @@ from difftest.records.bundle import load_bundle
 from difftest.records.serialize import load_results, load_run_info
 from difftest.workflows import operation_session
 from tests.broken_topk import Aborts, Sleeps, StoppedOnThirdCall
-from tests.difftest.operations.planted import EarlyMaskRagged, OracleRagged, WholeRowTopk
+from tests.difftest.operations.planted import EarlyMaskRagged, OracleRagged, WholeRowTopk, WrongAfterFirstTopk
 
 
 @pytest.fixture
@@ -385,3 +386,17 @@ def test_case_filter_runs_the_matching_cases_and_refuses_a_glob_matching_none(pl
     assert cases and all(case.startswith("ties-") for case in cases)
     assert main(["run", "--op", "topk", "--case-filter", "no-such-*"]) == ExitStatus.USAGE
     assert "--case-filter='no-such-*': expected a pattern matching some of the" in capsys.readouterr().err
+
+
+def test_run_repeat_3_passes_a_top_k_choosing_among_ties_and_fails_one_wrong_on_a_later_launch(monkeypatch, tmp_path,
+                                                                                             capsys):
+    monkeypatch.setitem(torch_topk.TOPK_BACKENDS, "random-ties",
+                        functools.partial(TorchTopkMutant, TopkMutation.RANDOM_TIES, "random-ties"))
+    monkeypatch.setitem(torch_topk.TOPK_BACKENDS, WrongAfterFirstTopk.name, WrongAfterFirstTopk)
+    report = tmp_path / "r.json"
+    assert main(["run", "--op", "topk", "--repeat", "3", "--case-filter", "ties-straddle-*", "--backends",
+                 f"random-ties,{WrongAfterFirstTopk.name}", "--report", str(report)]) == ExitStatus.FAILED
+    ties, wrong = load_results(report)
+    assert ties.verdict == Verdict.PASS and ties.stability.kind.value == "stable-within-tolerance"
+    assert wrong.verdict == Verdict.FAIL_NONDETERMINISTIC and wrong.stability.unstable_rows == [0]
+    assert "unstable over 3 launches" in capsys.readouterr().out
