@@ -24,7 +24,7 @@ from difftest.backends import Backend, get_backends, stages
 from difftest.backends.ragged_base import RaggedBackend
 from difftest.backends.stages import Composition, ragged_backends, topk_backends
 from difftest.backends.topk_base import TopkBackend
-from difftest.core.indexer import IndexerCase, IndexerContract
+from difftest.core.indexer import IndexerCase, IndexerContract, PrefillIndexerCase
 from difftest.core.kinds import Headline, OperationKind, OracleKind
 from difftest.core.operation import Expected, Operation, Planned
 from difftest.core.topk import TopkCase, TopkContract
@@ -201,7 +201,7 @@ def output(case: IndexerCase, contract: IndexerContract) -> tuple[Expected, ...]
     return staged_output(paged.output(case.logits, contract.logits)[0], case)
 
 
-def staged_output(logits: Expected, case: IndexerCase | Any) -> tuple[Expected, ...]:
+def staged_output(logits: Expected, case: IndexerCase | PrefillIndexerCase) -> tuple[Expected, ...]:
     """A composition's Expected: its logits stage's `logits` as Staged.logits, integer indices [rows, k] as
     Staged.indices."""
     return (dataclasses.replace(logits, part="logits"),
