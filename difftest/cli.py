@@ -18,11 +18,12 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TextIO
 
 from difftest import __version__
+from difftest.cli_options import refused
 from difftest.core import lifetime
 from difftest.core.errors import Interrupted, OutputError, SpecError
 from difftest.core.kinds import (
@@ -127,11 +128,7 @@ def _relations(op: OperationKind, names: tuple[str, ...]) -> tuple[AnyRelation, 
     naming the option's value and the relations `op` has, or the operations that have some."""
     if not names:
         return ()
-    kind, shown = RELATIONS.get(op), ",".join(names)
-    if kind is None:
-        having = [k.value for k in RELATIONS]
-        raise SpecError("--metamorphic", shown, f"an option of --op {', '.join(having[:-1])} or {having[-1]}, the "
-                                                f"operations with metamorphic relations, not of --op {op.value}")
+    kind, shown = RELATIONS[op], ",".join(names)  # an operation without relations refused them (cli_options)
     if set(names) == {"all"}:
         return tuple(kind)
     known = [r.value for r in kind]
@@ -229,26 +226,6 @@ def _add_operation(command: argparse.ArgumentParser) -> None:
     command.add_argument("--op", type=_enum(OperationKind), default=OperationKind.PAGED_LOGITS,
                          help="the indexer stage to test: paged-logits (decode), ragged-logits (prefill), topk, "
                               "indexer (a logits backend then a top-k backend) (default: paged-logits)")
-
-
-# Options of `run` and `fuzz` that only the paged-logits operation takes (its own engine's), by destination.
-PAGED_ONLY = ("spec", "next_n", "block_sizes", "batch", "max_model_len", "heads", "head_dim", "ledger",
-              "resume", "shard", "gpus", "time", "fail_slow", "sanitize", "encoding", "layout",
-              "case_filter", "max_batch", "max_context", "block_size", "shrink_seconds", "jobs", "batching")
-
-
-NEGATABLE = ("batching",)  # of those, the --flag/--no-flag ones: --no-flag (False) is given too
-
-
-def _paged_only(args: argparse.Namespace) -> None:
-    """SpecError naming the first option given that an operation other than paged logits does not take."""
-    for dest in PAGED_ONLY:
-        value = getattr(args, dest, None)
-        # Absent is None, or False for a plain --flag; a --flag/--no-flag option is None unless given.
-        if value not in (None, [], ()) and (value is not False or dest in NEGATABLE):
-            shown = ",".join(getattr(v, "value", str(v)) for v in value) if isinstance(value, (list, tuple)) else value
-            flag = ("--no-" if value is False else "--") + dest.replace("_", "-")
-            raise SpecError(flag, shown, f"an option of --op paged-logits only, not of --op {args.op.value}")
 
 
 def _add_backend_choice(command: argparse.ArgumentParser) -> None:
@@ -745,36 +722,45 @@ def _run_operation(args: argparse.Namespace) -> int:
     """`difftest run --op X` for an operation other than paged logits."""
     from difftest.workflows.operation_session import OperationRequest, execute_operation  # deferred: loads torch
 
-    _paged_only(args)
+    refused(args)
     config = _run_config(args, metamorphic=_relations(args.op, args.metamorphic))
     request = OperationRequest(operation=args.op, cases=args.cases, seed=args.seed, count=args.count or 1,
-                               backends=_backend_names(args), config=config, report=args.report,
-                               stream=args.stream,
-                               junit=args.junit, repro_dir=args.repro_dir, budget=args.budget,
-                               overwrite=args.overwrite, argv=tuple(args.argv))
+                               backends=_backend_names(args), case_filter=tuple(args.case_filter), config=config,
+                               report=args.report, stream=args.stream, junit=args.junit, repro_dir=args.repro_dir,
+                               budget=args.budget, overwrite=args.overwrite, argv=tuple(args.argv))
     outcome = execute_operation(request)
-    _print_operation(outcome.results, args.verbose)
-    if outcome.not_started:
+    _print_operation(outcome.results, args.verbose, args.quiet, outcome.repro)
+    if outcome.not_started and not args.quiet:
         print(f"\nbudget spent: {len(outcome.not_started)} planned cases not started (listed in the report)")
-    if args.report:
+    if args.report and not args.quiet:
         print(f"\nreport: {args.report}")
-    if outcome.bundles:
+    if outcome.bundles and not args.quiet:
         print(f"\nreproducers: {outcome.bundles} bundle(s) under {args.repro_dir} (difftest replay BUNDLE)")
     if "junit" in outcome.written:
         print(f"junit: {outcome.written['junit']}")
     return ExitStatus.FAILED if outcome.failed else ExitStatus.OK
 
 
-def _print_operation(results: list[CaseResult], verbose: bool) -> None:
-    """The table, every result when `verbose`, the failures."""
+def _print_operation(results: list[CaseResult], verbose: bool, quiet: bool,
+                     repro: Mapping[tuple[str, str], str] | None = None) -> None:
+    """The table, every result when `verbose`, the failures (each with its line of `repro`, by backend and case);
+    the verdict line alone when `quiet`."""
     from difftest.records import report  # deferred: loads torch
 
+    if quiet:
+        print(_verdict_line(results, ExitStatus.FAILED if any(r.verdict.failed for r in results) else ExitStatus.OK))
+        return
     print(report.render_table(report.summarize(results)))
     if verbose:
         print("\n" + report.render_results(results))
-    failures = report.render_failures(results, limit=len(results) if verbose else 20)
+    failures = report.render_failures(results, limit=len(results) if verbose else 20, repro=repro)
     if failures:
         print("\n" + failures)
+
+
+def _backend_names(args: argparse.Namespace) -> tuple[str, ...] | None:
+    """The backends --backends and --backend-module name, in that order; None for neither (every one)."""
+    return ((args.backends or ()) + tuple(args.backend_module)) or None
 
 
 @contextlib.contextmanager
@@ -812,7 +798,7 @@ def _run_and_print(args: argparse.Namespace, shard_envs: list[dict[str, str]] | 
         print(f"difftest: error: backend {name!r}, asked for by name, tested nothing: {why}", file=sys.stderr)
     try:
         if args.quiet:
-            print(_verdict_line(outcome))
+            print(_verdict_line(outcome.results, outcome.status))
         else:
             _print_outcome(request, outcome, verbose=args.verbose)
             _print_ledger(outcome)
@@ -881,13 +867,13 @@ def _spec(text: str) -> object:
         raise SpecError(f"--spec {exc.field}", exc.value, exc.expected) from None
 
 
-def _verdict_line(outcome: RunOutcome) -> str:
+def _verdict_line(results: list[CaseResult], status: int) -> str:
     """--quiet's one line: 'FAIL: 46 results, 2 backends: torch PASS, aiter-triton-stage1 FAIL(mask)'."""
     from difftest.records import report  # deferred: with session, above
 
-    verdicts = ", ".join(f"{s.backend} {s.verdict.value}" for s in report.summarize(outcome.results))
-    head = "PASS" if outcome.status == ExitStatus.OK else "FAIL"
-    return f"{head}: {len(outcome.results)} results: {verdicts or 'no backend ran'}"
+    verdicts = ", ".join(f"{s.backend} {s.verdict.value}" for s in report.summarize(results))
+    head = "PASS" if status == ExitStatus.OK else "FAIL"
+    return f"{head}: {len(results)} results: {verdicts or 'no backend ran'}"
 
 
 def _print_outcome(request: RunRequest, outcome: RunOutcome, verbose: bool = False) -> None:
@@ -1124,14 +1110,14 @@ def _fuzz_operation(args: argparse.Namespace) -> int:
     """`difftest fuzz --op X` for an operation other than paged logits: exit 1 when it found a failure."""
     from difftest.workflows.operation_session import OperationCampaign, fuzz_operation  # deferred: loads torch
 
-    _paged_only(args)
+    refused(args)
     campaign = OperationCampaign(operation=args.op, budget=args.budget, seed=args.seed, backends=_backend_names(args),
                                  config=_run_config(args, metamorphic=_relations(args.op, args.metamorphic)),
                                  repro_dir=args.repro_dir, report=args.report,
                                  stream=args.stream, junit=args.junit, until_failures=args.until_failures,
                                  argv=tuple(args.argv))
     outcome = fuzz_operation(campaign)
-    _print_operation(outcome.results, args.verbose)
+    _print_operation(outcome.results, args.verbose, args.quiet)
     print(f"\n{args.op.value} fuzz: {len(outcome.results)} results, {sum(r.verdict.failed for r in outcome.results)} "
           f"failing" + (f", {outcome.bundles} bundle(s) under {args.repro_dir}" if outcome.bundles else ""))
     for field in ("stream", "report", "junit"):

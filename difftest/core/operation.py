@@ -7,7 +7,10 @@ difftest/operations ties them into one Operation per stage and keeps the registr
 docs/writing-an-operation.md walks through adding one.
 
 The functions take and return the operation's own types (its case, spec, contract, reference, output); the
-engine passes them along without looking inside, which is why they are typed `Any` here.
+engine passes them along without looking inside, which is why they are typed `Any` here. Where the engine
+guards a call (difftest.engine.guards.GuardedCall: the output contract, mutated inputs, poison, repeats), the
+operation declares its piece: the output it expects (Expected), how launches agree (stability) and which
+backends a call reaches (watched).
 """
 
 from __future__ import annotations
@@ -26,6 +29,23 @@ class Planned:
 
     spec: Any
     families: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Expected:
+    """One tensor a backend's output must be on one case, as its contract declares it: the output itself
+    (`part` None), or the attribute `part` of it (a composition's Staged: .logits, .indices)."""
+
+    what: str  # what the report calls it: 'indices', 'logits'
+    dtypes: tuple[Any, ...]  # torch dtypes it may have
+    shape: tuple[int, ...]
+    device: str  # the device type it must be on: 'cpu', 'cuda'
+    part: str | None = None
+
+    def describe(self) -> str:
+        """'indices: a dense torch.Tensor of shape [4, 8], dtype torch.int32 or torch.int64, on cpu'."""
+        dtypes = " or ".join(map(str, self.dtypes))
+        return f"{self.what}: a dense torch.Tensor of shape {list(self.shape)}, dtype {dtypes}, on {self.device}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +82,16 @@ class Operation:
     # ran, after judging: (case, output, contract, relations, launch) -> the violations, launch(case) calling the
     # backend on a related case where it runs (difftest.engine.operation_run); None: no relations here
     relate: Callable[[Any, Any, Any, Any, Callable[[Any], Any]], tuple[Any, ...]] | None
+    # the output contract: (case, contract) -> the Expected tensors of a backend's output on the case; an output
+    # that is not them is ERROR (difftest.engine.guards.output_violation), never handed to judge
+    output: Callable[[Any, Any], tuple[Expected, ...]]
+    # repeats (RunConfig.repeat): (reference, outputs of the launches, case, contract) ->
+    # difftest.engine.stability.Stability, how the launches agreed; unstable is FAIL(nondeterministic)
+    stability: Callable[[Any, tuple[Any, ...], Any, Any], Any]
+    # the backends a call reaches: (backend, watch) -> the backend with watch(b, writes=()) put around each
+    # backend the call hands inputs (a composition's stages), `writes` naming the inputs b's contract lets it
+    # write into; each watched backend's inputs are checksummed and its fresh tensors poisoned
+    watched: Callable[[Any, Callable[..., Any]], Any]
 
     @property
     def name(self) -> str:

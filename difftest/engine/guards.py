@@ -16,6 +16,10 @@ Poisoning (what a backend that leaves output unwritten shows as FAIL(unwritten))
 
 Checksums: every input tensor (q, kv_cache, weights, context_lens, block_table, indices) is
 fingerprinted before the first launch and after the last; a change names the tensor.
+The other operations (difftest.core.operation.Operation) get the same guards through GuardedCall: each
+backend the call reaches (Operation.watched: a composition's stages) has every tensor field of the inputs it
+is handed checksummed around each launch, and its fresh float tensors poisoned; each launch's output is
+checked against the operation's Expected tensors (output_violation) before anything judges it.
 Repeats: the backend is launched `repeat` times on the same inputs; difftest.engine.stability compares the
 outputs. Timing (`time` launches, difftest.engine.timing) comes after the last checksum, unpoisoned, and
 touches no verdict.
@@ -33,7 +37,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -44,6 +48,7 @@ from difftest.core.contract import Contract
 from difftest.core.errors import exception_text
 from difftest.core.kernel_inputs import KernelInputs
 from difftest.core.memory import MEASURED_FROM_LOGITS, ran_out
+from difftest.core.operation import Expected
 from difftest.core.poison import INT_OF_SIZE, POISON_BITS, poisoned
 from difftest.core.verdict import Verdict
 from difftest.engine.timing import Timing, time_launches
@@ -126,7 +131,12 @@ def _fingerprint_sums(tensor: torch.Tensor) -> torch.Tensor:
 def input_fingerprints(inputs: KernelInputs) -> dict[str, tuple[int, int]]:
     """fingerprint() of every tensor a backend is handed, by field name; read back from each device
     at once (one wait per device instead of two per tensor: a dozen on every GPU call)."""
-    tensors = {name: t for name in INPUT_FIELDS if isinstance(t := getattr(inputs, name), torch.Tensor)}
+    return tensor_fingerprints({name: t for name in INPUT_FIELDS if isinstance(t := getattr(inputs, name),
+                                                                             torch.Tensor)})
+
+
+def tensor_fingerprints(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, int]]:
+    """fingerprint() of each named tensor, read back from each device at once."""
     sums = {name: _fingerprint_sums(t) for name, t in tensors.items()}
     prints: dict[str, tuple[int, int]] = {}
     for device in {t.device for t in sums.values()}:
@@ -403,3 +413,147 @@ def device_failure(device: torch.device) -> str | None:
     except Exception as exc:  # any failure here means the context is gone
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+# --------------------------------------------------------------------------- an operation's call
+
+@dataclasses.dataclass(frozen=True)
+class Launches:
+    """What a guarded call of an operation's backend made: one output per launch and the inputs written into
+    ('logits', 'k_start', 'q (logits stage)'); where a launch's output was not what the contract declares, the
+    outputs before it and why (`violation`: the backend's ERROR; no launch after it ran)."""
+
+    outputs: tuple[Any, ...]
+    mutated: tuple[str, ...] = ()
+    violation: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class GuardedCall:
+    """An operation's call (difftest.core.operation.Operation.call) as the engine makes it, in a worker or in this
+    process: `repeat` launches on the case, each with every backend the call reaches watched (Watched), each
+    output checked against the operation's Expected tensors. `private`: the inputs that share memory with the
+    case are copies (in this process the case is the next backend's too; a worker's case is its own)."""
+
+    call: Callable[[Any, Any], Any]
+    output: Callable[[Any, Any], tuple[Expected, ...]]
+    watched: Callable[[Any, Callable[..., Any]], Any]
+    repeat: int = 1
+    private: bool = False
+
+    def __call__(self, backend: Any, case: Any) -> Launches:
+        """The launches of `backend` on `case`; a backend's exception goes to the caller, as Operation.call's."""
+        shared = _storages(case) if self.private else frozenset()
+        mutated: dict[str, None] = {}  # insertion-ordered set of the inputs written into
+
+        def watch(inner: Any, writes: tuple[str, ...] = (), stage: str | None = None) -> Watched:
+            return Watched(inner, writes, stage, shared, mutated)
+
+        reached = self.watched(backend, watch)
+        expected = self.output(case, backend.contract)
+        outputs: list[Any] = []
+        for _ in range(self.repeat):
+            got = self.call(reached, case)
+            violation = output_violation(got, expected)
+            if violation:
+                return Launches(tuple(outputs), tuple(mutated), violation)
+            # A backend may hand back the same buffer every launch: keep each launch's bits apart.
+            outputs.append(_bit_copied(got) if self.repeat > 1 else got)
+        return Launches(tuple(outputs), tuple(mutated))
+
+
+class Watched:
+    """A backend as a guarded call hands it its inputs: the tensor fields of the inputs (those its contract lets
+    it write into, `writes`, aside) fingerprinted before and after it runs, a change named in `mutated` (with
+    the `stage` of a composition); the float tensors it makes through torch's empty factories poisoned and the
+    torch settings it changes put back (as execute does for paged logits); the inputs sharing a storage of
+    `shared` (the case's) copied first. Every other attribute is the backend's (contract, name, ...)."""
+
+    def __init__(self, backend: Any, writes: tuple[str, ...], stage: str | None, shared: frozenset[int],
+                 mutated: dict[str, None]) -> None:
+        self.backend, self.writes, self.stage, self.shared, self.mutated = backend, writes, stage, shared, mutated
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "backend":  # not set yet (a copy being made): no recursion through the lookup below
+            raise AttributeError(name)
+        return getattr(self.backend, name)
+
+    def __call__(self, inputs: Any, out: Any) -> Any:
+        """The backend on `inputs` (its private copy), watched."""
+        inputs = _private_inputs(inputs, self.shared)
+        tensors = {name: t for name, t in _tensor_fields(inputs).items() if name not in self.writes}
+        before = tensor_fingerprints(tensors)
+        with PoisonFreshTensors(), TorchState.kept():
+            got = self.backend(inputs, out)
+        after = tensor_fingerprints(tensors)
+        for name in before:
+            if before[name] != after[name]:
+                self.mutated[name if self.stage is None else f"{name} ({self.stage})"] = None
+        return got
+
+
+def output_violation(got: Any, expected: tuple[Expected, ...]) -> str | None:
+    """'contract: expected indices: a dense torch.Tensor of shape [4, 8], dtype torch.int32 or torch.int64, on
+    cpu, got a strided tensor of shape [4, 8], dtype torch.float32, on cpu' for the first of the `expected`
+    tensors `got` is not (a None, a list, another dtype, shape or device); None when it is every one."""
+    for tensor in expected:
+        value = got if tensor.part is None else getattr(got, tensor.part, None)
+        if not isinstance(value, torch.Tensor):
+            return f"contract: expected {tensor.describe()}, got {type(value).__name__}"
+        if (value.layout != torch.strided or tuple(value.shape) != tensor.shape or value.dtype not in tensor.dtypes
+                or value.device.type != tensor.device):
+            return (f"contract: expected {tensor.describe()}, got a {value.layout} tensor of shape "
+                    f"{list(value.shape)}, dtype {value.dtype}, on {value.device}")
+    return None
+
+
+def logits_expected(output_dtype: torch.dtype, shape: tuple[int, ...], device: str,
+                    part: str | None = None) -> Expected:
+    """Logits as a contract declares them: its output_dtype, or float64 (exact logits, as the reference computes
+    them on the CPU), the rule the paged runner checks (_checked_output)."""
+    return Expected("logits", tuple(dict.fromkeys((output_dtype, torch.float64))), shape, device, part)
+
+
+def _tensor_fields(inputs: Any) -> dict[str, torch.Tensor]:
+    """The tensors among the fields of `inputs` (a dataclass: TopkInputs, RaggedInputs, KernelInputs)."""
+    if not dataclasses.is_dataclass(inputs):
+        return {}
+    return {f.name: t for f in dataclasses.fields(inputs) if isinstance(t := getattr(inputs, f.name), torch.Tensor)}
+
+
+def _storages(case: Any) -> frozenset[int]:
+    """Where the tensors of `case` (a dataclass, and the cases it holds: a composition's stage case) live."""
+    found: set[int] = set()
+    stack = [case]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, torch.Tensor):
+            found.add(value.untyped_storage().data_ptr())
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            stack += [getattr(value, f.name) for f in dataclasses.fields(value)]
+    return frozenset(found)
+
+
+def _private_inputs(inputs: Any, shared: frozenset[int]) -> Any:
+    """`inputs` with each tensor that lives in a storage of `shared` copied, storage and all (a top-k's logits
+    are a view of wider rows: their row stride is part of what the kernel is handed)."""
+    copies = {name: _storage_copy(t) for name, t in _tensor_fields(inputs).items()
+              if t.untyped_storage().data_ptr() in shared}
+    return dataclasses.replace(inputs, **copies) if copies else inputs
+
+
+def _storage_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` over a copy of its whole storage: the same offset, sizes and strides."""
+    storage = tensor.untyped_storage().clone()
+    return torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(storage, tensor.storage_offset(),
+                                                                         tensor.size(), tensor.stride())
+
+
+def _bit_copied(value: Any) -> Any:
+    """`value` with each tensor in it (itself, or a dataclass's fields: a composition's Staged) bit-copied."""
+    if isinstance(value, torch.Tensor):
+        return _bit_copy(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: _bit_copied(getattr(value, f.name))
+                                             for f in dataclasses.fields(value) if f.init})
+    return value

@@ -22,6 +22,13 @@ an abort) gets CRASH with the signal and its stderr's tail, one that outlasts th
 process. A backend that cannot be pickled runs in-process, and its results' isolation note says why. Without
 isolation a backend that kills the process ends the run: the results streamed before it are kept.
 
+Every call is guarded as the paged runner guards its calls (difftest.engine.guards.GuardedCall, the pieces the
+operation declares: Operation.output, .stability, .watched): RunConfig.repeat launches, their outputs compared
+(Operation.stability: a top-k's other choices among tied values are stable within tolerance, ragged logits'
+values within the contract's tolerance; unstable is FAIL(nondeterministic)); an input the backend wrote into
+is FAIL(mutated-input), naming it; its fresh float tensors start as poison; an output that is not the tensor
+the contract declares (dtype, shape, device; a None, a list) is ERROR saying what came back, never judged.
+
 The paged-logits operation keeps its own runner (difftest.engine.runner: batches, the memory model, worker
 isolation, stability and timing).
 """
@@ -44,10 +51,11 @@ from difftest.core.lifetime import run_folder
 from difftest.core.operation import Operation
 from difftest.core.verdict import Verdict, worst
 from difftest.engine.config import RunConfig
-from difftest.engine.guards import Fault, formatted_traceback
+from difftest.engine.guards import Fault, GuardedCall, Launches, formatted_traceback
 from difftest.engine.isolate import DEFAULT_TIMEOUT, Called, OperationWorker, cannot_pickle
 from difftest.engine.result import CaseResult, Judgement
 from difftest.engine.runner import NotDrawn
+from difftest.engine.stability import StabilityKind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,8 +133,9 @@ class Workers:
         """`named`'s worker, or why it has none (the backend cannot be pickled)."""
         if named.name not in self.made:
             why = cannot_pickle(self.op.call, named.backend)
+            call = guarded(self.op, self.config, private=False).call  # the worker's case is its own
             self.made[named.name] = f"the backend cannot travel to a worker process ({why}); it ran in-process" \
-                if why else OperationWorker(self.op.call, named.backend, self.config.device,
+                if why else OperationWorker(call, named.backend, self.config.device,
                                             self.config.timeout or DEFAULT_TIMEOUT, self.log_dir / str(len(self.made)),
                                             self.config.startup_timeout)
         return self.made[named.name]
@@ -172,16 +181,25 @@ def run_one(op: Operation, named: Named, case: Any, config: RunConfig, spec: dic
     in_process_note = worker if isinstance(worker, str) else None
     isolation = None if worker is None else Isolation.IN_PROCESS if in_process_note else Isolation.WORKER
     base.update(isolation=isolation, isolation_note=in_process_note)
-    called = worker(case) if isinstance(worker, OperationWorker) else _called(op, named, case, config.device)
+    called = worker(case) if isinstance(worker, OperationWorker) else _called(guarded(op, config), named, case,
+                                                                                config.device)
     if isinstance(called, Fault) and memory.is_out_of_memory(called.error_type, called.reason):
         return CaseResult(verdict=Verdict.SKIP, seconds=called.seconds, reason=f"the call ran out of memory "
                           f"({called.reason.partition(chr(10))[0]}): no verdict", **base)
     if isinstance(called, Fault):  # raised, crashed or hung: its verdict, and the run goes on
         return CaseResult(verdict=called.verdict, seconds=called.seconds, reason=called.reason,
                           error_type=called.error_type, traceback=called.traceback, **base)
-    got, seconds = called.output, called.seconds
+    launches: Launches = called.output
+    seconds = called.seconds
+    base.update(mutated_inputs=launches.mutated)
+    if launches.violation:  # not the output the contract declares: nothing to judge
+        return CaseResult(verdict=Verdict.ERROR, seconds=seconds, reason=launches.violation, error_type="contract",
+                          **base)
+    got = launches.outputs[0]
     try:
-        judged: Judgement = op.judge(_reference(op, case, contract, config, references), got, case, contract)
+        reference = _reference(op, case, contract, config, references)
+        judged: Judgement = op.judge(reference, got, case, contract)
+        stability = op.stability(reference, launches.outputs, case, contract) if len(launches.outputs) > 1 else None
     except ValueError as exc:  # an output the comparison cannot read: the wrong shape
         return CaseResult(verdict=Verdict.ERROR, seconds=seconds, reason=first_line(exc),
                           error_type=type(exc).__name__, **base)
@@ -191,9 +209,18 @@ def run_one(op: Operation, named: Named, case: Any, config: RunConfig, spec: dic
                               f"memory: {first_line(exc)}", **base)
         return CaseResult(verdict=Verdict.ERROR, seconds=seconds, reason=f"checking the output: {first_line(exc)}",
                           error_type=type(exc).__name__, traceback=formatted_traceback(exc), **base)
-    result = CaseResult(verdict=judged.verdict, seconds=seconds, comparison=judged.comparison,
-                        selection=judged.selection, headline=judged.headline, **base)
+    verdicts = [judged.verdict] + ([Verdict.FAIL_MUTATED_INPUT] if launches.mutated else []) + (
+        [Verdict.FAIL_NONDETERMINISTIC] if stability is not None and stability.kind == StabilityKind.UNSTABLE else [])
+    result = CaseResult(verdict=worst(verdicts), seconds=seconds, comparison=judged.comparison,
+                        selection=judged.selection, headline=judged.headline, stability=stability, **base)
     return _related(op, named, case, got, result, config, worker)
+
+
+def guarded(op: Operation, config: RunConfig, private: bool = True) -> Operation:
+    """`op` with its call guarded (difftest.engine.guards.GuardedCall: config.repeat launches, inputs checksummed
+    and, where `private`, copied from the case, outputs checked against Operation.output): its call returns the
+    Launches. The operation's other pieces are unchanged, so the call goes where op.call would go."""
+    return dataclasses.replace(op, call=GuardedCall(op.call, op.output, op.watched, config.repeat, private))
 
 
 def relations_asked(op: Operation, config: RunConfig) -> None:
@@ -215,7 +242,9 @@ def _related(op: Operation, named: Named, case: Any, got: Any, result: CaseResul
         return result
 
     def launch(other: Any) -> Called | Fault:
-        return worker(other) if isinstance(worker, OperationWorker) else _called(op, named, other, config.device)
+        called = worker(other) if isinstance(worker, OperationWorker) else _called(guarded(op, config), named, other,
+                                                                                  config.device)
+        return _first_output(called)
 
     try:
         violations = op.relate(case, got, named.backend.contract, config.metamorphic, launch)
@@ -228,6 +257,17 @@ def _related(op: Operation, named: Named, case: Any, got: Any, result: CaseResul
         return result
     return dataclasses.replace(result, metamorphic=violations, verdict=worst([result.verdict,
                                                                               Verdict.FAIL_METAMORPHIC]))
+
+
+def _first_output(called: Called | Fault) -> Called | Fault:
+    """A guarded call as a relation reads it: its first launch's output, or the ERROR of an output that is not
+    what the contract declares."""
+    if isinstance(called, Fault):
+        return called
+    launches: Launches = called.output
+    if launches.violation:
+        return Fault(Verdict.ERROR, launches.violation, called.seconds, error_type="contract")
+    return Called(launches.outputs[0], called.seconds)
 
 
 def _reference(op: Operation, case: Any, contract: Any, config: RunConfig, references: References) -> Any:

@@ -157,11 +157,17 @@ def _spec_cases(request: SuiteRequest) -> list[PlannedCase]:
 
 def filtered(cases: list[PlannedCase], globs: Iterable[str]) -> list[PlannedCase]:
     """The cases whose name matches one of `globs`; every glob must match some case (else it is a typo)."""
-    names = [c.name for c in cases]
+    kept = matching([c.name for c in cases], tuple(globs))
+    return [c for c in cases if c.name in kept]
+
+
+def matching(names: Sequence[str], globs: Sequence[str]) -> set[str]:
+    """The names that match one of `globs` (fnmatch); SpecError naming `case_filter` for a glob that matches none
+    (a typo). Every operation's plan is filtered by it (difftest.workflows.operation_session)."""
     for glob in globs:
         require(any(fnmatch.fnmatchcase(name, glob) for name in names), "case_filter", glob,
-                f"a pattern matching some of the {len(names)} case names, e.g. {names[:3]}")
-    return [c for c in cases if any(fnmatch.fnmatchcase(c.name, glob) for glob in globs)]
+                f"a pattern matching some of the {len(names)} case names, e.g. {list(names[:3])}")
+    return {name for name in names if any(fnmatch.fnmatchcase(name, glob) for glob in globs)}
 
 
 def kept_results(results: Iterable[CaseResult], cases: Sequence[PlannedCase], backends: Iterable[str],

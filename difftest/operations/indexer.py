@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,14 +24,15 @@ import torch
 from difftest.backends.base import Loaded
 from difftest.backends.registry import operation_names
 from difftest.backends.stages import Composed, composed
-from difftest.core.indexer import IndexerCase, IndexerContract
+from difftest.core.indexer import IndexerCase, IndexerContract, PrefillIndexerCase
 from difftest.core.kinds import Headline, OperationKind, OracleKind
-from difftest.core.operation import Operation, Planned
+from difftest.core.operation import Expected, Operation, Planned
 from difftest.core.topk import TopkCase, TopkContract
 from difftest.core.verdict import worst
 from difftest.engine.comparison import tolerance
 from difftest.engine.result import Judgement
-from difftest.engine.topk_comparison import compare_topk
+from difftest.engine.stability import Stability, combined, index_stability
+from difftest.engine.topk_comparison import TopkComparison, compare_topk
 from difftest.generators.indexer import (
     MAX_LOGITS_ELEMENTS,
     PRODUCTION_K,
@@ -146,10 +148,54 @@ def judged_selection(truth: IndexerTruth, got: Staged, ranked: TopkCase, contrac
                      stage: Judgement) -> Judgement:
     """The selected set against the oracle's, its picks' values read from the exact logits in `ranked`, beside
     the logits stage's judgement `stage`: the selection's verdict when it failed, else the worse of both."""
-    chosen = compare_topk(truth.truth, got.indices, ranked, dataclasses.replace(contract.topk, sorted=False))
+    chosen = selected(truth, got.indices, ranked, contract)
     verdict = chosen.verdict if chosen.verdict.failed else worst([chosen.verdict, stage.verdict])
     return Judgement(verdict, f"{chosen.headline()}; logits stage: {stage.headline}", comparison=stage.comparison,
                      selection=topk.selection_of(chosen))
+
+
+def selected(truth: IndexerTruth, indices: torch.Tensor, ranked: TopkCase, contract: IndexerContract) -> TopkComparison:
+    """The selected set of `indices` against the oracle's, order not judged (the pipeline's product is a set)."""
+    return compare_topk(truth.truth, indices, ranked, dataclasses.replace(contract.topk, sorted=False))
+
+
+def output(case: IndexerCase, contract: IndexerContract) -> tuple[Expected, ...]:
+    """The logits stage's logits (the paged operation's) and the top-k stage's indices (the top-k operation's)."""
+    return staged_output(paged.output(case.logits, contract.logits)[0], case)
+
+
+def staged_output(logits: Expected, case: IndexerCase | PrefillIndexerCase) -> tuple[Expected, ...]:
+    """A composition's Expected: its logits stage's `logits` as Staged.logits, integer indices [rows, k] as
+    Staged.indices."""
+    return (dataclasses.replace(logits, part="logits"),
+            Expected("indices", topk.INDEX_DTYPES, (case.rows, case.k), logits.device, part="indices"))
+
+
+def stability(truth: IndexerTruth, outputs: tuple[Any, ...], case: IndexerCase, contract: IndexerContract) -> Stability:
+    """The logits stage's launches as paged logits agree, and the selections as top-k indices do, in one record."""
+    logits = paged.stability(truth.logits, tuple(o.logits for o in outputs), case.logits, contract.logits)
+    return staged_stability(logits, truth, outputs, case.topk_case(truth.ranked), contract)
+
+
+def staged_stability(logits: Stability, truth: IndexerTruth, outputs: tuple[Any, ...], ranked: TopkCase,
+                     contract: IndexerContract) -> Stability:
+    """`logits` (the logits stage's record) and the selections' (index_stability against the selected set) as
+    one."""
+    chosen = index_stability(tuple(o.indices for o in outputs),
+                             lambda got: topk.wrong_rows(selected(truth, got, ranked, contract)))
+    return combined((logits, chosen))
+
+
+def watched(backend: Composed, watch: Callable[..., Any]) -> Composed:
+    """Both stages watched, each under its stage's name (paged logits, then top-k)."""
+    return watched_stages(backend, watch, paged.watched)
+
+
+def watched_stages(backend: Composed, watch: Callable[..., Any], logits: Callable[..., Any]) -> Composed:
+    """`backend` with its logits stage watched as `logits` (its operation's watched) says and its top-k stage
+    as the top-k operation's does, a change named with the stage."""
+    return dataclasses.replace(backend, logits=logits(backend.logits, functools.partial(watch, stage="logits stage")),
+                               topk=topk.watched(backend.topk, functools.partial(watch, stage="top-k stage")))
 
 
 def shrink(case: IndexerCase, still_fails: Any, contract: IndexerContract, seconds: float) -> IndexerCase:
@@ -163,4 +209,5 @@ INDEXER = Operation(
     contract_type=IndexerContract, backends=functools.partial(operation_names, OperationKind.INDEXER), suite=suite,
     envelope=envelope,
     random_spec=random_indexer_spec, build=build_indexer_case, case_name=indexer_case_name,
-    load_case=IndexerCase.load, reference=reference, call=call, judge=judge, shrink=shrink, relate=None)
+    load_case=IndexerCase.load, reference=reference, call=call, judge=judge, shrink=shrink, relate=None,
+    output=output, stability=stability, watched=watched)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import random
+from collections.abc import Callable
 from typing import Any
 
 from difftest.backends.base import Loaded
@@ -20,8 +21,9 @@ from difftest.backends.registry import operation_names
 from difftest.backends.stages import Composed, composed
 from difftest.core.indexer import IndexerContract, PrefillIndexerCase
 from difftest.core.kinds import Headline, LogitsForm, OperationKind, OracleKind
-from difftest.core.operation import Operation, Planned
+from difftest.core.operation import Expected, Operation, Planned
 from difftest.engine.result import Judgement
+from difftest.engine.stability import Stability, ragged_stability
 from difftest.generators.indexer import (
     MAX_LOGITS_ELEMENTS,
     TOY_K,
@@ -94,6 +96,24 @@ def judge(truth: indexer.IndexerTruth, got: indexer.Staged, case: PrefillIndexer
     return indexer.judged_selection(truth, got, case.topk_case(truth.ranked, contract.logits), contract, stage)
 
 
+def output(case: PrefillIndexerCase, contract: IndexerContract) -> tuple[Expected, ...]:
+    """The logits stage's logits (the ragged operation's) and the top-k stage's indices (the top-k operation's)."""
+    return indexer.staged_output(ragged.output(case.logits, contract.logits)[0], case)
+
+
+def stability(truth: indexer.IndexerTruth, outputs: tuple[Any, ...], case: PrefillIndexerCase,
+              contract: IndexerContract) -> Stability:
+    """The logits stage's launches as ragged logits agree, and the selections as top-k indices do, in one
+    record."""
+    logits = ragged_stability(truth.logits, tuple(o.logits for o in outputs), case.logits, contract.logits)
+    return indexer.staged_stability(logits, truth, outputs, case.topk_case(truth.ranked, contract.logits), contract)
+
+
+def watched(backend: Composed, watch: Callable[..., Any]) -> Composed:
+    """Both stages watched, each under its stage's name (ragged logits, then top-k)."""
+    return indexer.watched_stages(backend, watch, ragged.watched)
+
+
 def shrink(case: PrefillIndexerCase, still_fails: Any, contract: IndexerContract, seconds: float) -> PrefillIndexerCase:
     """The ragged case shrunk, then a smaller k (difftest.generators.indexer.shrink_prefill_indexer)."""
     return shrink_prefill_indexer(case, still_fails, contract.logits, seconds)
@@ -105,4 +125,5 @@ PREFILL_INDEXER = Operation(
     contract_type=IndexerContract, backends=functools.partial(operation_names, OperationKind.PREFILL_INDEXER),
     suite=suite, envelope=envelope, random_spec=random_spec,
     build=build_prefill_indexer_case, case_name=prefill_indexer_case_name, load_case=PrefillIndexerCase.load,
-    reference=reference, call=call, judge=judge, shrink=shrink, relate=None)
+    reference=reference, call=call, judge=judge, shrink=shrink, relate=None,
+    output=output, stability=stability, watched=watched)

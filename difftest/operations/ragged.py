@@ -5,15 +5,18 @@ metamorphic relations in difftest.engine.ragged_metamorphic."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 from difftest.backends.stages import ragged_backends
 from difftest.core.kinds import Device, Headline, OperationKind, OracleKind
-from difftest.core.operation import Operation, Planned
+from difftest.core.operation import Expected, Operation, Planned
 from difftest.core.ragged import RaggedCase, RaggedContract, encode_ragged
+from difftest.engine.guards import logits_expected
 from difftest.engine.ragged_comparison import compare_ragged
 from difftest.engine.ragged_metamorphic import relate
 from difftest.engine.result import Judgement
+from difftest.engine.stability import ragged_stability
 from difftest.generators.envelope import Target
 from difftest.generators.ragged import (
     RaggedPlanned,
@@ -59,6 +62,16 @@ def judge(ref: RaggedReference, got: Any, case: RaggedCase, contract: RaggedCont
     return Judgement(judged.verdict, judged.headline(), comparison=judged.comparison)
 
 
+def output(case: RaggedCase, contract: RaggedContract) -> tuple[Expected, ...]:
+    """Logits [rows, the contract's width] of its output_dtype (or float64), on the case's device."""
+    return (logits_expected(contract.output_dtype, (case.rows, contract.width(case)), case.device.type),)
+
+
+def watched(backend: Any, watch: Callable[..., Any]) -> Any:
+    """The backend itself: q, k, k_scale, weights and the windows are all read-only."""
+    return watch(backend)
+
+
 def shrink(case: RaggedCase, still_fails: Any, contract: RaggedContract, seconds: float) -> RaggedCase:
     """Fewer rows, fewer keys, smaller windows, simpler values (difftest.generators.ragged_shrink)."""
     return shrink_ragged(case, still_fails, contract, seconds).case
@@ -69,4 +82,5 @@ RAGGED_LOGITS = Operation(
     headlines=(Headline.MASK,), case_type=RaggedCase, spec_type=RaggedSpec, contract_type=RaggedContract,
     backends=ragged_backends, suite=default_ragged_specs, envelope=envelope, random_spec=random_spec,
     build=build_ragged_case, case_name=ragged_case_name, load_case=RaggedCase.load, reference=reference,
-    call=call, judge=judge, shrink=shrink, relate=relate)
+    call=call, judge=judge, shrink=shrink, relate=relate,
+    output=output, stability=ragged_stability, watched=watched)

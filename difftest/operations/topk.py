@@ -4,13 +4,17 @@ against the tie-aware oracle; the headline is the rows whose selected set is wro
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from difftest.backends.stages import topk_backends
 from difftest.core.kinds import Device, Headline, OperationKind, OracleKind
-from difftest.core.operation import Operation, Planned
+from difftest.core.operation import Expected, Operation, Planned
 from difftest.core.topk import TopkCase, TopkContract, encode_topk
 from difftest.engine.result import Judgement, Selection
+from difftest.engine.stability import Stability, index_stability
 from difftest.engine.topk_comparison import TopkComparison, compare_topk
 from difftest.engine.topk_metamorphic import relate
 from difftest.generators.envelope import Scale, Target
@@ -59,6 +63,30 @@ def call(backend: Any, case: TopkCase) -> Any:
     return backend(encode_topk(case, backend.contract), None)
 
 
+INDEX_DTYPES = (torch.int32, torch.int64)  # what every top-k kernel of the field returns its indices as
+
+
+def output(case: TopkCase, contract: TopkContract) -> tuple[Expected, ...]:
+    """Integer indices [rows, k] on the case's device: a float index is no column (vllm#49896's NaN ones)."""
+    return (Expected("indices", INDEX_DTYPES, (case.rows, case.k), case.device.type),)
+
+
+def stability(truth: TopkTruth, outputs: tuple[Any, ...], case: TopkCase, contract: TopkContract) -> Stability:
+    """Rows whose indices moved between launches are stable within tolerance where every launch's pick is right
+    (another choice among tied values), unstable where one is wrong."""
+    return index_stability(outputs, lambda got: wrong_rows(compare_topk(truth, got, case, contract)))
+
+
+def wrong_rows(judged: TopkComparison) -> set[int]:
+    """Every row a top-k comparison faults (its wrong set, its order where promised)."""
+    return {row for rows in judged.rows_by_verdict.values() for row in rows}
+
+
+def watched(backend: Any, watch: Callable[..., Any]) -> Any:
+    """The backend, allowed to write into its logits where its contract says it does (it is handed a copy)."""
+    return watch(backend, writes=("logits",) if backend.contract.mutates_logits else ())
+
+
 def selection_of(judged: TopkComparison) -> Selection:
     """The selected-set record of a top-k comparison."""
     return Selection(rows=judged.rows, wrong_rows=judged.wrong_rows, wrong_tokens=sum(judged.wrong_tokens),
@@ -82,5 +110,6 @@ TOPK = Operation(
     headlines=(Headline.SELECTION,), case_type=TopkCase, spec_type=TopkSpec, contract_type=TopkContract,
     backends=topk_backends, suite=default_topk_specs, envelope=envelope, random_spec=random_spec,
     build=build_topk_case, case_name=topk_case_name, load_case=TopkCase.load, reference=reference, call=call,
-    judge=judge, shrink=shrink, relate=relate)
+    judge=judge, shrink=shrink, relate=relate,
+    output=output, stability=stability, watched=watched)
 

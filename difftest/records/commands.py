@@ -13,11 +13,13 @@ Pasted, a line parses with `difftest`'s own parser back to the same options (a t
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 
 from difftest.backends import Origin
 from difftest.core.case import Case
+from difftest.core.kinds import CaseKind, OperationKind
 from difftest.core.spec import CaseSpec
 from difftest.engine.config import RunConfig
 
@@ -31,6 +33,15 @@ def run_command(target: str, spec: CaseSpec, seed: int, config: RunConfig) -> st
     from CaseSpec's defaults (--spec fills in the rest)."""
     return shlex.join(["difftest", "run", "--backends", target, "--spec", _spec_json(spec), "--seed", str(seed),
                        *config_words(config)])
+
+
+def operation_command(op: OperationKind, target: str, cases: CaseKind, seed: int, case: str,
+                      config: RunConfig) -> str:
+    """`difftest run --op OP --backends TARGET --cases KIND --seed N --case-filter CASE` and every option of
+    `config` that shapes the verdict: the one case named `case` of the operation's plan (the backend's envelope,
+    or the operation's fixed suite) drawn at `seed` again, through backend `target`."""
+    return shlex.join(["difftest", "run", "--op", op.value, "--backends", target, "--cases", cases.value, "--seed",
+                       str(seed), "--case-filter", _literal_glob(case), *config_words(config)])
 
 
 def config_words(config: RunConfig) -> list[str]:
@@ -74,6 +85,11 @@ def replay_command(folder: str | Path, origin: Origin) -> str:
 def backend_target(origin: Origin, name: str) -> str:
     """What names a backend on a command line: the target that loads it again, else its name."""
     return origin.target or name
+
+
+def _literal_glob(name: str) -> str:
+    """The fnmatch pattern that matches `name` alone: its *, ? and [ each in brackets."""
+    return re.sub(r"([*?\[])", r"[\1]", name)
 
 
 def _spec_json(spec: CaseSpec) -> str:

@@ -276,8 +276,10 @@ def render_results(results: list[CaseResult]) -> str:
 
 
 def _comparison_lines(r: CaseResult) -> list[str]:
-    if r.headline is not None:  # an operation's own judgement, in one line
-        return [r.headline] + ([f"selection: {r.selection.first}"] if r.selection and r.selection.first else [])
+    if r.headline is not None:  # an operation's own judgement in one line, and its logits' pattern where one fits
+        explained = r.comparison.explanation if r.comparison is not None else None
+        return ([r.headline] + ([f"selection: {r.selection.first}"] if r.selection and r.selection.first else [])
+                + (explanation_lines(explained) if explained is not None else []))
     if r.comparison is None:
         return [r.reason or ""]
     c = r.comparison

@@ -25,10 +25,12 @@ from difftest.core.operation import Operation
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
 from difftest.engine.operation_run import Drawn, Named, operation_workers, relations_asked, run_one, run_operation
+from difftest.engine.plan import matching
 from difftest.engine.result import CaseResult
 from difftest.engine.runner import NotDrawn
 from difftest.operations import operation
 from difftest.records.bundle import Bundle
+from difftest.records.commands import operation_command
 from difftest.records.outputs import (
     CAMPAIGN_FLUSH_SECONDS,
     BundleOutput,
@@ -56,6 +58,7 @@ class OperationRequest:
     seed: int = 0
     count: int = 1  # seeds per spec
     backends: tuple[str, ...] | None = None  # what chosen_backends takes; None: every built-in one
+    case_filter: tuple[str, ...] = ()  # fnmatch patterns on the planned cases' names; (): every case
     config: RunConfig = dataclasses.field(default_factory=RunConfig)
     report: Path | None = None
     stream: Path | None = None  # default: beside the report, suffix .jsonl
@@ -85,6 +88,8 @@ class OperationOutcome:
     bundles: int = 0
     not_started: tuple[str, ...] = ()
     written: dict[str, Path] = dataclasses.field(default_factory=dict)  # what the outputs wrote, by parameter
+    # (backend, case) of each failing result -> the `difftest run --op` line that draws it again (repro_lines)
+    repro: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
@@ -99,8 +104,10 @@ def chosen_backends(op: Operation, names: tuple[str, ...] | None) -> list[Named]
     return [Named(loaded.name, loaded) for loaded in get_backends(names, "backends", op.kind)]
 
 
-def planned(op: Operation, backends: list[Named], request: OperationRequest) -> list[tuple[Any, int, tuple[str, ...]
-                                                                                         | None]]:
+Plan = list[tuple[Any, int, tuple[str, ...] | None]]  # (spec, seed, the backends that run it; None: every one)
+
+
+def planned(op: Operation, backends: list[Named], request: OperationRequest) -> Plan:
     """(spec, seed, the backends that run it) in plan order: each available backend's envelope (a spec two
     backends plan runs once, for both; an unavailable backend takes every case, to say why it ran none), or
     the operation's fixed suite for every backend."""
@@ -121,7 +128,7 @@ def execute_operation(request: OperationRequest, on_result: Listener | None = No
     op = operation(request.operation)
     started = time.time()
     backends = chosen_backends(op, request.backends)
-    plan = planned(op, backends, request)
+    plan = filtered(planned(op, backends, request), op, request.case_filter)
     not_started: list[str] = []
 
     def made() -> dict[str, Any]:
@@ -150,7 +157,27 @@ def execute_operation(request: OperationRequest, on_result: Listener | None = No
         for lock in locks:
             lock.release()
     return OperationOutcome(results, info, bundles=_bundles(outputs), not_started=tuple(not_started),
-                            written=written)
+                            written=written, repro=repro_lines(op, results, plan, request))
+
+
+def filtered(plan: Plan, op: Operation, globs: tuple[str, ...]) -> Plan:
+    """The planned cases whose name matches one of `globs` (every one for none); SpecError naming
+    `case_filter` for a glob that matches no case (a typo): difftest.engine.plan.matching, the paged plan's rule."""
+    if not globs:
+        return plan
+    names = [op.case_name(spec, seed) for spec, seed, _ in plan]
+    kept = matching(names, globs)
+    return [item for item, name in zip(plan, names, strict=True) if name in kept]
+
+
+def repro_lines(op: Operation, results: list[CaseResult], plan: Plan,
+                request: OperationRequest) -> dict[tuple[str, str], str]:
+    """(backend, case) of each failing result -> the `difftest run --op` line that draws its case again through
+    that backend, with every option of the run's config (difftest.records.commands.operation_command)."""
+    seeds = {op.case_name(spec, seed): seed for spec, seed, _ in plan}
+    return {(r.backend, r.case): operation_command(op.kind, r.backend, request.cases, seeds[r.case], r.case,
+                                                   request.config)
+            for r in results if r.verdict.failed and r.case in seeds}
 
 
 def _outputs(suite: str, config: RunConfig, info: dict[str, Any], report: Path | None, stream: Path | None,

@@ -142,7 +142,8 @@ def _run(run: MutantRun, specs: list[catalogue.MutantSpec], target: Target, conf
     cases = [p for p in plan if isinstance(p, run.planned)]
     tally = OperationTally(run.kind, cases, [p for p in plan if not isinstance(p, run.planned)],
                            dict.fromkeys(names, 0), {name: [] for name in names}, {name: [] for name in names})
-    in_process = dataclasses.replace(config, isolate=False, timeout=None, metamorphic=())
+    # One launch per run_one: the launches are judged one by one here (_launched), each against the oracle.
+    in_process = dataclasses.replace(config, isolate=False, timeout=None, metamorphic=(), repeat=1)
     for planned in tally.cases:
         chosen = [kernels[s.name] for s in specs if _wants(s, tally)]
         if not chosen:

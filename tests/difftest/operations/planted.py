@@ -1,7 +1,7 @@
 """Backends with a planted bug, and their correct twins, for the operation tests: the ragged oracle's own
 fp32 logits (right), the same with the last key of every window of two keys or more masked to -inf (a wrong
 -inf mask), torch.topk row by row (right: the torch-topk backend) and a top-k that ranks the whole row,
-ignoring its window (out-of-window indices)."""
+ignoring its window (out-of-window indices), and one right on its first launch only."""
 
 from __future__ import annotations
 
@@ -57,3 +57,25 @@ class WholeRowTopk:
         k = min(inputs.k, inputs.logits.shape[1])
         picked = torch.topk(inputs.logits, k, dim=1).indices.to(torch.int32)
         return torch.cat([picked, picked.new_full((inputs.rows, inputs.k - k), -1)], dim=1)
+
+
+class WrongAfterFirstTopk:
+    """torch-topk on its first launch; every later launch puts row 0's first pick in its second slot too (a race
+    on the output): nondeterministic, and wrong."""
+
+    name = "planted-wrong-after-first-topk"
+
+    def __init__(self):
+        from difftest.backends.torch_topk import TorchTopk
+
+        self.right, self.contract, self.launches = TorchTopk(), TorchTopk.contract, 0
+
+    def unavailable_reason(self, device: str) -> str | None:
+        return None
+
+    def __call__(self, inputs: TopkInputs, out: torch.Tensor | None) -> torch.Tensor:
+        got = self.right(inputs, out)
+        self.launches += 1
+        if self.launches > 1:
+            got[0, 1] = got[0, 0]
+        return got

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import shlex
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from difftest.backends import mutants, torch_topk, vllm_ragged
+from difftest.backends.topk_mutants import TopkMutation, TorchTopkMutant
 from difftest.cli import main
 from difftest.core.errors import SpecError
 from difftest.core.kinds import ExitStatus, OperationKind, RaggedRelation, TopkRelation
@@ -23,7 +25,7 @@ from difftest.records.bundle import load_bundle
 from difftest.records.serialize import load_results, load_run_info
 from difftest.workflows import operation_session
 from tests.broken_topk import Aborts, Sleeps, StoppedOnThirdCall
-from tests.difftest.operations.planted import EarlyMaskRagged, OracleRagged, WholeRowTopk
+from tests.difftest.operations.planted import EarlyMaskRagged, OracleRagged, WholeRowTopk, WrongAfterFirstTopk
 
 
 @pytest.fixture
@@ -225,7 +227,7 @@ def test_an_option_of_paged_logits_only_is_refused_with_the_operation(capsys, ar
      "expected 'all' or comma-separated relations of --op ragged-logits among ['shift-keys', 'permute-rows', "
      "'scale-q', 'permute-heads', 'append-keys', 'split-rows']"),
     (["--op", "indexer", "--metamorphic"], "--metamorphic='all': expected an option of --op paged-logits, "
-     "ragged-logits or topk, the operations with metamorphic relations, not of --op indexer"),
+     "ragged-logits or topk, not of --op indexer: it has no metamorphic relations"),
 ])
 def test_metamorphic_takes_the_relations_of_the_operation_and_refuses_others_in_one_line(capsys, argv, line):
     assert main(["run", *argv]) == ExitStatus.USAGE
@@ -348,3 +350,53 @@ def test_a_run_never_replaces_an_earlier_runs_report_unasked(tmp_path, capsys):
     assert report.read_text() == first and load_results(report.with_suffix(".jsonl"))
     assert main([*argv, "--overwrite"]) == ExitStatus.OK
     assert not list(tmp_path.glob("*.lock")), "the locks go once the run is done"
+
+
+def test_a_failing_result_prints_the_run_line_that_draws_it_again_and_that_line_fails_it_alone(planted, tmp_path,
+                                                                                               capsys):
+    assert main(["run", "--op", "topk", "--backends", "planted-whole-row-topk", "--repeat", "2"]) == ExitStatus.FAILED
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("repro: ")]
+    assert lines and all(line.startswith("repro: difftest run --op topk --backends planted-whole-row-topk --cases "
+                                         "envelope --seed 0 --case-filter ") for line in lines)
+    assert lines[0].endswith("--device cpu --oracle exact --no-isolate --repeat 2")
+    again = tmp_path / "again.json"
+    assert main([*shlex.split(lines[0].removeprefix("repro: "))[1:], "--report", str(again)]) == ExitStatus.FAILED
+    case = shlex.split(lines[0])[shlex.split(lines[0]).index("--case-filter") + 1]
+    (result,) = load_results(again)
+    assert result.case == case and result.verdict.failed
+
+
+def test_a_ragged_failure_block_names_the_pattern_its_wrong_windows_follow(planted, capsys):
+    assert main(["run", "--op", "ragged-logits", "--cases", "random", "--backends",
+                 "planted-early-mask-ragged"]) == ExitStatus.FAILED
+    assert "    pattern: (" in capsys.readouterr().out
+
+
+def test_quiet_prints_the_verdict_line_alone(planted, capsys):
+    assert main(["run", "--op", "topk", "--cases", "random", "--backends", "torch-topk", "--quiet"]) == ExitStatus.OK
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("PASS: ") and line.endswith("results: torch-topk PASS")
+
+
+def test_case_filter_runs_the_matching_cases_and_refuses_a_glob_matching_none(planted, tmp_path, capsys):
+    report = tmp_path / "t.json"
+    assert main(["run", "--op", "topk", "--backends", "torch-topk", "--case-filter", "ties-*",
+                 "--report", str(report)]) == ExitStatus.OK
+    cases = {r.case for r in load_results(report)}
+    assert cases and all(case.startswith("ties-") for case in cases)
+    assert main(["run", "--op", "topk", "--case-filter", "no-such-*"]) == ExitStatus.USAGE
+    assert "--case-filter='no-such-*': expected a pattern matching some of the" in capsys.readouterr().err
+
+
+def test_run_repeat_3_passes_a_top_k_choosing_among_ties_and_fails_one_wrong_on_a_later_launch(monkeypatch, tmp_path,
+                                                                                             capsys):
+    monkeypatch.setitem(torch_topk.TOPK_BACKENDS, "random-ties",
+                        functools.partial(TorchTopkMutant, TopkMutation.RANDOM_TIES, "random-ties"))
+    monkeypatch.setitem(torch_topk.TOPK_BACKENDS, WrongAfterFirstTopk.name, WrongAfterFirstTopk)
+    report = tmp_path / "r.json"
+    assert main(["run", "--op", "topk", "--repeat", "3", "--case-filter", "ties-straddle-*", "--backends",
+                 f"random-ties,{WrongAfterFirstTopk.name}", "--report", str(report)]) == ExitStatus.FAILED
+    ties, wrong = load_results(report)
+    assert ties.verdict == Verdict.PASS and ties.stability.kind.value == "stable-within-tolerance"
+    assert wrong.verdict == Verdict.FAIL_NONDETERMINISTIC and wrong.stability.unstable_rows == [0]
+    assert "unstable over 3 launches" in capsys.readouterr().out
