@@ -186,14 +186,17 @@ def staged_stability(logits: Stability, truth: IndexerTruth, outputs: tuple[Any,
     return combined((logits, chosen))
 
 
-def watched(backend: Composed, watch: Callable[..., Any]) -> Composed:
+def watched(backend: Composed | Loaded, watch: Callable[..., Any]) -> Composed:
     """Both stages watched, each under its stage's name (paged logits, then top-k)."""
     return watched_stages(backend, watch, paged.watched)
 
 
-def watched_stages(backend: Composed, watch: Callable[..., Any], logits: Callable[..., Any]) -> Composed:
+def watched_stages(backend: Composed | Loaded, watch: Callable[..., Any], logits: Callable[..., Any]) -> Composed:
     """`backend` with its logits stage watched as `logits` (its operation's watched) says and its top-k stage
-    as the top-k operation's does, a change named with the stage."""
+    as the top-k operation's does, a change named with the stage. A loaded composition (the registry's Loaded,
+    which keeps its origin) is watched as the composition it wraps: the watched one is called, not rebuilt."""
+    if isinstance(backend, Loaded):
+        backend = backend.backend
     return dataclasses.replace(backend, logits=logits(backend.logits, functools.partial(watch, stage="logits stage")),
                                topk=topk.watched(backend.topk, functools.partial(watch, stage="top-k stage")))
 

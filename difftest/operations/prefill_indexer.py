@@ -109,7 +109,7 @@ def stability(truth: indexer.IndexerTruth, outputs: tuple[Any, ...], case: Prefi
     return indexer.staged_stability(logits, truth, outputs, case.topk_case(truth.ranked, contract.logits), contract)
 
 
-def watched(backend: Composed, watch: Callable[..., Any]) -> Composed:
+def watched(backend: Composed | Loaded, watch: Callable[..., Any]) -> Composed:
     """Both stages watched, each under its stage's name (ragged logits, then top-k)."""
     return indexer.watched_stages(backend, watch, ragged.watched)
 
