@@ -1180,11 +1180,13 @@ class _CampaignProgress:
         if self.bar is None:
             from tqdm import tqdm  # deferred: only a terminal draws it
 
-            self.bar = tqdm(total=round(self.budget, 1), unit="s", file=sys.stderr, dynamic_ncols=True, leave=False,
+            # The raw stream: the bar redraws itself with carriage returns, which the printable one escapes.
+            self.bar = tqdm(total=round(self.budget, 1), unit="s", file=_raw(sys.stderr), dynamic_ncols=True,
+                            leave=False,
                             mininterval=0, bar_format="fuzz {bar} {n:.0f}/{total:.0f} s{postfix}")
         cases = "" if where.cases is None else f"{where.cases} cases, "
         self.bar.n = min(round(where.seconds, 1), self.bar.total)
-        self.bar.set_postfix_str(f"{cases}{where.signatures} signatures, {where.doing}")
+        self.bar.set_postfix_str(printable(f"{cases}{where.signatures} signatures, {where.doing}", lines=False))
 
     def close(self) -> None:
         if self.bar is not None:
