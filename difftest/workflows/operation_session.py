@@ -286,20 +286,27 @@ def fuzz_operation(campaign: OperationCampaign, on_result: Listener | None = Non
     def made() -> dict[str, Any]:
         return _campaign_info(op, campaign, started)
 
-    outputs = _outputs(f"difftest fuzz --op {op.name}", campaign.config, made(), report=campaign.report,
-                       stream=campaign.stream, junit=campaign.junit, repro_dir=campaign.repro_dir,
-                       first_of=_backend_and_verdict, flush_seconds=CAMPAIGN_FLUSH_SECONDS)
+    # Locked as run --op locks them (two campaigns into one stream interleave); a campaign replaces what an
+    # earlier one left there, as a paged campaign does.
+    locks = claimed(run_files(campaign.report, campaign.stream, stream_given=True), overwrite=True)
+    try:
+        outputs = _outputs(f"difftest fuzz --op {op.name}", campaign.config, made(), report=campaign.report,
+                           stream=campaign.stream, junit=campaign.junit, repro_dir=campaign.repro_dir,
+                           first_of=_backend_and_verdict, flush_seconds=CAMPAIGN_FLUSH_SECONDS)
 
-    def heard(result: CaseResult, case: Any) -> None:
-        outputs.take(result, case)
-        results.append(result)
-        if on_result:
-            on_result(result)
+        def heard(result: CaseResult, case: Any) -> None:
+            outputs.take(result, case)
+            results.append(result)
+            if on_result:
+                on_result(result)
 
-    with outputs.keeping(results, made, resumable=False):
-        _campaign(op, backends, campaign, rng, started, results, heard)
-    info = made()
-    written = outputs.finish(results, info)
+        with outputs.keeping(results, made, resumable=False):
+            _campaign(op, backends, campaign, rng, started, results, heard)
+        info = made()
+        written = outputs.finish(results, info)
+    finally:
+        for lock in locks:
+            lock.release()
     return OperationOutcome(results, info, bundles=_bundles(outputs), written=written)
 
 
