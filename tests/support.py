@@ -6,6 +6,9 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import struct
+import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -162,3 +165,26 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(argv)
     return code, out.getvalue(), err.getvalue()
+
+
+# --------------------------------------------------------------------------- archives written by hand
+
+def handmade_zip(members: list[tuple[str, bytes]], method: int = zipfile.ZIP_DEFLATED, declared: dict | None = None,
+                 flags: int = 0, trailing: dict | None = None) -> bytes:
+    """A zip written by hand, so a member may declare any size and carry bytes past what it declares."""
+    out, central = bytearray(), bytearray()
+    for name, data in members:
+        raw = data + (trailing or {}).get(name, b"")
+        if method == zipfile.ZIP_DEFLATED:
+            squeeze = zlib.compressobj(6, zlib.DEFLATED, -15)
+            body = squeeze.compress(raw) + squeeze.flush()
+        else:
+            body = raw
+        size, crc, encoded = (declared or {}).get(name, len(data)), zlib.crc32(data), name.encode()
+        offset = len(out)
+        out += struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, flags, method, 0, 0, crc, len(body), size, len(encoded), 0)
+        out += encoded + body
+        central += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, flags, method, 0, 0, crc, len(body), size,
+                               len(encoded), 0, 0, 0, 0, 0, offset) + encoded
+    count = len(members)
+    return bytes(out + central + struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, count, count, len(central), len(out), 0))

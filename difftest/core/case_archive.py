@@ -18,7 +18,7 @@ import struct
 import zipfile
 import zlib
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -232,6 +232,17 @@ def check_archive(path: str | Path, members: Mapping[str, MemberRule],
         raise
     except _ARCHIVE_ERRORS as exc:
         raise SpecError(where, str(path), f"{what} ({type(exc).__name__}: {one_line(str(exc))[:200]})") from None
+
+
+def read_arrays(path: str | Path, names: Iterable[str]) -> dict[str, np.ndarray]:
+    """The arrays `names` of an archive check_archive passed, copied out of it; SpecError naming the path
+    where one is torn after its header, never another exception."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {name: archive[name].copy() for name in names}
+    except (*_ARCHIVE_ERRORS, MemoryError) as exc:
+        raise SpecError(one_line(str(path)), str(path), f"a case archive whose arrays read back "
+                        f"({type(exc).__name__}: {one_line(str(exc))[:200]})") from None
 
 
 def check_shapes(headers: dict[str, MemberHeader], shapes: Mapping[str, tuple[int, ...]],
