@@ -159,6 +159,38 @@ TINY_SPECS = [
 ]
 
 
+# An operation other than paged logits -> a backend of it that runs on the CPU, and one that cannot (it SKIPs)
+CPU_OPERATION_BACKENDS = {"topk": ("torch-topk", "vllm-top-k-per-row-decode"),
+                          "ragged-logits": ("aiter-triton-ragged", "deepgemm-ragged"),
+                          "indexer": ("torch+torch-topk", "deepgemm+vllm-cooperative-topk"),
+                          "prefill-indexer": ("aiter-triton-ragged+torch-topk", "deepgemm-ragged+torch-topk")}
+
+
+def operation_rows(command: str, rows: list[tuple[list[str], str]]) -> list:
+    """(argv, what the line says) of each row for every operation other than paged logits, its backend in `{b}`."""
+    return [pytest.param([command, "--op", op, "--no-progress", *(a.format(b=backends[0]) for a in argv)],
+                         says.format(b=backends[0]), id=f"{op}-{' '.join(argv)}")
+            for op, backends in CPU_OPERATION_BACKENDS.items() for argv, says in rows]
+
+
+def operation_bundle(op: str, where: Path) -> Path:
+    """A bundle of `op`'s first suite case through its CPU backend (CPU_OPERATION_BACKENDS), written as a run
+    writes one."""
+    from difftest.backends import Origin  # deferred: the operations load their backends' tables
+    from difftest.core.kinds import OperationKind
+    from difftest.engine.config import RunConfig
+    from difftest.engine.operation_run import run_one
+    from difftest.operations import operation
+    from difftest.records.bundle import write_bundle
+    from difftest.workflows.operation_session import chosen_backends
+
+    kind = operation(OperationKind(op))
+    named = chosen_backends(kind, CPU_OPERATION_BACKENDS[op][:1])[0]
+    case = kind.build(kind.suite()[0], 0, "cpu")
+    return write_bundle(where, case, run_one(kind, named, case, RunConfig()), RunConfig(),
+                        Origin(named.name, registered=True))
+
+
 def run_cli(argv: list[str]) -> tuple[int, str, str]:
     """difftest.cli.main(argv) in-process: (exit status, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()

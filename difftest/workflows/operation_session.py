@@ -17,13 +17,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from difftest.core import memory
+from difftest.core import hardware, memory
 from difftest.core.errors import SpecError, first_line, require
-from difftest.core.kinds import CaseKind, OperationKind
+from difftest.core.kinds import CaseKind, ExitStatus, OperationKind
 from difftest.core.operation import Operation
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
 from difftest.engine.operation_run import Drawn, Named, operation_workers, relations_asked, run_one, run_operation
+from difftest.engine.plan import SuiteRequest
 from difftest.engine.result import CaseResult
 from difftest.engine.runner import NotDrawn
 from difftest.operations import operation
@@ -41,7 +42,9 @@ from difftest.records.outputs import (
     stream_beside,
 )
 from difftest.records.report import config_info, environment_info
-from difftest.workflows.shrink import Failure
+from difftest.workflows.fuzz import require_campaign
+from difftest.workflows.session import untested_backends
+from difftest.workflows.shrink import Failure, require_shrink_seconds
 
 Listener = Callable[[CaseResult], None]
 
@@ -65,8 +68,11 @@ class OperationRequest:
     argv: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        require(self.count >= 1, "count", self.count, "an integer >= 1")
+        """Valid by construction, with a paged run's checks: its seed and count (SuiteRequest's), its budget and
+        backends (RunRequest's); what this host can run on is checked where the run starts."""
+        SuiteRequest(cases=self.cases, count=self.count, seed=self.seed)
         require(self.budget is None or self.budget > 0, "budget", self.budget, "a number of seconds > 0")
+        _require_backend_names(self.backends)
         relations_asked(operation(self.operation), self.config)
 
     @property
@@ -84,11 +90,24 @@ class OperationOutcome:
     bundles: int = 0
     not_started: tuple[str, ...] = ()
     written: dict[str, Path] = dataclasses.field(default_factory=dict)  # what the outputs wrote, by parameter
+    untested: dict[str, str] = dataclasses.field(default_factory=dict)  # a backend named that ran no case -> why
 
     @property
     def failed(self) -> bool:
         """Whether a backend failed a case."""
         return any(r.verdict.failed for r in self.results)
+
+    @property
+    def status(self) -> ExitStatus:
+        """FAILED when a backend failed a case or a backend asked for by name tested nothing, else OK (a paged
+        run's rule, difftest.workflows.session.RunOutcome.status)."""
+        return ExitStatus.FAILED if self.failed or self.untested else ExitStatus.OK
+
+
+def _require_backend_names(backends: tuple[str, ...] | None) -> None:
+    """SpecError naming backends unless they are None or distinct, non-empty names (`a,,b` and `a,a` are typos)."""
+    require(backends is None or (all(backends) and len(set(backends)) == len(backends)), "backends", backends,
+            "None (every backend) or distinct non-empty names")
 
 
 def chosen_backends(op: Operation, names: tuple[str, ...] | None) -> list[Named]:
@@ -119,6 +138,7 @@ def planned(op: Operation, backends: list[Named], request: OperationRequest) -> 
 def execute_operation(request: OperationRequest, on_result: Listener | None = None) -> OperationOutcome:
     """Run `request`: plan, run, and hand each result to the run's outputs (stream, bundles, report, JUnit)."""
     op = operation(request.operation)
+    hardware.require_device(request.config.device)  # this host's, not the request's: checked where it runs
     started = time.time()
     backends = chosen_backends(op, request.backends)
     plan = planned(op, backends, request)
@@ -149,8 +169,9 @@ def execute_operation(request: OperationRequest, on_result: Listener | None = No
     finally:
         for lock in locks:
             lock.release()
+    untested = untested_backends(backends, results, None) if request.backends else {}
     return OperationOutcome(results, info, bundles=_bundles(outputs), not_started=tuple(not_started),
-                            written=written)
+                            written=written, untested=untested)
 
 
 def _outputs(suite: str, config: RunConfig, info: dict[str, Any], report: Path | None, stream: Path | None,
@@ -231,6 +252,7 @@ def shrink_operation(bundle: Bundle, seconds: float, name: str | None = None) ->
     """Reduce a bundle's case with its operation's shrink moves while its backend still fails it the way it does
     now, with the recorded verdict (an ERROR: the same exception type; a FAIL(metamorphic): the same relation
     violated); SpecError when it does not fail so now."""
+    require_shrink_seconds(seconds)
     op = operation(bundle.operation)
     require(op.shrink is not None, "operation", op.name, "an operation with shrink moves")
     named = bundle_backend(bundle, name)
@@ -271,6 +293,12 @@ class OperationCampaign:
     until_failures: int | None = None
     argv: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        """Valid by construction, with a paged campaign's checks of its budget, until_failures and seed, and a run's
+        of its backends."""
+        require_campaign(self.budget, self.until_failures, self.seed)
+        _require_backend_names(self.backends)
+
 
 def fuzz_operation(campaign: OperationCampaign, on_result: Listener | None = None) -> OperationOutcome:
     """Random specs of the operation (Operation.random_spec), each with a fresh seed, through every backend
@@ -280,6 +308,7 @@ def fuzz_operation(campaign: OperationCampaign, on_result: Listener | None = Non
     replays and shrinks)."""
     op = operation(campaign.operation)
     require(op.random_spec is not None, "operation", op.name, "an operation that draws random specs")
+    hardware.require_device(campaign.config.device)  # this host's, not the campaign's: checked where it runs
     backends = chosen_backends(op, campaign.backends)
     rng, started, results = random.Random(campaign.seed), time.time(), []
 

@@ -19,14 +19,13 @@ from difftest.core.errors import SpecError
 from difftest.core.indexer import PrefillIndexerCase
 from difftest.core.kinds import ExitStatus, OperationKind
 from difftest.engine.config import RunConfig
-from difftest.engine.operation_run import run_one as run_operation_case
 from difftest.engine.runner import run_one
 from difftest.generators import CaseSpec, build_case
 from difftest.operations import operation
 from difftest.records.bundle import CASE_FILE, INFO_FILE, load_bundle, write_bundle
-from difftest.workflows.operation_session import chosen_backends
 from tests import planted
-from tests.support import handmade_zip, run_cli
+from tests.support import CPU_OPERATION_BACKENDS, handmade_zip, run_cli
+from tests.support import operation_bundle as write_operation_bundle
 
 MODULE = "tests.planted:block_boundary_off_by_one"
 
@@ -166,21 +165,10 @@ def test_a_truly_registered_origin_still_replays_without_trust(failing, tmp_path
 
 # --------------------------------------------------------------------------- every operation's bundles
 
-OPERATION_BACKENDS = {OperationKind.TOPK: "torch-topk", OperationKind.RAGGED_LOGITS: "aiter-triton-ragged",
-                      OperationKind.INDEXER: "torch+torch-topk",
-                      OperationKind.PREFILL_INDEXER: "aiter-triton-ragged+torch-topk"}
-
-
-@pytest.fixture(scope="module", params=list(OPERATION_BACKENDS), ids=lambda kind: kind.value)
+@pytest.fixture(scope="module", params=list(CPU_OPERATION_BACKENDS))
 def operation_bundle(request, tmp_path_factory) -> Path:
-    """A bundle of each operation other than paged logits: the first case of its suite through one of its
-    registered backends, written as a run writes it."""
-    op = operation(request.param)
-    named = chosen_backends(op, (OPERATION_BACKENDS[request.param],))[0]
-    case = op.build(op.suite()[0], 0, "cpu")
-    result = run_operation_case(op, named, case, RunConfig())
-    return write_bundle(tmp_path_factory.mktemp(request.param.value), case, result, RunConfig(),
-                        Origin(named.name, registered=True))
+    """A bundle of each operation other than paged logits (tests.support.operation_bundle)."""
+    return write_operation_bundle(request.param, tmp_path_factory.mktemp(request.param))
 
 
 def _members(folder: Path) -> dict[str, bytes]:
