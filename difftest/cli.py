@@ -99,9 +99,9 @@ def _integer(text: str) -> int:
 
 def _names(text: str) -> tuple[str, ...]:
     """An argparse type: the comma-separated names of `text`, at least one (an empty --backends is a
-    mistake, not every backend)."""
-    names = tuple(name.strip() for name in text.split(",") if name.strip())
-    if not names:
+    mistake, not every backend); an empty item among them is kept, for the library to refuse (`a,,b`)."""
+    names = tuple(name.strip() for name in text.split(","))
+    if not any(names):
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated backend names (leave the option out "
                                          "for every registered backend)")
     return names
@@ -729,6 +729,7 @@ def _run_operation(args: argparse.Namespace) -> int:
                                report=args.report, stream=args.stream, junit=args.junit, repro_dir=args.repro_dir,
                                budget=args.budget, overwrite=args.overwrite, argv=tuple(args.argv))
     outcome = execute_operation(request)
+    _print_untested(outcome.untested)
     _print_operation(outcome.results, args.verbose, args.quiet, outcome.repro)
     if outcome.not_started and not args.quiet:
         print(f"\nbudget spent: {len(outcome.not_started)} planned cases not started (listed in the report)")
@@ -738,7 +739,7 @@ def _run_operation(args: argparse.Namespace) -> int:
         print(f"\nreproducers: {outcome.bundles} bundle(s) under {args.repro_dir} (difftest replay BUNDLE)")
     if "junit" in outcome.written:
         print(f"junit: {outcome.written['junit']}")
-    return ExitStatus.FAILED if outcome.failed else ExitStatus.OK
+    return outcome.status
 
 
 def _print_operation(results: list[CaseResult], verbose: bool, quiet: bool,
@@ -794,8 +795,7 @@ def _run_and_print(args: argparse.Namespace, shard_envs: list[dict[str, str]] | 
         progress.close()
     for note in outcome.notes:
         print(f"difftest: note: {note}", file=sys.stderr)
-    for name, why in outcome.untested.items():
-        print(f"difftest: error: backend {name!r}, asked for by name, tested nothing: {why}", file=sys.stderr)
+    _print_untested(outcome.untested)
     try:
         if args.quiet:
             print(_verdict_line(outcome.results, outcome.status))
@@ -808,6 +808,12 @@ def _run_and_print(args: argparse.Namespace, shard_envs: list[dict[str, str]] | 
     if "junit" in outcome.written:
         print(f"junit: {outcome.written['junit']}")
     return outcome.status
+
+
+def _print_untested(untested: dict[str, str]) -> None:
+    """One error line for each backend asked for by name that tested nothing, with why."""
+    for name, why in untested.items():
+        print(f"difftest: error: backend {name!r}, asked for by name, tested nothing: {why}", file=sys.stderr)
 
 
 def _print_ledger(outcome: RunOutcome) -> None:
@@ -1171,11 +1177,13 @@ class _CampaignProgress:
         if self.bar is None:
             from tqdm import tqdm  # deferred: only a terminal draws it
 
-            self.bar = tqdm(total=round(self.budget, 1), unit="s", file=sys.stderr, dynamic_ncols=True, leave=False,
+            # The raw stream: the bar redraws itself with carriage returns, which the printable one escapes.
+            self.bar = tqdm(total=round(self.budget, 1), unit="s", file=_raw(sys.stderr), dynamic_ncols=True,
+                            leave=False,
                             mininterval=0, bar_format="fuzz {bar} {n:.0f}/{total:.0f} s{postfix}")
         cases = "" if where.cases is None else f"{where.cases} cases, "
         self.bar.n = min(round(where.seconds, 1), self.bar.total)
-        self.bar.set_postfix_str(f"{cases}{where.signatures} signatures, {where.doing}")
+        self.bar.set_postfix_str(printable(f"{cases}{where.signatures} signatures, {where.doing}", lines=False))
 
     def close(self) -> None:
         if self.bar is not None:

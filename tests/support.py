@@ -6,6 +6,9 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import struct
+import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -156,9 +159,64 @@ TINY_SPECS = [
 ]
 
 
+# An operation other than paged logits -> a backend of it that runs on the CPU, and one that cannot (it SKIPs)
+CPU_OPERATION_BACKENDS = {"topk": ("torch-topk", "vllm-top-k-per-row-decode"),
+                          "ragged-logits": ("aiter-triton-ragged", "deepgemm-ragged"),
+                          "indexer": ("torch+torch-topk", "deepgemm+vllm-cooperative-topk"),
+                          "prefill-indexer": ("aiter-triton-ragged+torch-topk", "deepgemm-ragged+torch-topk")}
+
+
+def operation_rows(command: str, rows: list[tuple[list[str], str]]) -> list:
+    """(argv, what the line says) of each row for every operation other than paged logits, its backend in `{b}`."""
+    return [pytest.param([command, "--op", op, "--no-progress", *(a.format(b=backends[0]) for a in argv)],
+                         says.format(b=backends[0]), id=f"{op}-{' '.join(argv)}")
+            for op, backends in CPU_OPERATION_BACKENDS.items() for argv, says in rows]
+
+
+def operation_bundle(op: str, where: Path) -> Path:
+    """A bundle of `op`'s first suite case through its CPU backend (CPU_OPERATION_BACKENDS), written as a run
+    writes one."""
+    from difftest.backends import Origin  # deferred: the operations load their backends' tables
+    from difftest.core.kinds import OperationKind
+    from difftest.engine.config import RunConfig
+    from difftest.engine.operation_run import run_one
+    from difftest.operations import operation
+    from difftest.records.bundle import write_bundle
+    from difftest.workflows.operation_session import chosen_backends
+
+    kind = operation(OperationKind(op))
+    named = chosen_backends(kind, CPU_OPERATION_BACKENDS[op][:1])[0]
+    case = kind.build(kind.suite()[0], 0, "cpu")
+    return write_bundle(where, case, run_one(kind, named, case, RunConfig()), RunConfig(),
+                        Origin(named.name, registered=True))
+
+
 def run_cli(argv: list[str]) -> tuple[int, str, str]:
     """difftest.cli.main(argv) in-process: (exit status, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(argv)
     return code, out.getvalue(), err.getvalue()
+
+
+# --------------------------------------------------------------------------- archives written by hand
+
+def handmade_zip(members: list[tuple[str, bytes]], method: int = zipfile.ZIP_DEFLATED, declared: dict | None = None,
+                 flags: int = 0, trailing: dict | None = None) -> bytes:
+    """A zip written by hand, so a member may declare any size and carry bytes past what it declares."""
+    out, central = bytearray(), bytearray()
+    for name, data in members:
+        raw = data + (trailing or {}).get(name, b"")
+        if method == zipfile.ZIP_DEFLATED:
+            squeeze = zlib.compressobj(6, zlib.DEFLATED, -15)
+            body = squeeze.compress(raw) + squeeze.flush()
+        else:
+            body = raw
+        size, crc, encoded = (declared or {}).get(name, len(data)), zlib.crc32(data), name.encode()
+        offset = len(out)
+        out += struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, flags, method, 0, 0, crc, len(body), size, len(encoded), 0)
+        out += encoded + body
+        central += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, flags, method, 0, 0, crc, len(body), size,
+                               len(encoded), 0, 0, 0, 0, 0, offset) + encoded
+    count = len(members)
+    return bytes(out + central + struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, count, count, len(central), len(out), 0))

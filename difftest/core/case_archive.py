@@ -1,6 +1,8 @@
 """A case archive (.npz, a zip of .npy files, as difftest.core.case.Case.save writes it), checked from its
 zip directory and the .npy headers alone before anything is decompressed, and its meta (CaseMeta, the
-meta's one definition: Case.save writes it, the check reads it).
+meta's one definition: Case.save writes it, the check reads it). The top-k and ragged case archives
+(difftest.core.topk, difftest.core.ragged) are checked by the same steps (check_archive), with members and
+shapes of their own.
 
 check_case_archive reads the members, their dtypes and shapes against the case's meta, each member's
 declared size against what those shapes take, and their sizes together against the host's free
@@ -16,8 +18,9 @@ import struct
 import zipfile
 import zlib
 from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -148,27 +151,41 @@ def _plain(value: Any) -> Any:
     return getattr(value, "value", value)
 
 
-# member -> (the dtypes it may have, what its shape must be, in words)
+@dataclasses.dataclass(frozen=True)
+class MemberRule:
+    """What one member of a case archive may be: its dtypes (numpy's dtype.str), its shape in words, and
+    whether an archive may leave it out (a golden file's expected values)."""
+
+    dtypes: tuple[str, ...]
+    words: str
+    optional: bool = False
+
+
+META_MEMBER = "meta"
+# The members of a paged case archive.
 _MEMBERS = {
-    "q": (("|u1",), "[B, next_n, H, D] uint8"),
-    "kv_cache": (("|u1",), "[num_blocks, block_size, 1, D + 4] uint8"),
-    "weights": (("<f4",), "[B * next_n, H] float32"),
-    "context_lens": (("<i4", "<i8"), "[B, next_n] int32"),
-    "block_table": (("<i4", "<i8"), "[B, W] int32 or int64"),
-    "meta": ((), "a JSON string"),
-    "expected": (("<f4", "<f8"), "[B * next_n, max_model_len] float32 or float64 (a golden file's logits)"),
+    "q": MemberRule(("|u1",), "[B, next_n, H, D] uint8"),
+    "kv_cache": MemberRule(("|u1",), "[num_blocks, block_size, 1, D + 4] uint8"),
+    "weights": MemberRule(("<f4",), "[B * next_n, H] float32"),
+    "context_lens": MemberRule(("<i4", "<i8"), "[B, next_n] int32"),
+    "block_table": MemberRule(("<i4", "<i8"), "[B, W] int32 or int64"),
+    META_MEMBER: MemberRule((), "a JSON string"),
+    "expected": MemberRule(("<f4", "<f8"), "[B * next_n, max_model_len] float32 or float64 (a golden file's logits)",
+                           optional=True),
 }
-_OPTIONAL_MEMBERS = ("expected",)
 _ARCHIVE_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError, EOFError, OSError,
                    ValueError, KeyError, IndexError, struct.error, zlib.error, OverflowError, TypeError)
 
 
-class _Header:
+class MemberHeader:
+    """One member of an archive as its zip entry and .npy header declare it: what reading it would allocate."""
+
     def __init__(self, info: zipfile.ZipInfo, shape: tuple[int, ...], dtype: np.dtype, offset: int) -> None:
         self.info, self.shape, self.dtype, self.offset = info, shape, dtype, offset
 
     @property
     def nbytes(self) -> int:
+        """The bytes of its array."""
         return math.prod(self.shape) * self.dtype.itemsize
 
 
@@ -181,38 +198,88 @@ def check_case_archive(path: str | Path, where: str | None = None) -> CaseMeta:
     must be what the meta says, and its declared size exactly its header plus its data. The meta is
     the only array read, and only when its declared size fits the number of requests q declares.
     """
+    def meta(archive: zipfile.ZipFile, headers: dict[str, MemberHeader], where: str) -> CaseMeta:
+        q = headers["q"]
+        if len(q.shape) != 4:
+            raise SpecError(f"{where} q.shape", q.shape, _MEMBERS["q"].words)
+        # the meta holds a list of lengths: its size is bounded by the number of requests q declares
+        return read_meta(archive, headers, CaseMeta, META_FIXED_CHARS + META_CHARS_PER_REQUEST * q.shape[0], where)
+
+    meta_of, headers = check_archive(path, _MEMBERS, meta, "a case archive (.npz) as Case.save writes it", where,
+                                     first="q")
+    _check_arrays(headers, meta_of, one_line(f"{path}" if where is None else where))
+    return meta_of
+
+
+Meta = TypeVar("Meta", bound="ArchiveMeta")
+
+
+def check_archive(path: str | Path, members: Mapping[str, MemberRule],
+                  meta: Callable[[zipfile.ZipFile, dict[str, MemberHeader], str], Meta], what: str,
+                  where: str | None = None, first: str = META_MEMBER) -> tuple[Meta, dict[str, MemberHeader]]:
+    """(its meta, its members' headers) of a case archive of `members`, checked without decompressing an
+    array: each member once and no other, each a plain .npy of one of its dtypes whose declared size is
+    its header and its data and what its bytes in the archive can hold, all of them together within this
+    host's memory; `meta` reads the meta (its shapes checked by the caller). `first` is read first (it may
+    bound the others); SpecError naming the path, `what` it should be, and what is wrong."""
     where = one_line(f"{path}" if where is None else where)
     try:
         with zipfile.ZipFile(path) as archive:
-            headers = _headers(archive, where)
+            headers = _headers(archive, members, first, where)
             _fits_memory(headers, where)
-            meta = _meta(archive, headers, where)
-            _check_arrays(headers, meta, where)
-            return meta
+            return meta(archive, headers, where), headers
     except SpecError:
         raise
     except _ARCHIVE_ERRORS as exc:
-        raise SpecError(where, str(path), f"a case archive (.npz) as Case.save writes it "
+        raise SpecError(where, str(path), f"{what} ({type(exc).__name__}: {one_line(str(exc))[:200]})") from None
+
+
+def read_arrays(path: str | Path, names: Iterable[str]) -> dict[str, np.ndarray]:
+    """The arrays `names` of an archive check_archive passed, copied out of it; SpecError naming the path
+    where one is torn after its header, never another exception."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {name: archive[name].copy() for name in names}
+    except (*_ARCHIVE_ERRORS, MemoryError) as exc:
+        raise SpecError(one_line(str(path)), str(path), f"a case archive whose arrays read back "
                         f"({type(exc).__name__}: {one_line(str(exc))[:200]})") from None
 
 
-def _headers(archive: zipfile.ZipFile, where: str) -> dict[str, _Header]:
+def check_shapes(headers: dict[str, MemberHeader], shapes: Mapping[str, tuple[int, ...]],
+                 members: Mapping[str, MemberRule], where: str) -> None:
+    """Each member present has the shape `shapes` gives it (what its meta says): SpecError naming the first
+    that has not."""
+    for member, shape in shapes.items():
+        if member in headers and headers[member].shape != shape:
+            raise SpecError(f"{where} {member}.shape", headers[member].shape,
+                            f"{shape}: {members[member].words}, as the meta says")
+
+
+def _headers(archive: zipfile.ZipFile, members: Mapping[str, MemberRule], first: str,
+             where: str) -> dict[str, MemberHeader]:
     infos = archive.infolist()
     names = [info.filename for info in infos]
-    allowed = [f"{m}.npy" for m in _MEMBERS]
+    allowed = [f"{m}.npy" for m in members]
     seen = Counter(names)
     odd = sorted(n for n, times in seen.items() if n not in allowed or times > 1)
     if odd:
         raise SpecError(f"{where} members", shown(odd), f"each of {allowed} once at most")
-    missing = [m for m in _MEMBERS if f"{m}.npy" not in names and m not in _OPTIONAL_MEMBERS]
+    missing = [m for m, rule in members.items() if f"{m}.npy" not in names and not rule.optional]
     if missing:
         raise SpecError(f"{where} members", shown(sorted(names)), f"{[f'{m}.npy' for m in missing]} as well")
-    order = ["q.npy"] + [n for n in names if n != "q.npy"]  # q first: it bounds what the others may declare
+    lead = f"{first}.npy"
+    order = [lead] + [n for n in names if n != lead]  # `first` first: it may bound what the others declare
     by_name = {info.filename: info for info in infos}
-    return {name[:-4]: _header(archive, by_name[name], f"{where} {name}") for name in order}
+    headers = {name[:-4]: _header(archive, by_name[name], f"{where} {name}") for name in order}
+    for member, header in headers.items():
+        dtypes = members[member].dtypes
+        if member != META_MEMBER and header.dtype.str not in dtypes:
+            raise SpecError(f"{where} {member}.dtype", header.dtype.str, f"{' or '.join(dtypes)}: "
+                            f"{members[member].words}")
+    return headers
 
 
-def _header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, where: str) -> _Header:
+def _header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, where: str) -> MemberHeader:
     if info.flag_bits & 0x1:
         raise SpecError(where, "encrypted", "an unencrypted member")
     if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
@@ -234,14 +301,14 @@ def _header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, where: str) -> _Hea
         offset = member.tell()
     if dtype.hasobject:
         raise SpecError(f"{where} dtype", str(dtype), "plain numbers or text (object arrays are pickles)")
-    header = _Header(info, tuple(shape), dtype, offset)
+    header = MemberHeader(info, tuple(shape), dtype, offset)
     if info.file_size != offset + header.nbytes:
         raise SpecError(f"{where} size", info.file_size, f"{offset + header.nbytes} bytes: its header and "
                         f"{bound_text(header.nbytes)} bytes of {dtype.str} {tuple(shape)}")
     return header
 
 
-def _fits_memory(headers: dict[str, _Header], where: str) -> None:
+def _fits_memory(headers: dict[str, MemberHeader], where: str) -> None:
     """The arrays, as declared, must fit this host's free memory LOAD_FACTOR times over: an archive of a
     few megabytes can declare gigabytes of zeros, which would be inflated for many seconds before the
     process is killed for memory, where a case this host cannot hold is an error at once."""
@@ -254,27 +321,25 @@ def _fits_memory(headers: dict[str, _Header], where: str) -> None:
                         "cache once more while it is split)")
 
 
-def _meta(archive: zipfile.ZipFile, headers: dict[str, _Header], where: str) -> CaseMeta:
-    q, meta = headers["q"], headers["meta"]
-    if len(q.shape) != 4:
-        raise SpecError(f"{where} q.shape", q.shape, _MEMBERS["q"][1])
+def read_meta(archive: zipfile.ZipFile, headers: dict[str, MemberHeader], kind: type[Meta], most: int,
+              where: str) -> Meta:
+    """The archive's meta member (a 0-d unicode array of JSON text, at most `most` characters) as `kind`."""
+    meta = headers[META_MEMBER]
     if meta.dtype.kind != "U" or meta.shape != ():
         raise SpecError(f"{where} meta.npy dtype", f"{meta.dtype.str} {meta.shape}", "a 0-d unicode array (JSON text)")
-    most = META_FIXED_CHARS + META_CHARS_PER_REQUEST * q.shape[0]
     chars = meta.dtype.itemsize // 4
     if chars > most:
-        raise SpecError(f"{where} meta.npy size", chars, f"at most {most} characters for the {q.shape[0]} "
-                        "requests of q")
+        raise SpecError(f"{where} meta.npy size", chars, f"at most {most} characters")
     with archive.open(meta.info) as member:
         text = str(np.lib.format.read_array(member, allow_pickle=False))
     try:
         data = parse_json(text)
     except ValueError as exc:
         raise SpecError(f"{where} meta", shown(text), f"JSON ({exc})") from None
-    return CaseMeta.from_json(data, f"{where} meta.")
+    return kind.from_json(data, f"{where} meta.")
 
 
-def _check_arrays(headers: dict[str, _Header], meta: CaseMeta, where: str) -> None:
+def _check_arrays(headers: dict[str, MemberHeader], meta: CaseMeta, where: str) -> None:
     b, n, h, d = meta.B, meta.next_n, meta.H, meta.D
     bs, top = meta.block_size, meta.max_model_len
     longest = max(meta.seq_lens, default=0)
@@ -293,11 +358,6 @@ def _check_arrays(headers: dict[str, _Header], meta: CaseMeta, where: str) -> No
                      f"{(b * n, top)}"),
     }
     for member, (fits, wanted) in shapes.items():
-        if member not in headers:
-            continue
-        header = headers[member]
-        dtypes, words = _MEMBERS[member]
-        if header.dtype.str not in dtypes:
-            raise SpecError(f"{where} {member}.dtype", header.dtype.str, f"{' or '.join(dtypes)}: {words}")
-        if not fits:
-            raise SpecError(f"{where} {member}.shape", header.shape, f"{wanted}: {words}, as the meta says")
+        if member in headers and not fits:
+            raise SpecError(f"{where} {member}.shape", headers[member].shape,
+                            f"{wanted}: {_MEMBERS[member].words}, as the meta says")

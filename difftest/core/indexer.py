@@ -21,8 +21,8 @@ from difftest.core.case import Case
 from difftest.core.contract import Contract
 from difftest.core.errors import require
 from difftest.core.kinds import LogitsForm, OperationKind
-from difftest.core.ragged import RaggedCase, RaggedContract
-from difftest.core.topk import TopkCase, TopkContract
+from difftest.core.ragged import TOPK_K_MEMBER, RaggedCase, RaggedContract, load_member
+from difftest.core.topk import MAX_WIDTH, TopkCase, TopkContract
 
 K_META = "topk_k"  # the meta key a saved indexer case keeps its k under
 # Each indexer operation's logits stage: the operation whose backends make its first half (its second is top-k's).
@@ -140,16 +140,18 @@ class PrefillIndexerCase(_LogitsAndK):
                               contract)
 
     def save(self, path: str | Path) -> Path:
-        """The ragged case's archive (RaggedCase.save), k kept as its member K_META."""
-        return self.logits.save(path, **{K_META: np.array(self.k, dtype=np.int64)})
+        """The ragged case's archive (RaggedCase.save), k kept as its member TOPK_K_MEMBER."""
+        return self.logits.save(path, **{TOPK_K_MEMBER: np.array(self.k, dtype=np.int64)})
 
     @classmethod
     def load(cls, path: str | Path) -> PrefillIndexerCase:
-        """A case written by save(); SpecError when the archive is no ragged case or keeps no k."""
+        """A case written by save(); SpecError when the archive is no ragged case or keeps no k (its member read
+        through the archive's checks: an int64 scalar, in the top-k stage's [1, MAX_WIDTH])."""
         logits = RaggedCase.load(path)
-        with np.load(path, allow_pickle=False) as archive:
-            k = int(archive[K_META]) if K_META in archive.files and archive[K_META].shape == () else None
-        require(k is not None, f"{path} member {K_META}", k, "the k of the top-k stage, an integer")
+        member = load_member(path, TOPK_K_MEMBER)
+        k = None if member is None else int(member)
+        require(k is not None and 1 <= k <= MAX_WIDTH, f"{path} member {TOPK_K_MEMBER}", k,
+                f"the k of the top-k stage, an integer in [1, {MAX_WIDTH}]")
         return cls(logits, k).validate()
 
 

@@ -19,7 +19,6 @@ import dataclasses
 import functools
 import json
 import zipfile
-import zlib
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -27,18 +26,35 @@ import numpy as np
 import torch
 
 from difftest.core import hardware
-from difftest.core.case_archive import IN_CASE_META, ArchiveMeta
+from difftest.core.case_archive import (
+    IN_CASE_META,
+    META_CHARS_PER_REQUEST,
+    META_FIXED_CHARS,
+    META_MEMBER,
+    ArchiveMeta,
+    MemberHeader,
+    MemberRule,
+    check_archive,
+    check_shapes,
+    read_arrays,
+    read_meta,
+)
 from difftest.core.errors import SpecError, require
 from difftest.core.fp8 import convert, decode, nan_bytes
 from difftest.core.kinds import Fp8Flavour, LogitsForm, MaskConvention, OperationKind
-from difftest.core.schema import MAX_HEADS, MAX_NAME, HeadDim, Int, Member, Rule, Seed, Text, parse_json
+from difftest.core.schema import MAX_HEADS, MAX_NAME, HeadDim, Int, Member, Rule, Seed, Text, one_line
 
 MAX_ROWS = 1 << 20  # query rows of a case
 MAX_KEYS = 1 << 26  # keys of a case: 2^31 bytes of keys are 2^24 keys at D 128; four times that
-# Members of a ragged case archive and their dtypes; golden files add `expected` (float64 [rows, keys]).
-_MEMBERS = {"q": np.uint8, "k": np.uint8, "k_scale": np.float32, "weights": np.float32, "k_start": np.int64,
-            "k_end": np.int64}
-_ARCHIVE_SLACK = 4096  # bytes of .npy header a member may hold besides its data
+TOPK_K_MEMBER = "topk_k"  # a prefill indexer case's k (difftest.core.indexer.PrefillIndexerCase), an int64 scalar
+# The arrays of a ragged case archive, then every member its archive may hold: golden files add `expected`.
+_ARRAYS = ("q", "k", "k_scale", "weights", "k_start", "k_end")
+_MEMBERS = {"q": MemberRule(("|u1",), "[rows, H, D] uint8 (fp8 bytes)"),
+            "k": MemberRule(("|u1",), "[keys, D] uint8 (fp8 bytes)"), "k_scale": MemberRule(("<f4",), "[keys] float32"),
+            "weights": MemberRule(("<f4",), "[rows, H] float32"), "k_start": MemberRule(("<i8",), "[rows] int64"),
+            "k_end": MemberRule(("<i8",), "[rows] int64"), META_MEMBER: MemberRule((), "a JSON string"),
+            "expected": MemberRule(("<f8",), "[rows, keys] float64 (a golden file's logits)", optional=True),
+            TOPK_K_MEMBER: MemberRule(("<i8",), "an int64 scalar: the k of the top-k stage", optional=True)}
 
 
 def covered_keys(k_start: torch.Tensor, k_end: torch.Tensor, keys: int) -> torch.Tensor:
@@ -148,7 +164,7 @@ class RaggedCase:
                                      "H": self.heads, "D": self.head_dim, "fp8": self.fp8.value,
                                      "max_seqlen_k": self.max_seqlen_k}, "meta.")
         case = self.to("cpu")
-        arrays = {member: getattr(case, member).numpy() for member in _MEMBERS}
+        arrays = {member: getattr(case, member).numpy() for member in _ARRAYS}
         np.savez_compressed(path, **arrays, **extra, meta=np.array(json.dumps(meta.to_json())))
         return path
 
@@ -195,18 +211,15 @@ def _shown(values: list[Any]) -> str:
     return repr(values if len(values) <= 8 else [*values[:8], "..."])
 
 
-_TENSORS = ("q", "k", "k_scale", "weights", "k_start", "k_end")
-
-
 def _validate_types(case: RaggedCase) -> None:
     """Tensors where tensors belong, all on one cpu or cuda device; plain values of the right type."""
     require(isinstance(case.name, str), "name", case.name, "a str")
-    for field in _TENSORS:
+    for field in _ARRAYS:
         value = getattr(case, field)
         require(isinstance(value, torch.Tensor), field, type(value).__name__, "a torch.Tensor")
     device = case.q.device
     require(device.type in ("cpu", "cuda"), "q.device", str(device), "a cpu or cuda device")
-    for field in _TENSORS[1:]:
+    for field in _ARRAYS[1:]:
         require(getattr(case, field).device == device, f"{field}.device", str(getattr(case, field).device),
                 f"q's device, {device}")
     require(case.max_seqlen_k is None or (_is_int(case.max_seqlen_k) and case.max_seqlen_k >= 1), "max_seqlen_k",
@@ -247,29 +260,31 @@ def _validate_values(case: RaggedCase) -> None:
     require(checks[2], "k", torch.nonzero(bad_key).flatten()[:4].tolist(), "no NaN key byte in a key a window holds")
 
 
-def _read_archive(path: Path) -> tuple[RaggedMeta, dict[str, np.ndarray]]:
-    """(meta, arrays) of a ragged case archive; SpecError naming the path when it is not one."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            sizes = {info.filename.removesuffix(".npy"): info.file_size for info in archive.infolist()}
-            require("meta" in sizes and sizes["meta"] <= 1 << 20, str(path), sorted(sizes), "a 'meta' member")
-            with np.load(path, allow_pickle=False) as z:
-                meta = RaggedMeta.from_json(parse_json(str(z["meta"])), f"{path} meta.")
-                rows, keys, heads, dim = meta.rows, meta.keys, meta.H, meta.D
-                expected = {"q": rows * heads * dim, "k": keys * dim, "k_scale": keys * 4, "weights": rows * heads * 4,
-                            "k_start": rows * 8, "k_end": rows * 8}
-                for member, size in expected.items():
-                    require(sizes.get(member, 1 << 62) <= size + _ARCHIVE_SLACK, f"{path} {member}",
-                            sizes.get(member), f"a member of at most {size + _ARCHIVE_SLACK} bytes")
-                arrays = {member: z[member].copy() for member in _MEMBERS}
-    except (OSError, ValueError, EOFError, KeyError, TypeError, MemoryError, zipfile.BadZipFile, zlib.error) as exc:
-        if isinstance(exc, SpecError):
-            raise
-        raise SpecError(str(path), str(path), f"a ragged case archive ({type(exc).__name__}: {exc})"[:300]) from None
-    for member, dtype in _MEMBERS.items():
-        require(arrays[member].dtype == dtype, f"{path} {member}.dtype", str(arrays[member].dtype),
-                np.dtype(dtype).name)
-    return meta, arrays
+def _read_archive(path: Path, extra: tuple[str, ...] = ()) -> tuple[RaggedMeta, dict[str, np.ndarray]]:
+    """(meta, arrays, with the optional members `extra` it holds) of a ragged case archive, checked as a paged one
+    is (difftest.core.case_archive.check_archive) before any array is decompressed; SpecError naming the path
+    when it is not one."""
+    meta, headers = check_archive(path, _MEMBERS, _meta, "a ragged case archive as RaggedCase.save writes it",
+                                  first="q")
+    rows, keys = meta.rows, meta.keys
+    shapes = {"q": (rows, meta.H, meta.D), "k": (keys, meta.D), "k_scale": (keys,), "weights": (rows, meta.H),
+              "k_start": (rows,), "k_end": (rows,), "expected": (rows, keys), TOPK_K_MEMBER: ()}
+    check_shapes(headers, shapes, _MEMBERS, one_line(str(path)))
+    return meta, read_arrays(path, (*_ARRAYS, *(member for member in extra if member in headers)))
+
+
+def _meta(archive: zipfile.ZipFile, headers: dict[str, MemberHeader], where: str) -> RaggedMeta:
+    """The meta, its size bounded by the rows `q` declares (a spec may list a window per row)."""
+    q = headers["q"]
+    if len(q.shape) != 3:
+        raise SpecError(f"{where} q.shape", q.shape, _MEMBERS["q"].words)
+    return read_meta(archive, headers, RaggedMeta, META_FIXED_CHARS + 2 * META_CHARS_PER_REQUEST * q.shape[0], where)
+
+
+def load_member(path: str | Path, member: str) -> np.ndarray | None:
+    """The optional member `member` of a ragged case archive (TOPK_K_MEMBER), read through the archive's checks
+    (its dtype and shape those _MEMBERS gives it); None where the archive has none."""
+    return _read_archive(Path(path), (member,))[1].get(member)
 
 
 # --------------------------------------------------------------------------- contract

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import zipfile
-import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -24,19 +23,36 @@ import numpy as np
 import torch
 
 from difftest.core import hardware
-from difftest.core.case_archive import IN_CASE_META, ArchiveMeta
+from difftest.core.case_archive import (
+    IN_CASE_META,
+    META_CHARS_PER_REQUEST,
+    META_FIXED_CHARS,
+    META_MEMBER,
+    ArchiveMeta,
+    MemberHeader,
+    MemberRule,
+    check_archive,
+    check_shapes,
+    read_arrays,
+    read_meta,
+)
 from difftest.core.errors import SpecError, require
 from difftest.core.kinds import IndexConvention, NanRanking, OperationKind, RowStride, TopkPadding, WindowForm
-from difftest.core.schema import MAX_NAME, MAX_NEXT_N, Int, Member, Rule, Seed, Text, parse_json
+from difftest.core.schema import MAX_NAME, MAX_NEXT_N, Int, Member, Rule, Seed, Text, one_line
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
 MAX_WIDTH = 1 << 24  # columns of a row: 16x the 2^20-column rows of the widest family
 MAX_ROWS = 1 << 20  # rows of a case
-# Members of a top-k case archive, and the dtype of each; golden files add `expected_*` members.
-_MEMBERS = {"storage": np.float32, "starts": np.int64, "ends": np.int64}
-_ARCHIVE_SLACK = 4096  # bytes of .npy header a member may hold besides its data
+# The members of a top-k case archive; golden files add the `expected_*` ones (tests/golden/topk).
+_ARRAYS = ("storage", "starts", "ends")
+_COUNT = MemberRule(("<i8",), "[rows] int64 (a golden file's counts)", optional=True)
+_MEMBERS = {"storage": MemberRule(("<f4",), "[rows, row_stride] float32"),
+            "starts": MemberRule(("<i8",), "[rows] int64"), "ends": MemberRule(("<i8",), "[rows] int64"),
+            META_MEMBER: MemberRule((), "a JSON string"),
+            "expected_kth": MemberRule(("<f8",), "[rows] float64 (a golden file's k-th values)", optional=True),
+            "expected_above": _COUNT, "expected_equal": _COUNT, "expected_candidates": _COUNT, "expected_nans": _COUNT}
 
 
 def decode_ends(seq_lens: torch.Tensor, next_n: int) -> torch.Tensor:
@@ -180,27 +196,24 @@ def _shown(values: list[Any]) -> str:
 
 
 def _read_archive(path: Path) -> tuple[TopkMeta, dict[str, np.ndarray]]:
-    """(meta, arrays) of a top-k case archive; SpecError naming the path when it is not one."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            sizes = {info.filename.removesuffix(".npy"): info.file_size for info in archive.infolist()}
-            require("meta" in sizes and sizes["meta"] <= 1 << 20, str(path), sorted(sizes), "a 'meta' member")
-            with np.load(path, allow_pickle=False) as z:
-                meta = TopkMeta.from_json(parse_json(str(z["meta"])), f"{path} meta.")
-                rows, stride = meta.rows, meta.row_stride
-                expected = {"storage": rows * stride * 4, "starts": rows * 8, "ends": rows * 8}
-                for member, size in expected.items():
-                    require(sizes.get(member, 1 << 62) <= size + _ARCHIVE_SLACK, f"{path} {member}",
-                            sizes.get(member), f"a member of at most {size + _ARCHIVE_SLACK} bytes")
-                arrays = {member: z[member].copy() for member in _MEMBERS}
-    except (OSError, ValueError, EOFError, KeyError, MemoryError, zipfile.BadZipFile, zlib.error) as exc:
-        if isinstance(exc, SpecError):
-            raise
-        raise SpecError(str(path), str(path), f"a top-k case archive ({type(exc).__name__}: {exc})"[:300]) from None
-    for member, dtype in _MEMBERS.items():
-        require(arrays[member].dtype == dtype, f"{path} {member}.dtype", str(arrays[member].dtype),
-                np.dtype(dtype).name)
-    return meta, arrays
+    """(meta, arrays) of a top-k case archive, checked as a paged one is (difftest.core.case_archive.check_archive)
+    before any array is decompressed; SpecError naming the path when it is not one."""
+    meta, headers = check_archive(path, _MEMBERS, _meta, "a top-k case archive as TopkCase.save writes it",
+                                  first="storage")
+    rows = meta.rows
+    check_shapes(headers, {"storage": (rows, meta.row_stride), "starts": (rows,), "ends": (rows,),
+                           **{member: (rows,) for member in _MEMBERS if member.startswith("expected_")}},
+                 _MEMBERS, one_line(str(path)))
+    return meta, read_arrays(path, _ARRAYS)
+
+
+def _meta(archive: zipfile.ZipFile, headers: dict[str, MemberHeader], where: str) -> TopkMeta:
+    """The meta, its size bounded by the rows `storage` declares (a spec may list a window per row)."""
+    storage = headers["storage"]
+    if len(storage.shape) != 2:
+        raise SpecError(f"{where} storage.shape", storage.shape, _MEMBERS["storage"].words)
+    return read_meta(archive, headers, TopkMeta, META_FIXED_CHARS + 2 * META_CHARS_PER_REQUEST * storage.shape[0],
+                     where)
 
 
 # --------------------------------------------------------------------------- contract

@@ -32,11 +32,12 @@ _FINEST_CUT = 64  # the narrowest block of keys tried is keys / this
 
 
 def shrink_ragged(case: RaggedCase, still_fails: Callable[[RaggedCase], bool], contract: RaggedContract | None = None,
-                  budget_seconds: float = 20.0) -> Shrunk[RaggedCase]:
-    """The smallest case `still_fails` accepts, reached from `case` within about `budget_seconds`; SpecError
-    when `case` itself does not fail."""
+                  budget_seconds: float = 20.0, max_probes: int | None = None) -> Shrunk[RaggedCase]:
+    """The smallest case `still_fails` accepts, reached from `case` within about `budget_seconds` and at most
+    `max_probes` calls of `still_fails` (None: any number); SpecError when `case` itself does not fail."""
     moves = (_fewer_rows, _fewer_keys, _smaller_windows, _simpler)
-    return shrink_greedily(case, still_fails, moves, functools.partial(_takes, contract), budget_seconds)
+    return shrink_greedily(case, still_fails, moves, functools.partial(_takes, contract), budget_seconds,
+                           max_probes)
 
 
 def _takes(contract: RaggedContract | None, case: RaggedCase) -> bool:

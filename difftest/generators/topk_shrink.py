@@ -32,11 +32,12 @@ _FINEST_CUT = 64  # the narrowest block of columns tried is width / this
 
 
 def shrink_topk(case: TopkCase, still_fails: Callable[[TopkCase], bool], contract: TopkContract | None = None,
-                budget_seconds: float = 20.0) -> Shrunk[TopkCase]:
-    """The smallest case `still_fails` accepts, reached from `case` within about `budget_seconds`; SpecError
-    when `case` itself does not fail."""
+                budget_seconds: float = 20.0, max_probes: int | None = None) -> Shrunk[TopkCase]:
+    """The smallest case `still_fails` accepts, reached from `case` within about `budget_seconds` and at most
+    `max_probes` calls of `still_fails` (None: any number); SpecError when `case` itself does not fail."""
     moves = [functools.partial(_contracted, move, contract) for move in (_fewer_rows, _narrower, _smaller_k, _simpler)]
-    return shrink_greedily(case, still_fails, moves, functools.partial(_takes, contract), budget_seconds)
+    return shrink_greedily(case, still_fails, moves, functools.partial(_takes, contract), budget_seconds,
+                           max_probes)
 
 
 def _contracted(move: Callable[[TopkCase, TopkContract | None], Iterator[TopkCase]], contract: TopkContract | None,

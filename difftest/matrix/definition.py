@@ -45,6 +45,7 @@ from difftest.core.schema import (
     Text,
     TupleOf,
     read_toml,
+    shown,
     validate,
 )
 from difftest.core.schema import Rule as Check
@@ -159,9 +160,15 @@ class Suite(Record):
         return suite
 
     def checked(self) -> None:
-        """A fuzz suite has its budget."""
+        """A fuzz suite has its budget; an operation's suite none of a paged one's options (`run --op` refuses them
+        too: they would be left unread)."""
         if self.fuzz and self.budget is None:
             raise SpecError("budget", None, "a number of seconds: a fuzz suite runs for its budget")
+        if self.op != OperationKind.PAGED_LOGITS:
+            for field, given in (("spec", self.spec is not None), ("case_filter", bool(self.case_filter))):
+                if given:
+                    raise SpecError(field, shown(getattr(self, field)), f"a paged-logits suite (op = "
+                                    f"{self.op.value!r} runs its operation's own cases: leave {field} out)")
 
 
 @dataclasses.dataclass(frozen=True)

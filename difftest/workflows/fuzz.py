@@ -120,6 +120,14 @@ PROGRESS_SECONDS = 0.2  # a progress listener hears the campaign at most this of
 WAKE_SECONDS = 0.25  # how often the parent of jobs side by side looks at its clock between their messages
 
 
+def require_campaign(budget: float, until_failures: int | None, seed: int) -> None:
+    """SpecError naming the first of a campaign's budget, until_failures and seed that is out of its bounds (every
+    operation's campaign checks them so)."""
+    require(0 < budget <= 7 * 86400, "budget", budget, "seconds in (0, one week]")
+    require(until_failures is None or until_failures >= 1, "until_failures", until_failures, "an integer >= 1")
+    require(type(seed) is int and -MAX_SEED <= seed < MAX_SEED, "seed", seed, "an integer in [-2**62, 2**62)")
+
+
 @dataclasses.dataclass(frozen=True)
 class Campaign:
     """What a campaign is asked to do. Errors name these fields."""
@@ -142,11 +150,7 @@ class Campaign:
     argv: tuple[str, ...] = ()  # the `fuzz` command line, recorded in the report
 
     def __post_init__(self) -> None:
-        require(0 < self.budget <= 7 * 86400, "budget", self.budget, "seconds in (0, one week]")
-        require(self.until_failures is None or self.until_failures >= 1, "until_failures", self.until_failures,
-                "an integer >= 1")
-        require(type(self.seed) is int and -MAX_SEED <= self.seed < MAX_SEED, "seed", self.seed,
-                "an integer in [-2**62, 2**62)")
+        require_campaign(self.budget, self.until_failures, self.seed)
         require(self.shrink_seconds is None or (isinstance(self.shrink_seconds, (int, float))
                                                 and 0 <= self.shrink_seconds <= self.budget),
                 "shrink_seconds", self.shrink_seconds, f"seconds in [0, budget = {self.budget:g}]")

@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from difftest.backends import Loaded, get_backends
-from difftest.core import memory
+from difftest.core import hardware, memory
 from difftest.core.errors import SpecError, first_line, require
-from difftest.core.kinds import CaseKind, OperationKind
+from difftest.core.kinds import CaseKind, ExitStatus, OperationKind
 from difftest.core.operation import Operation
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
 from difftest.engine.operation_run import Drawn, Named, operation_workers, relations_asked, run_one, run_operation
-from difftest.engine.plan import matching
+from difftest.engine.plan import SuiteRequest, matching
 from difftest.engine.result import CaseResult
 from difftest.engine.runner import NotDrawn
 from difftest.operations import operation
@@ -44,7 +44,9 @@ from difftest.records.outputs import (
     stream_beside,
 )
 from difftest.records.report import config_info, environment_info
-from difftest.workflows.shrink import Failure
+from difftest.workflows.fuzz import require_campaign
+from difftest.workflows.session import untested_backends
+from difftest.workflows.shrink import Failure, require_shrink_seconds
 
 Listener = Callable[[CaseResult], None]
 
@@ -69,8 +71,11 @@ class OperationRequest:
     argv: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        require(self.count >= 1, "count", self.count, "an integer >= 1")
+        """Valid by construction, with a paged run's checks: its seed and count (SuiteRequest's), its budget and
+        backends (RunRequest's); what this host can run on is checked where the run starts."""
+        SuiteRequest(cases=self.cases, count=self.count, seed=self.seed)
         require(self.budget is None or self.budget > 0, "budget", self.budget, "a number of seconds > 0")
+        _require_backend_names(self.backends)
         relations_asked(operation(self.operation), self.config)
 
     @property
@@ -90,11 +95,24 @@ class OperationOutcome:
     written: dict[str, Path] = dataclasses.field(default_factory=dict)  # what the outputs wrote, by parameter
     # (backend, case) of each failing result -> the `difftest run --op` line that draws it again (repro_lines)
     repro: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
+    untested: dict[str, str] = dataclasses.field(default_factory=dict)  # a backend named that ran no case -> why
 
     @property
     def failed(self) -> bool:
         """Whether a backend failed a case."""
         return any(r.verdict.failed for r in self.results)
+
+    @property
+    def status(self) -> ExitStatus:
+        """FAILED when a backend failed a case or a backend asked for by name tested nothing, else OK (a paged
+        run's rule, difftest.workflows.session.RunOutcome.status)."""
+        return ExitStatus.FAILED if self.failed or self.untested else ExitStatus.OK
+
+
+def _require_backend_names(backends: tuple[str, ...] | None) -> None:
+    """SpecError naming backends unless they are None or distinct, non-empty names (`a,,b` and `a,a` are typos)."""
+    require(backends is None or (all(backends) and len(set(backends)) == len(backends)), "backends", backends,
+            "None (every backend) or distinct non-empty names")
 
 
 def chosen_backends(op: Operation, names: tuple[str, ...] | None) -> list[Named]:
@@ -126,6 +144,7 @@ def planned(op: Operation, backends: list[Named], request: OperationRequest) -> 
 def execute_operation(request: OperationRequest, on_result: Listener | None = None) -> OperationOutcome:
     """Run `request`: plan, run, and hand each result to the run's outputs (stream, bundles, report, JUnit)."""
     op = operation(request.operation)
+    hardware.require_device(request.config.device)  # this host's, not the request's: checked where it runs
     started = time.time()
     backends = chosen_backends(op, request.backends)
     plan = filtered(planned(op, backends, request), op, request.case_filter)
@@ -156,8 +175,10 @@ def execute_operation(request: OperationRequest, on_result: Listener | None = No
     finally:
         for lock in locks:
             lock.release()
+    untested = untested_backends(backends, results, None) if request.backends else {}
     return OperationOutcome(results, info, bundles=_bundles(outputs), not_started=tuple(not_started),
-                            written=written, repro=repro_lines(op, results, plan, request))
+                            written=written, repro=repro_lines(op, results, plan, request),
+                            untested=untested)
 
 
 def filtered(plan: Plan, op: Operation, globs: tuple[str, ...]) -> Plan:
@@ -254,6 +275,7 @@ def shrink_operation(bundle: Bundle, seconds: float, backend: Loaded) -> Operati
     """Reduce a bundle's case with its operation's shrink moves while `backend` (its recorded one, or another of
     the operation's) still fails it the way it does now, with the recorded verdict (an ERROR: the same exception
     type; a FAIL(metamorphic): the same relation violated); SpecError when it does not fail so now."""
+    require_shrink_seconds(seconds)
     op = operation(bundle.operation)
     require(op.shrink is not None, "operation", op.name, "an operation with shrink moves")
     named = Named(backend.name, backend)
@@ -294,6 +316,12 @@ class OperationCampaign:
     until_failures: int | None = None
     argv: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        """Valid by construction, with a paged campaign's checks of its budget, until_failures and seed, and a run's
+        of its backends."""
+        require_campaign(self.budget, self.until_failures, self.seed)
+        _require_backend_names(self.backends)
+
 
 def fuzz_operation(campaign: OperationCampaign, on_result: Listener | None = None) -> OperationOutcome:
     """Random specs of the operation (Operation.random_spec), each with a fresh seed, through every backend
@@ -303,26 +331,34 @@ def fuzz_operation(campaign: OperationCampaign, on_result: Listener | None = Non
     replays and shrinks)."""
     op = operation(campaign.operation)
     require(op.random_spec is not None, "operation", op.name, "an operation that draws random specs")
+    hardware.require_device(campaign.config.device)  # this host's, not the campaign's: checked where it runs
     backends = chosen_backends(op, campaign.backends)
     rng, started, results = random.Random(campaign.seed), time.time(), []
 
     def made() -> dict[str, Any]:
         return _campaign_info(op, campaign, started)
 
-    outputs = _outputs(f"difftest fuzz --op {op.name}", campaign.config, made(), report=campaign.report,
-                       stream=campaign.stream, junit=campaign.junit, repro_dir=campaign.repro_dir,
-                       backends=backends, first_of=_backend_and_verdict, flush_seconds=CAMPAIGN_FLUSH_SECONDS)
+    # Locked as run --op locks them (two campaigns into one stream interleave); a campaign replaces what an
+    # earlier one left there, as a paged campaign does.
+    locks = claimed(run_files(campaign.report, campaign.stream, stream_given=True), overwrite=True)
+    try:
+        outputs = _outputs(f"difftest fuzz --op {op.name}", campaign.config, made(), report=campaign.report,
+                           stream=campaign.stream, junit=campaign.junit, repro_dir=campaign.repro_dir,
+                           backends=backends, first_of=_backend_and_verdict, flush_seconds=CAMPAIGN_FLUSH_SECONDS)
 
-    def heard(result: CaseResult, case: Any) -> None:
-        outputs.take(result, case)
-        results.append(result)
-        if on_result:
-            on_result(result)
+        def heard(result: CaseResult, case: Any) -> None:
+            outputs.take(result, case)
+            results.append(result)
+            if on_result:
+                on_result(result)
 
-    with outputs.keeping(results, made, resumable=False):
-        _campaign(op, backends, campaign, rng, started, results, heard)
-    info = made()
-    written = outputs.finish(results, info)
+        with outputs.keeping(results, made, resumable=False):
+            _campaign(op, backends, campaign, rng, started, results, heard)
+        info = made()
+        written = outputs.finish(results, info)
+    finally:
+        for lock in locks:
+            lock.release()
     return OperationOutcome(results, info, bundles=_bundles(outputs), written=written)
 
 

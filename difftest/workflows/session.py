@@ -10,7 +10,7 @@ import dataclasses
 import os
 import shlex
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from difftest.core.kinds import CaseKind, Device, ExitStatus
 from difftest.core.verdict import Verdict
 from difftest.engine import performance
 from difftest.engine.config import RunConfig
+from difftest.engine.operation_run import Named
 from difftest.engine.plan import EnvelopePlan, PlannedCase, Shard, SuiteRequest, envelope_plan, kept_results, plan
 from difftest.engine.result import CaseResult, Reach
 from difftest.engine.runner import NotDrawn
@@ -153,7 +154,7 @@ def execute(request: RunRequest, on_result: Listener | None = None,
             lock.release()
     # A shard's share of the plan may leave a backend out: the whole run (a spread parent) judges it.
     named = request.backends and request.suite.shard is None
-    untested = _untested(backends, outcome.results, planned) if named else {}
+    untested = untested_backends(backends, outcome.results, planned) if named else {}
     return dataclasses.replace(outcome, plan=planned, notes=tuple(lock.note for lock in locks if lock.note),
                                untested=untested, fail_slow=request.fail_slow, ledger=request.ledger,
                                repro=repro_lines(outcome.results, cases, backends, request.config))
@@ -169,9 +170,10 @@ def repro_lines(results: list[CaseResult], cases: list[PlannedCase], backends: l
             for r in results if r.verdict.failed and r.case in planned and r.backend in targets}
 
 
-def _untested(backends: list[Loaded], results: list[CaseResult], planned: EnvelopePlan | None) -> dict[str, str]:
+def untested_backends(backends: Sequence[Loaded | Named], results: list[CaseResult],
+                      planned: EnvelopePlan | None) -> dict[str, str]:
     """The backends that ran no case (every result a SKIP, or none at all), each with why: a backend the
-    caller asked for by name that tests nothing must not pass as green."""
+    caller asked for by name that tests nothing must not pass as green (a paged run's and an operation's)."""
     ran = {r.backend for r in results if r.verdict != Verdict.SKIP}
     skipped = {r.backend: r.reason for r in results if r.verdict == Verdict.SKIP and r.reason}
     idle = planned.idle if planned else {}

@@ -121,6 +121,13 @@ def case_from_line(line: str, device: str | torch.device = "cpu") -> Case:
     return build_case(CaseSpec.from_json(data["spec"]), int(data["seed"]), device)
 
 
+def require_shrink_seconds(budget_seconds: float) -> None:
+    """SpecError naming budget_seconds unless it is a shrink's budget: a finite number of seconds >= 0 (every
+    operation's shrink checks it so)."""
+    require(0 <= budget_seconds < math.inf, "budget_seconds", budget_seconds,
+            "a finite number of seconds >= 0 (0: the original case, after the one probe that confirms it)")
+
+
 def shrink(target: Bundle | Case, backend: Backend, config: RunConfig | None = None,
            budget_seconds: float = 30.0) -> ShrinkResult:
     """Reduce a failing bundle's (or case's) case for `backend` within about `budget_seconds`.
@@ -129,8 +136,7 @@ def shrink(target: Bundle | Case, backend: Backend, config: RunConfig | None = N
     every probe runs in one worker process (replaced after a crash), the start-up counted in the budget.
     SpecError when the case does not fail on `backend` now.
     """
-    require(0 <= budget_seconds < math.inf, "budget_seconds", budget_seconds,
-            "a finite number of seconds >= 0 (0: the original case, after the one probe that confirms it)")
+    require_shrink_seconds(budget_seconds)
     start = time.perf_counter()
     original = target.case if isinstance(target, Bundle) else target
     config = config or (target.config if isinstance(target, Bundle) else RunConfig())

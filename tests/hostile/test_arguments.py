@@ -11,9 +11,10 @@ import signal
 from pathlib import Path
 
 import pytest
+import torch
 
 from difftest.core.kinds import ExitStatus
-from tests.support import run_cli
+from tests.support import CPU_OPERATION_BACKENDS, operation_bundle, operation_rows, run_cli
 
 RUN = ["run", "--no-progress", "--cases", "edges", "--case-filter", "length-one-*", "--backends", "torch"]
 
@@ -91,3 +92,52 @@ def test_resuming_a_fifo_is_refused_not_waited_on(tmp_path):
         code, _, err = run_cli([*RUN, "--resume", str(fifo), "--report", str(tmp_path / "r.json")])
     assert "in a regular file (not a FIFO, device or folder)" in _one_line(code, err), err
     assert Path(fifo).exists()
+
+
+# --------------------------------------------------------------------------- every operation's run, fuzz and shrink
+
+OPERATION_RUN_ROWS = [
+    (["--backends", "{b}", "--seed", str(2**64)], f"--seed={2**64}: expected an integer in [-2**62, 2**62)"),
+    (["--backends", "{b}", "--count", str(10**9)], f"--count={10**9}: expected an integer in [1, "),
+    (["--backends", "{b},,{b}"], "--backends=('{b}', '', '{b}'): expected None (every backend) or distinct non-empty"),
+    (["--backends", "{b},{b}"], "--backends=('{b}', '{b}'): expected None (every backend) or distinct non-empty"),
+    (["--backends", "{b}", "--budget", "0"], "--budget=0.0: expected a number of seconds > 0"),
+    (["--backends", "{b}", "--budget", "-1"], "--budget=-1.0: expected a number of seconds > 0"),
+    (["--backends", "{b}", "--budget", "nan"], "--budget=nan: expected a number of seconds > 0"),
+]
+
+
+@pytest.mark.parametrize("argv, says", operation_rows("run", OPERATION_RUN_ROWS))
+def test_a_hostile_operation_argument_is_one_line(argv, says):
+    """Tracebacks (a seed past int64, a billion seeds per spec), budgets that tested nothing and exited 0, and
+    nonsense taken (empty and repeated backend names)."""
+    code, _, err = run_cli(argv)
+    assert says in _one_line(code, err), err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a visible GPU runs the cases: the refusal is for a host "
+                    "without one")
+@pytest.mark.parametrize("op", list(CPU_OPERATION_BACKENDS))
+def test_an_operation_on_cuda_without_a_gpu_is_refused_as_paged_logits_is(op):
+    """--device cuda on a host without one ran every case as a SKIP (or a traceback) and exited 0."""
+    line = _one_line(*run_cli(["run", "--op", op, "--device", "cuda", "--no-progress"])[::2])
+    assert line == _one_line(*run_cli(["run", "--backends", "torch", "--device", "cuda"])[::2]), line
+    assert line.startswith("difftest: error: --device='cuda': expected a device torch can see"), line
+
+
+@pytest.mark.parametrize("op", list(CPU_OPERATION_BACKENDS))
+def test_a_named_operation_backend_that_only_skips_fails_the_run_as_paged_logits_does(op):
+    """It exited 0: a backend asked for by name that tested nothing passed as green."""
+    idle = CPU_OPERATION_BACKENDS[op][1]
+    code, _, err = run_cli(["run", "--op", op, "--backends", idle, "--device", "cpu", "--no-progress"])
+    line = _one_line(code, err, ExitStatus.FAILED)
+    assert line.startswith(f"difftest: error: backend {idle!r}, asked for by name, tested nothing: "), line
+
+
+@pytest.mark.parametrize("op", list(CPU_OPERATION_BACKENDS))
+def test_an_operation_shrink_refuses_a_budget_that_is_not_a_number_of_seconds(op, tmp_path):
+    """`shrink --seconds -1` of an operation's bundle was taken (the paged shrink refuses it)."""
+    bundle = operation_bundle(op, tmp_path)
+    for seconds in ("nan", "inf", "-1"):
+        code, _, err = run_cli(["shrink", str(bundle), "--seconds", seconds])
+        assert f"--seconds={float(seconds)!r}: expected a finite number of seconds >= 0" in _one_line(code, err), err

@@ -4,9 +4,11 @@ traceback. Each test names the attack it replays."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,13 +16,16 @@ import pytest
 
 from difftest.backends import Origin, as_loaded
 from difftest.core.errors import SpecError
-from difftest.core.kinds import ExitStatus
+from difftest.core.indexer import PrefillIndexerCase
+from difftest.core.kinds import ExitStatus, OperationKind
 from difftest.engine.config import RunConfig
 from difftest.engine.runner import run_one
 from difftest.generators import CaseSpec, build_case
+from difftest.operations import operation
 from difftest.records.bundle import CASE_FILE, INFO_FILE, load_bundle, write_bundle
 from tests import planted
-from tests.support import run_cli
+from tests.support import CPU_OPERATION_BACKENDS, handmade_zip, run_cli
+from tests.support import operation_bundle as write_operation_bundle
 
 MODULE = "tests.planted:block_boundary_off_by_one"
 
@@ -156,3 +161,134 @@ def test_a_truly_registered_origin_still_replays_without_trust(failing, tmp_path
     code, out, err = run_cli(["replay", str(folder)])
     assert code == ExitStatus.OK and "verdict: PASS" in out, f"{out=} {err=}"
     assert load_bundle(folder).origin == Origin("torch", registered=True)
+
+
+# --------------------------------------------------------------------------- every operation's bundles
+
+@pytest.fixture(scope="module", params=list(CPU_OPERATION_BACKENDS))
+def operation_bundle(request, tmp_path_factory) -> Path:
+    """A bundle of each operation other than paged logits (tests.support.operation_bundle)."""
+    return write_operation_bundle(request.param, tmp_path_factory.mktemp(request.param))
+
+
+def _members(folder: Path) -> dict[str, bytes]:
+    """The .npy files of a bundle's case.npz, by member name, in their order."""
+    with zipfile.ZipFile(folder / CASE_FILE) as archive:
+        return {info.filename: archive.read(info) for info in archive.infolist()}
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=True)
+    return buffer.getvalue()
+
+
+def _with_meta(members: dict[str, bytes], field: str, value: str) -> dict[str, bytes]:
+    """The members with the meta's `field` set to the JSON text `value` (NaN and 3.7 included)."""
+    data = _meta_of(members)
+    data[field] = "@"
+    return {**members, "meta.npy": _npy_bytes(np.array(json.dumps(data).replace('"@"', value)))}
+
+
+def _first_array(members: dict[str, bytes]) -> str:
+    return next(name for name in members if name != "meta.npy")
+
+
+def _size_fields(members: dict[str, bytes]) -> list[str]:
+    """The meta's integer fields of the case's structure (rows, widths, k; a paged case's B, H, ...)."""
+    return [key for key, value in _meta_of(members).items() if type(value) is int and key != "seed"]
+
+
+def _meta_of(members: dict[str, bytes]) -> dict:
+    return json.loads(str(np.load(io.BytesIO(members["meta.npy"]), allow_pickle=False)))
+
+
+# name -> the corrupt archive made of a valid one's members
+CORRUPTIONS: dict[str, Callable[[dict[str, bytes]], bytes]] = {
+    "truncated": lambda m: handmade_zip(list(m.items()))[:-40],
+    "not-a-zip": lambda m: b"not a zip",
+    "no-meta": lambda m: handmade_zip([(n, d) for n, d in m.items() if n != "meta.npy"]),
+    "no-array": lambda m: handmade_zip([(n, d) for n, d in m.items() if n != _first_array(m)]),
+    "extra-member": lambda m: handmade_zip([*m.items(), ("x.npy", _npy_bytes(np.zeros(3)))]),
+    "duplicate-member": lambda m: handmade_zip([*m.items(), (_first_array(m), m[_first_array(m)])]),
+    "wrong-dtype": lambda m: handmade_zip([*{**m, _first_array(m): _npy_bytes(np.zeros(3, ">f4"))}.items()]),
+    "wrong-shape": lambda m: handmade_zip([*{**m, _first_array(m): _npy_bytes(np.zeros((2, 2, 2, 2, 2), "u1"))}
+                                          .items()]),
+    "pickle": lambda m: handmade_zip([*{**m, _first_array(m): _npy_bytes(np.array([{"x": 1}], dtype=object))}
+                                     .items()]),
+    "meta-not-json": lambda m: handmade_zip([*{**m, "meta.npy": _npy_bytes(np.array("{not json"))}.items()]),
+    "meta-not-text": lambda m: handmade_zip([*{**m, "meta.npy": _npy_bytes(np.zeros(4))}.items()]),
+    "declared-larger": lambda m: handmade_zip(list(m.items()), declared={_first_array(m): 2**32 - 1}),
+    "declared-smaller": lambda m: handmade_zip(list(m.items()), declared={_first_array(m): 8}),
+    "encrypted": lambda m: handmade_zip(list(m.items()), flags=1),
+    "bzip2": lambda m: handmade_zip(list(m.items()), method=zipfile.ZIP_BZIP2),
+}
+
+
+def _refused_in_one_line(folder: Path) -> None:
+    """load_bundle refuses the bundle with one SpecError line, and `replay` says it in one line, exit 2."""
+    with pytest.raises(SpecError) as refused:
+        load_bundle(folder)
+    assert "\n" not in str(refused.value), refused.value
+    code, _, err = run_cli(["replay", str(folder)])
+    _one_line(code, err, ExitStatus.USAGE)
+
+
+@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
+def test_a_corrupt_operation_bundle_is_refused_in_one_line(operation_bundle, tmp_path, corruption):
+    """An operation's case.npz was read outside the paged archive's checks: a member of another dtype, shape or
+    size, a pickle, a meta of NaN or negative sizes, k = 3.7 or true were tracebacks or taken."""
+    folder = tmp_path / "corrupt"
+    shutil.copytree(operation_bundle, folder)
+    (folder / CASE_FILE).write_bytes(CORRUPTIONS[corruption](_members(operation_bundle)))
+    _refused_in_one_line(folder)
+
+
+@pytest.mark.parametrize("value", ["-1", "3.7", "true", "NaN", '"3"', "null"])
+def test_a_meta_size_that_is_no_count_is_refused_in_one_line(operation_bundle, tmp_path, value):
+    """Each integer of an operation archive's meta (its rows, widths, k; an indexer case's B, H, topk_k...) as a
+    negative, fractional, boolean, NaN, text or missing number."""
+    members = _members(operation_bundle)
+    fields = _size_fields(members)
+    assert len(fields) >= 4, fields
+    for field in fields:
+        folder = tmp_path / field
+        shutil.copytree(operation_bundle, folder)
+        (folder / CASE_FILE).write_bytes(handmade_zip(list(_with_meta(members, field, value).items())))
+        _refused_in_one_line(folder)
+
+
+def test_an_operation_archive_declaring_more_than_the_host_can_hold_is_refused_before_inflating(operation_bundle,
+                                                                                              tmp_path, monkeypatch):
+    """A 4 MB top-k bundle took 9.4 GiB and 10 minutes: an operation's archive is weighed against the host's free
+    memory from its headers alone, as a paged one is."""
+    folder = tmp_path / "big"
+    shutil.copytree(operation_bundle, folder)
+    declared = sum(a.nbytes for a in _arrays(folder / CASE_FILE))
+    monkeypatch.setattr("difftest.core.case_archive.available_memory", lambda device: int(declared * 2))
+    with pytest.raises(SpecError) as refused:
+        load_bundle(folder)
+    assert refused.value.field.endswith(f"{CASE_FILE} size") and "arrays this host can load" in refused.value.expected
+    monkeypatch.setattr("difftest.core.case_archive.available_memory", lambda device: int(declared * 4))
+    assert load_bundle(folder).case.rows >= 1
+
+
+@pytest.mark.parametrize("k, says", [
+    (np.float64(3.7), "topk_k.dtype='<f8': expected <i8"), (np.bool_(True), "topk_k.dtype='|b1': expected <i8"),
+    (np.str_("3"), "topk_k.dtype='<U1': expected <i8"), (np.array([3, 4]), "topk_k.shape=(2,): expected ()"),
+    (np.int64(0), "member topk_k=0: expected the k of the top-k stage, an integer in [1, "),
+    (np.int64(2**62), f"member topk_k={2**62}: expected the k of the top-k stage, an integer in [1, "),
+    (None, "member topk_k=None: expected the k of the top-k stage"),
+])
+def test_a_prefill_indexer_k_is_read_through_the_archive_checks(tmp_path, k, says):
+    """The prefill indexer's `topk_k` member was read with np.load outside the checks: 4 tracebacks, and k = 3.7
+    and True taken (as 3 and 1)."""
+    op = operation(OperationKind.PREFILL_INDEXER)
+    case = op.build(op.suite()[0], 0, "cpu")
+    path = case.save(tmp_path / "valid.npz")
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {name: z[name] for name in z.files if name != "topk_k"}
+    np.savez(tmp_path / "case.npz", **arrays, **({} if k is None else {"topk_k": np.asarray(k)}))
+    with pytest.raises(SpecError) as refused:
+        PrefillIndexerCase.load(tmp_path / "case.npz")
+    assert says in str(refused.value), refused.value

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from difftest.core.kinds import ExitStatus
-from tests.support import run_cli
+from tests.support import CPU_OPERATION_BACKENDS, operation_rows, run_cli
 
 FUZZ = ["fuzz", "--budget", "5s", "--backends", "torch"]
 
@@ -37,3 +37,33 @@ def test_a_seed_out_of_range_names_the_option_its_value_and_the_range(seed):
 def test_a_shrinking_share_outside_the_budget_names_the_option(value, shown):
     line = _one_line_usage_error([*FUZZ, "--shrink-seconds", value])
     assert line == f"difftest: error: --shrink-seconds={shown}: expected seconds in [0, budget = 5]\n"
+
+
+# --------------------------------------------------------------------------- every operation's campaign
+
+OPERATION_FUZZ_ROWS = [
+    (["--backends", "{b}", "--budget", "1e400"], "--budget=inf: expected seconds in (0, one week]"),
+    (["--backends", "{b}", "--budget", "0"], "--budget=0.0: expected seconds in (0, one week]"),
+    (["--backends", "{b}", "--budget", "-1"], "--budget=-1.0: expected seconds in (0, one week]"),
+    (["--backends", "{b}", "--budget", "nan"], "--budget=nan: expected seconds in (0, one week]"),
+    (["--backends", "{b}", "--budget", "1", "--until-failures", "0"], "--until-failures=0: expected an integer >= 1"),
+    (["--backends", "{b}", "--budget", "1", "--seed", str(2**64)],
+     f"--seed={2**64}: expected an integer in [-2**62, 2**62)"),
+    (["--backends", "{b},{b}", "--budget", "1"], "--backends=('{b}', '{b}'): expected None (every backend) or"),
+    (["--backends", "{b},,{b}", "--budget", "1"], "--backends=('{b}', '', '{b}'): expected None (every backend) or"),
+]
+
+
+@pytest.mark.parametrize("argv, says", operation_rows("fuzz", OPERATION_FUZZ_ROWS))
+def test_a_hostile_operation_campaign_argument_is_one_line(argv, says):
+    """A campaign that never ended (an infinite budget), budgets that tested nothing and exited 0, a seed past
+    int64 (a traceback), and nonsense taken (--until-failures 0, empty and repeated backend names)."""
+    assert says in _one_line_usage_error(argv)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a visible GPU runs the campaign: the refusal is for a host "
+                    "without one")
+@pytest.mark.parametrize("op", list(CPU_OPERATION_BACKENDS))
+def test_an_operation_campaign_on_cuda_without_a_gpu_is_refused_as_run_refuses_it(op):
+    fuzz_line = _one_line_usage_error(["fuzz", "--op", op, "--budget", "1", "--device", "cuda"])
+    assert fuzz_line == _one_line_usage_error(["run", "--backends", "torch", "--device", "cuda"]), fuzz_line

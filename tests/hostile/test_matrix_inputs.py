@@ -181,3 +181,19 @@ def test_emit_to_a_device_is_refused_and_the_device_stays(matrix, tmp_path):
     code, _, err = run_cli(["matrix", "emit", "github", "--file", matrix, "-o", str(fifo)])
     _one_line_error(code, err, ExitStatus.IO, "difftest: error: --output=")
     assert "a FIFO is there" in err and fifo.is_fifo(), err
+
+
+# --------------------------------------------------------------------------- operation suites
+
+@pytest.mark.parametrize("op", ["topk", "ragged-logits", "indexer", "prefill-indexer"])
+@pytest.mark.parametrize("table, field", [('spec = {lengths = [16]}', "spec"), ('case_filter = ["length-one-*"]',
+                                                                                "case_filter")])
+def test_an_operation_suite_with_a_paged_option_is_one_line(tmp_path, op, table, field):
+    """A matrix `op` suite with a paged `spec` (or case filter) was taken, and the option silently ignored: its
+    cells ran the operation's own plan."""
+    path = tmp_path / "difftest.toml"
+    path.write_text(MATRIX.replace("[matrix.suites.q]\n", f'[matrix.suites.q]\nop = "{op}"\n{table}\n'))
+    code, _, err = run_cli(["matrix", "plan", "--file", str(path)])
+    _one_line_error(code, err, ExitStatus.USAGE, "difftest: error: ")
+    assert f"matrix.suites['q'].{field}=" in err, err
+    assert f"expected a paged-logits suite (op = {op!r} runs its operation's own cases" in err, err

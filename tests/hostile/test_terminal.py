@@ -3,9 +3,12 @@ raw in replay and in failure blocks. What difftest prints has every control char
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 from difftest.backends import as_loaded
+from difftest.cli import main
 from difftest.core.kinds import ExitStatus
 from difftest.engine.config import RunConfig
 from difftest.engine.runner import run_one
@@ -48,3 +51,18 @@ def test_printable_keeps_text_and_layout_and_escapes_the_rest():
     assert printable("row 3:\n\tlé ✓ ½") == "row 3:\n\tlé ✓ ½"
     assert printable(HOSTILE) == ESCAPED
     assert printable("a\nb\tc", lines=False) == "a\\nb\\tc"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_fuzz_progress_line_redraws_itself_on_a_terminal():
+    """The campaign's bar went through the escaping stream: each redraw printed a literal `\\r` and the line
+    grew across the terminal instead of being drawn over."""
+    err = _Terminal()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        main(["fuzz", "--budget", "1s", "--backends", "torch"])
+    drawn = err.getvalue()
+    assert "fuzz " in drawn and "\r" in drawn and "\\r" not in drawn, f"{drawn=}"

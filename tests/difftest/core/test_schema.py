@@ -18,12 +18,10 @@ import json
 import math
 import re
 import shutil
-import struct
 import tempfile
 import tracemalloc
 import typing
 import zipfile
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -68,6 +66,7 @@ from difftest.records.score import MutantScore, SelftestScore
 from difftest.records.serialize import ResultStream, load_results
 from tests import planted
 from tests.support import TINY, run_cli
+from tests.support import handmade_zip as _zip
 
 ONE_LINE = re.compile(r"^[^\n]+=[^\n]*: expected [^\n]+$")
 FAST = dict(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], deadline=None)
@@ -460,27 +459,6 @@ def test_bundle_reader_on_mutated_bundle_json(info):
 
 
 # --------------------------------------------------------------------------- bundles: case.npz
-
-def _zip(members: list[tuple[str, bytes]], method: int = zipfile.ZIP_DEFLATED, declared: dict | None = None,
-         flags: int = 0, trailing: dict | None = None) -> bytes:
-    """A zip written by hand, so a member may declare any size and carry bytes past what it declares."""
-    out, central = bytearray(), bytearray()
-    for name, data in members:
-        raw = data + (trailing or {}).get(name, b"")
-        if method == zipfile.ZIP_DEFLATED:
-            squeeze = zlib.compressobj(6, zlib.DEFLATED, -15)
-            body = squeeze.compress(raw) + squeeze.flush()
-        else:
-            body = raw
-        size, crc, encoded = (declared or {}).get(name, len(data)), zlib.crc32(data), name.encode()
-        offset = len(out)
-        out += struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, flags, method, 0, 0, crc, len(body), size, len(encoded), 0)
-        out += encoded + body
-        central += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, flags, method, 0, 0, crc, len(body), size,
-                               len(encoded), 0, 0, 0, 0, 0, offset) + encoded
-    count = len(members)
-    return bytes(out + central + struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, count, count, len(central), len(out), 0))
-
 
 def _npy(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
