@@ -23,8 +23,8 @@ from difftest.core.contract import Contract, WorkingMemory, WorkPartition
 from difftest.core.errors import SpecError
 from difftest.core.kinds import CacheLayout, Device, Fp8Flavour, LengthEncoding, MaskConvention, PartitionScope
 from difftest.core.spec import CaseSpec, LengthDist
-from difftest.generators.cases import default_specs, edge_cases, suite
 from difftest.generators import envelope
+from difftest.generators.cases import default_specs, edge_cases, suite
 from difftest.generators.envelope import (
     SMALL_MAX_CONTEXT,
     TWO_31,
