@@ -75,7 +75,7 @@ def selection_of(judged: TopkComparison) -> Selection:
     """The selected-set record of a top-k comparison."""
     return Selection(rows=judged.rows, wrong_rows=judged.wrong_rows, wrong_tokens=sum(judged.wrong_tokens),
                      symptoms={kind.value: rows for kind, rows in judged.symptoms.items() if rows},
-                     first=judged.first_mismatch.describe() if judged.first_mismatch else None)
+                     first=judged.first_mismatch.describe() if judged.first_mismatch else None, pattern=judged.pattern)
 
 
 def judge(truth: TopkTruth, got: Any, case: TopkCase, contract: TopkContract) -> Judgement:

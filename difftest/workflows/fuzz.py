@@ -989,8 +989,9 @@ def campaign_info(campaign: Campaign, outcome: CampaignOutcome, started: float) 
 
 
 def _signature_info(sign: Signature) -> dict[str, Any]:
+    pattern = sign.relation.pattern if sign.relation is not None else sign.selection
     return {"backend": sign.backend, "verdict": sign.verdict.value,
-            "pattern": sign.relation.pattern.value if sign.relation is not None else None, "error": sign.error}
+            "pattern": pattern.value if pattern is not None else None, "error": sign.error}
 
 
 def _found_info(found: Found, config: RunConfig) -> dict[str, Any]:
