@@ -286,6 +286,8 @@ def fuzz(campaign: Campaign, on_progress: ProgressListener | None = None,
     hears where it is (a few times a second at most); `on_result` each result as it comes (one job's campaign:
     the outcome's results are the ones that count, a batch's failure tried again included). `now` is the
     campaign's clock (jobs side by side keep time.monotonic, the one clock of every process)."""
+    require(campaign.jobs == 1 or now is time.monotonic, "jobs", campaign.jobs,
+            "1 when the campaign keeps a clock of its own (jobs side by side share time.monotonic)")
     start, started = now(), time.time()
     hardware.require_device(campaign.config.device)  # this host's, not the campaign's: checked where it runs
     campaign = bounded(campaign)
