@@ -267,7 +267,8 @@ def _combined(parts: list[_Part], rows: int, explained: Callable[..., Explanatio
         topk_overlap=_mean(hits, counted), topk=k,
         first_mismatch=next((p.first_mismatch for p in parts if p.first_mismatch), None),
         verdict=worst([k for k, rows_ in bad_rows.items() if rows_]),
-        mask_limits=limits, explanation=explained(limits, wrong_rows=bad_rows[Verdict.FAIL_MASK]),
+        mask_limits=limits, explanation=explained(limits, wrong_rows=bad_rows[Verdict.FAIL_MASK],
+                                                   value_rows=bad_rows[Verdict.FAIL_VALUE]),
         mask_strip=next((p.mask_strip for p in parts if p.mask_strip), None))
 
 

@@ -11,6 +11,9 @@ prediction of every row's apparent limit (clamped to [0, max_model_len], as a ro
 
     CONSTANT_OFFSET(k)         o + k
     PER_SEQUENCE_LENGTH        L_b: the MTP offset forgotten
+    ROTATED_DRAFT_ROWS(s)      row (j + s) mod next_n's limit: a draft-row index off by s (s = 1 or next_n - 1,
+                               one late or early); at next_n 2 the same rows as REVERSED_DRAFT_ROWS, listed
+                               after it
     REVERSED_DRAFT_ROWS        max(L_b - j, 0): row j behaves as row next_n - 1 - j
     MTP_MIRRORED               L_b - j + 1: AITER 0.1.7's p <= L - j (row j behaves as row next_n - j);
                                row 0 may show L_b where L_b is a multiple of a declared tile (no chunk
@@ -28,6 +31,11 @@ NO_WINDOW, and every wrong row finite to its end is TAIL_NOT_CLEANED (what also 
 rows listed after it). Without a fit: a constant offset on the wrong rows alone (`selective`: a
 condition such as a block boundary picks the rows); then finite values past every wrong row's window
 (TAIL_NOT_CLEANED, selective); else UNKNOWN, with how the limits differ.
+
+Wrong values with every mask right are explained only by where their rows sit: AFTER_EMPTY_REQUEST when every
+wrong-value row is in a request right after an empty one (DeepGEMM 2.8.1 scores it with the empty request's q
+and weights, docs/findings/deepgemm-zero-length-request.md; `selective` where some such request is right: the
+empty one must sit inside one SM's range); nothing otherwise.
 
 The public shape (what the report renders, what fuzz keys its signatures on):
 
@@ -85,11 +93,13 @@ class Pattern(str, enum.Enum):
     NO_WINDOW = "no-window"  # every wrong row is -inf from position 0
     CONSTANT_OFFSET = "constant-offset"  # o + offset
     PER_SEQUENCE_LENGTH = "per-sequence-length"  # every row of request b sees L_b
+    ROTATED_DRAFT_ROWS = "rotated-draft-rows"  # row j sees row (j + shift) mod next_n's window: j off by one
     REVERSED_DRAFT_ROWS = "reversed-draft-rows"  # row j sees L_b - j: row next_n - 1 - j's window
     MTP_MIRRORED = "mtp-mirrored"  # row j sees L_b - j + 1 (AITER's p <= L - j)
     TILE_TRUNCATED = "tile-truncated"  # o rounded down or up to a multiple of a declared tile
     SHIFTED_REQUEST = "shifted-request"  # request b's rows see request b - shift's limits
     TAIL_NOT_CLEANED = "tail-not-cleaned"  # finite values past the window under tail-neg-inf
+    AFTER_EMPTY_REQUEST = "after-empty-request"  # wrong values on the rows of the requests after empty ones
     UNKNOWN = "unknown"
 
 
@@ -111,7 +121,8 @@ class Relation(Record):
 
     pattern: Member(Pattern)
     offset: Int(-MAX_MODEL_LEN, MAX_MODEL_LEN) | None = None  # CONSTANT_OFFSET: kernel limit - oracle limit
-    # SHIFTED_REQUEST: request b's rows see request b - shift's limits
+    # SHIFTED_REQUEST: request b's rows see request b - shift's limits; ROTATED_DRAFT_ROWS: row j sees row
+    # (j + shift) mod next_n's
     shift: Int(-2 * MAX_BATCH, 2 * MAX_BATCH) | None = None
     tile: Int(2, MAX_MODEL_LEN) | None = None  # TILE_TRUNCATED: the declared tile the windows are rounded to
     rounding: Member(Rounding) | None = None  # TILE_TRUNCATED
@@ -188,8 +199,9 @@ class Explanation(Record):
 
 def explain(mask_limits: Sequence[MaskLimit], next_n: int | None, row_lens: torch.Tensor | Sequence[int], *,
             width: int | None = None, wrong_rows: Iterable[int] | None = None, tail_checked: bool = True,
-            tiles: Sequence[int] = ()) -> Explanation | None:
-    """The relation that fits every wrong row of `mask_limits` (UNKNOWN when none does); None without rows.
+            tiles: Sequence[int] = (), value_rows: Sequence[int] = ()) -> Explanation | None:
+    """The relation that fits every wrong row of `mask_limits` (UNKNOWN when none does); without wrong masks,
+    where the wrong-value rows `value_rows` sit (AFTER_EMPTY_REQUEST, or None: no pattern of values is known).
 
     row_lens (rows,) are the oracle's limits; next_n None (the case's structure unknown) tries only the
     relations that need no requests. `width` (max_model_len) clamps predictions as the row does;
@@ -198,7 +210,7 @@ def explain(mask_limits: Sequence[MaskLimit], next_n: int | None, row_lens: torc
     the key-position tiles the backend declares (Contract.tiles).
     """
     if not mask_limits:
-        return None
+        return _after_empty(list(value_rows), next_n, row_lens)
     fit = _Fit.of(list(mask_limits), next_n, row_lens, width, wrong_rows, tail_checked, tiles)
     return fit.explanation(*_relations(fit))
 
@@ -337,6 +349,9 @@ def _candidates(fit: _Fit) -> Iterator[_Candidate]:
     yield from _offsets(fit)
     if fit.next_n is not None and fit.next_n > 1:
         yield _Candidate(Relation(Pattern.PER_SEQUENCE_LENGTH), lambda r: _Prediction(r.length))
+        for shift in sorted({1, fit.next_n - 1}):
+            yield _Candidate(Relation(Pattern.ROTATED_DRAFT_ROWS, shift=shift),
+                             functools.partial(_rotated, next_n=fit.next_n, shift=shift))
         # Row j with row next_n - 1 - j's window: max(L - next_n + (next_n - 1 - j) + 1, 0) = max(L - j, 0).
         yield _Candidate(Relation(Pattern.REVERSED_DRAFT_ROWS), lambda r: _Prediction(r.length - r.j))
         yield _Candidate(Relation(Pattern.MTP_MIRRORED), functools.partial(_mirrored, tiles=fit.tiles))
@@ -373,6 +388,12 @@ def _mirrored(rows: _Rows, tiles: tuple[int, ...]) -> _Prediction:
         return _Prediction(shown)
     whole = torch.stack([rows.length % tile == 0 for tile in tiles]).any(dim=0)
     return _Prediction(shown, torch.where((rows.j == 0) & whole, rows.length, shown))
+
+
+def _rotated(rows: _Rows, next_n: int, shift: int) -> _Prediction:
+    """Row j with row (j + shift) mod next_n's limit: max(L - next_n + ((j + shift) mod next_n) + 1, 0)."""
+    assert rows.length is not None and rows.j is not None
+    return _Prediction(rows.length - next_n + (rows.j + shift) % next_n + 1)
 
 
 def _rounded(rows: _Rows, tile: int, rounding: Rounding) -> _Prediction:
@@ -452,3 +473,26 @@ def _loose_offset(limits: list[MaskLimit]) -> Relation | None:
         return None
     (offset,) = offsets
     return Relation(Pattern.CONSTANT_OFFSET, offset=offset)
+
+
+def _after_empty(value_rows: list[int], next_n: int | None,
+                 row_lens: torch.Tensor | Sequence[int]) -> Explanation | None:
+    """AFTER_EMPTY_REQUEST when every wrong-value row lies in a request (with keys) right after an empty one;
+    None otherwise, and when the case's requests are unknown."""
+    lens = torch.as_tensor(row_lens, dtype=torch.int64).reshape(-1).cpu()
+    if not value_rows or not next_n or len(lens) % next_n:
+        return None
+    length = lens.reshape(-1, next_n)[:, -1]  # L_b: the limit of request b's last row
+    after = torch.zeros_like(length, dtype=torch.bool)
+    after[1:] = (length[:-1] == 0) & (length[1:] > 0)
+    requests = torch.tensor(value_rows, dtype=torch.int64) // next_n
+    if not after[requests].all():
+        return None
+    recorded = min(len(value_rows), MASK_LIMITS)
+    draft_rows = (torch.tensor(value_rows) % next_n).unique().tolist()
+    wrong = torch.zeros_like(lens, dtype=torch.bool)
+    wrong[torch.tensor(value_rows, dtype=torch.int64)] = True
+    # selective: some request after an empty one is right (DeepGEMM's needs the empty one inside an SM's range)
+    return Explanation(Relation(Pattern.AFTER_EMPTY_REQUEST), recorded, recorded,
+                       selective=len(set(requests.tolist())) < int(after.sum()), next_n=next_n,
+                       draft_rows=tuple(draft_rows), right_windows=int(((lens > 0) & ~wrong).sum()))

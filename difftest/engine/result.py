@@ -55,6 +55,7 @@ from difftest.engine.guards import MAX_TRACEBACK_CHARS
 from difftest.engine.sanitize import SanitizerReport
 from difftest.engine.stability import Stability
 from difftest.engine.timing import Timing
+from difftest.engine.topk_comparison import TopkPattern
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +96,7 @@ class Selection(Record):
     # verdict value -> the rows showing it (a row may show several)
     symptoms: TableOf(OneOf(Verdict), RowTuple, "a table of verdict -> rows")
     first: Text() | None = None  # the first wrong row, described
+    pattern: Member(TopkPattern) | None = None  # what explains every wrong row (difftest.engine.topk_comparison)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,11 +16,16 @@ How the conventions change what is right (docs/reference/topk.md):
   the window, -inf positions inside it, or indices past the row's width (the caller masks them all).
 * NanRanking.UNDEFINED: a row with a NaN in its window is judged on safety alone (no garbage,
   out-of-window or duplicate slot): what the value of a NaN-ranked top-k should be is not promised.
+
+A failing comparison is explained where a known pattern accounts for every wrong row (TopkPattern): every
+index off by its row's start (the other index convention's answer) when adding (or taking away) each row's
+start makes the whole answer right.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 
 import torch
@@ -35,6 +40,23 @@ KINDS = (Verdict.FAIL_GARBAGE, Verdict.FAIL_OUT_OF_WINDOW, Verdict.FAIL_DUPLICAT
          Verdict.FAIL_MISSING, Verdict.FAIL_ORDER)
 _SAFETY = (Verdict.FAIL_GARBAGE, Verdict.FAIL_OUT_OF_WINDOW, Verdict.FAIL_DUPLICATE)
 _NOT_A_COLUMN = -(1 << 62)  # what a NaN or fractional index becomes: a column no row has
+
+
+class TopkPattern(str, enum.Enum):
+    """What explains every wrong row of a top-k answer (its values are JSON's)."""
+
+    # every index lower by its row's start: row-relative indices under an absolute contract
+    ROW_RELATIVE_FOR_ABSOLUTE = "row-relative-for-absolute"
+    # every index higher by its row's start: absolute indices under a row-relative contract (vllm#56749)
+    ABSOLUTE_FOR_ROW_RELATIVE = "absolute-for-row-relative"
+
+
+PATTERN_WORDS = {
+    TopkPattern.ROW_RELATIVE_FOR_ABSOLUTE: "every index lower by its row's start (row-relative indices for an absolute "
+                                           "contract)",
+    TopkPattern.ABSOLUTE_FOR_ROW_RELATIVE: "every index higher by its row's start (absolute indices for a row-relative "
+                                           "contract)",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +94,7 @@ class TopkComparison:
     # none, holds and no right set does)
     safety_rows: tuple[int, ...]  # rows judged on safety alone (a NaN in the window, NaN ranking undefined)
     first_mismatch: TopkMismatch | None
+    pattern: TopkPattern | None = None  # what explains every wrong row, where a known pattern does
 
     def row_verdict(self, row: int) -> Verdict:
         """The verdict of one row: its worst symptom, PASS when it has none."""
@@ -82,6 +105,7 @@ class TopkComparison:
         text = f"{len(self.wrong_rows)}/{self.rows} rows select a wrong set ({sum(self.wrong_tokens)} tokens)"
         ordered = len(self.rows_by_verdict.get(Verdict.FAIL_ORDER, ()))
         text += f", {ordered} in the wrong order" if ordered else ""
+        text += f"; pattern: {PATTERN_WORDS[self.pattern]}" if self.pattern is not None else ""
         return text + (f"; first: {self.first_mismatch.describe()}" if self.first_mismatch else "")
 
 
@@ -93,7 +117,28 @@ def compare_topk(reference: TopkTruth, got_indices: torch.Tensor, case: TopkCase
     if tuple(got_indices.shape) != (case.rows, case.k):
         raise ValueError(f"backend returned indices of shape {tuple(got_indices.shape)}, "
                          f"expected {(case.rows, case.k)}")
-    slots = _Slots.of(got_indices.to(case.device), case, contract, reference.nan)
+    judged = _judged(reference, got_indices.to(case.device), case, contract)
+    return dataclasses.replace(judged, pattern=_pattern(reference, got_indices.to(case.device), case, contract, judged))
+
+
+def _pattern(reference: TopkTruth, got: torch.Tensor, case: TopkCase, contract: TopkContract,
+             judged: TopkComparison) -> TopkPattern | None:
+    """The other index convention's answer: where moving every index (not the -1 pads) by its row's start
+    makes every row right, and some wrong row's window starts past 0."""
+    wrong = torch.tensor(judged.wrong_rows, dtype=torch.int64, device=case.device)
+    if not judged.verdict.failed or not wrong.numel() or not bool((case.starts[wrong] > 0).any()):
+        return None
+    absolute = contract.index == IndexConvention.ABSOLUTE
+    index = _as_index(got)
+    moved = torch.where(index >= 0, index + (1 if absolute else -1) * case.starts[:, None], index)
+    if _judged(reference, moved, case, contract).verdict.failed:
+        return None
+    return TopkPattern.ROW_RELATIVE_FOR_ABSOLUTE if absolute else TopkPattern.ABSOLUTE_FOR_ROW_RELATIVE
+
+
+def _judged(reference: TopkTruth, got_indices: torch.Tensor, case: TopkCase, contract: TopkContract) -> TopkComparison:
+    """compare_topk without its explanation."""
+    slots = _Slots.of(got_indices, case, contract, reference.nan)
     rule = _Rule.of(reference, contract)
     faults = _faults(slots, rule, contract)
     safety = (reference.nans > 0) & torch.tensor(reference.nan == NanRanking.UNDEFINED, device=case.device)

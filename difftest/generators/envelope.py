@@ -377,6 +377,11 @@ class _Plan:
         rounded = -(-length // self.align) * self.align
         return rounded if rounded <= self.longest else length
 
+    def holding(self, lengths: tuple[int, ...]) -> int:
+        """The base's max_model_len, or where `lengths` pass it one that holds them (ctx): a case of fixed lengths
+        at 2 * block + 1 is past a small base context at block 64 (129 > 128)."""
+        return max(self.base.max_model_len, self.ctx(max(lengths)))
+
     def spec(self, name: str, next_n: int, **fields: object) -> CaseSpec:
         """The base spec named `name`, at the supported next_n nearest `next_n`, with `fields` replaced."""
         return self.base.replace(name=name, next_n=self.nn(next_n), **fields)
@@ -539,8 +544,10 @@ def _reject_reason(plan: _Plan, spec: CaseSpec) -> str | None:
     """Why the contract or the scale does not take `spec`; None when both do."""
     try:
         spec.validate()
-    except SpecError as err:  # e.g. a declared head_dim that is not a multiple of 16
-        return str(err)
+    except SpecError as err:
+        if err.field not in _DECLARED_DIMS:  # lengths past max_model_len, a pool too small: the planner's own bug
+            raise AssertionError(f"the planner built {spec.name}, which describes no case: {err}") from err
+        return str(err)  # a dimension the contract declares that no spec takes (a head_dim no multiple of 16)
     contract = plan.contract
     reason = contract.shape_reason(spec.next_n, spec.heads, spec.head_dim, spec.block_size)
     if reason:
@@ -551,6 +558,10 @@ def _reject_reason(plan: _Plan, spec: CaseSpec) -> str | None:
         return reason
     rows = spec.total_batch * spec.next_n
     return _scale_reason(plan, spec.max_model_len, pool, rows * spec.max_model_len, rows * spec.heads * spec.head_dim)
+
+
+# The spec fields a contract's declared shapes set: the only ones whose SpecError leaves a case out.
+_DECLARED_DIMS = frozenset(_Dims._fields)
 
 
 def _scale_reason(plan: _Plan, context: int, pool_bytes: int, logits: int, query_bytes: int = 0) -> str | None:
@@ -786,8 +797,12 @@ def _pools(plan: _Plan) -> Built:
         out.append(PlannedSpec(spec, (EdgeFamily.POOL_2_31_BYTES, EdgeFamily.HIGH_BLOCK_IDS)))
     short = (2 * bs + 1, bs, 1, 0)
     blocks = 2**16 + 1 + sum(-(-n // bs) for n in short)  # used ids 2^16 + 1 and up
-    out.append(PlannedSpec(plan.spec("high-block-ids-65536", 2, lengths=short, pool_blocks=blocks,
-                                     high_block_ids=True), (EdgeFamily.HIGH_BLOCK_IDS,)))
+    # On the CPU at the narrowest head_dim the contract takes with this block size: 2^16 blocks of 64 tokens at
+    # D 64 are 285 MB, past SMALL_MAX_POOL_BYTES; at D 32, 151 MB.
+    narrow = plan.dims(head_dim=min(plan.supported("head_dim")), block_size=bs) if plan.small else None
+    shape = {"heads": narrow.heads, "head_dim": narrow.head_dim} if narrow is not None else {}
+    out.append(PlannedSpec(plan.spec("high-block-ids-65536", 2, lengths=short, max_model_len=plan.holding(short),
+                                     pool_blocks=blocks, high_block_ids=True, **shape), (EdgeFamily.HIGH_BLOCK_IDS,)))
     return out
 
 
@@ -866,8 +881,8 @@ def _unaligned_pool(plan: _Plan) -> Built:
     lengths = (2 * bs + 1, bs, 1, 0)
     least = max(sum(-(-n // bs) for n in lengths) + plan.base.canary_blocks, bs, *plan.tiles) + 1
     blocks = _prime_at_least(least)
-    return [PlannedSpec(plan.spec(f"unaligned-pool-{blocks}", 2, lengths=lengths, pool_blocks=blocks,
-                                  high_block_ids=True), (EdgeFamily.UNALIGNED_POOL,))]
+    return [PlannedSpec(plan.spec(f"unaligned-pool-{blocks}", 2, lengths=lengths, max_model_len=plan.holding(lengths),
+                                  pool_blocks=blocks, high_block_ids=True), (EdgeFamily.UNALIGNED_POOL,))]
 
 
 _BLOCK_BASE = {TWO_31: EdgeFamily.BLOCK_BASE_2_31_BYTES, TWO_32: EdgeFamily.BLOCK_BASE_2_32_BYTES}

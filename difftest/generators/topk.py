@@ -22,10 +22,14 @@ from difftest.core.topk import MAX_ROWS, MAX_WIDTH, TopkCase, TopkContract, deco
 from difftest.generators.envelope import Scale, Target
 
 MAX_ELEMENTS = 1 << 33  # rows * row_stride of one case: 32 GiB of float32, past any GPU's headroom
-# Columns past the width of a storage row: larger than every logit, so a kernel walking rows at the wrong
-# stride ranks them first. Values outside a window under Outside.HOSTILE: large, distinct, below it.
+# Columns past the width of a storage row: larger than every logit (but TopkValues.EXTREME's largest finite), so a
+# kernel walking rows at the wrong stride ranks them first. Values outside a window under Outside.HOSTILE: large,
+# distinct, below it.
 STRIDE_PADDING = 3.0e38
 HOSTILE = 1.0e30
+# TopkValues.EXTREME's magnitudes besides N(0, 1): a denormal's scale (times U(0, 1)), the least normal, zero and
+# the largest finite float32, each drawn with either sign.
+EXTREMES = (2.0 ** -126, 2.0 ** -126, 0.0, float(torch.finfo(torch.float32).max))
 DEFAULT_KS = (512, 1024, 2048)  # what DeepSeek-V3.2 (2048), GLM-5.x and the kernels' instantiations use
 
 
@@ -38,6 +42,9 @@ class TopkValues(str, enum.Enum):
     EQUAL = "equal"  # every value 1.0: all-equal rows
     CROWDED = "crowded"  # uniform in [1.0, 1.245): distinct floats in one coarse (fp16 top-byte) bin, vllm#51782
     TIED = "tied"  # `above` distinct values in [2, 3), then `ties` values exactly 1.0, the rest in [-1, 0)
+    # the ends of float32, each of either sign, among N(0, 1) values: denormals (down to 2^-149), the least
+    # normal 2^-126, 0.0 and -0.0, and the largest finite 3.4028235e38 (EXTREMES)
+    EXTREME = "extreme"
 
 
 class WindowDist(str, enum.Enum):
@@ -195,7 +202,20 @@ def _drawn(spec: TopkSpec, rank: torch.Tensor, gen: torch.Generator, device: str
         return torch.sign(normal) * torch.exp2(8.0 * torch.randn(shape, generator=gen, device=device))
     if kind == TopkValues.TIED:
         return _tied(spec, rank, gen, device)
+    if kind == TopkValues.EXTREME:
+        return _extreme(shape, gen, device)
     return torch.randn(shape, generator=gen, device=device)
+
+
+def _extreme(shape: tuple[int, int], gen: torch.Generator, device: str | torch.device) -> torch.Tensor:
+    """Each value, with equal odds, N(0, 1) or one of EXTREMES (the first a denormal: its scale times U(0, 1)),
+    of either sign; computed in float32, so the denormals are float32's own."""
+    which = torch.randint(0, len(EXTREMES) + 1, shape, generator=gen, device=device)
+    sign = torch.where(torch.rand(shape, generator=gen, device=device) < 0.5, -1.0, 1.0)
+    fraction = torch.rand(shape, generator=gen, device=device)
+    magnitudes = torch.tensor(EXTREMES, dtype=torch.float32, device=device)[(which - 1).clamp(min=0)]
+    extreme = sign * torch.where(which == 1, magnitudes * fraction, magnitudes)  # which == 1: a denormal
+    return torch.where(which == 0, torch.randn(shape, generator=gen, device=device), extreme)
 
 
 def _tied(spec: TopkSpec, rank: torch.Tensor, gen: torch.Generator, device: str | torch.device) -> torch.Tensor:
@@ -236,12 +256,15 @@ class TopkFamily(str, enum.Enum):
     K_VALUES = "k-values"  # each k the contract declares (512, 1024, 2048 where it takes any)
     ALL_EQUAL = "all-equal"
     TIES_STRADDLE = "ties-straddle"  # k - 1, k, k + 1 and 3k values equal to the k-th
+    # adjacent rows each with a tie at the k-th value and a surplus of it: a surplus stored into the next row shows
+    TIES_ACROSS_ROWS = "ties-across-rows"
     TIES_PAST_2048 = "ties-past-2048"  # sglang#35257's capped tie list
     TIES_PAST_16384 = "ties-past-16384"  # vllm#51782's candidate buffer
     CROWDED_BIN = "crowded-bin"  # distinct values of one coarse bin past 2048, 4096 and 16384 (sglang#36807)
     FEW_CANDIDATES = "few-candidates"  # k - 1, k, k + 1 candidates in windows longer than k
     SHORT_WINDOWS = "short-windows"  # windows of 0, 1, k - 1, k, k + 1 columns
-    SPECIAL_VALUES = "special-values"  # -inf, +inf and NaN inside windows
+    PADDING_ORDER = "padding-order"  # rows of 0, 1, k - 1 candidates before rich rows, and after them
+    SPECIAL_VALUES = "special-values"  # -inf, +inf and NaN inside windows, rows of all -inf, float32's extremes
     PREFILL_WINDOWS = "prefill-windows"  # windows starting past column 0 (vllm#56749's absolute vs relative)
     DECODE_RULE = "decode-rule"  # end = L - next_n + j + 1 for each next_n
     ODD_STRIDE = "odd-stride"  # row strides that are not multiples of 4: odd widths and padded views
@@ -341,14 +364,21 @@ def _randoms(ks: tuple[int, ...], base: TopkSpec) -> list[TopkPlanned | TopkOmis
 
 
 def _ties(base: TopkSpec, k_top: int) -> list[TopkPlanned | TopkOmission]:
-    """TIES_STRADDLE, TIES_PAST_2048/16384 and CROWDED_BIN: exact ties around the k-th value, at the
-    smallest k in four rows (k - 1, k, k + 1 and 3k equal values, above = k // 2 of them greater), then at
+    """TIES_STRADDLE, TIES_ACROSS_ROWS, TIES_PAST_2048/16384 and CROWDED_BIN: exact ties around the k-th value,
+    at the smallest k in four rows (k - 1, k, k + 1 and 3k equal values, above = k // 2 of them greater); four
+    rows each with k // 2 greater values and a surplus of ties past the k-th (a kernel storing one row's surplus
+    into the next row's slots meets a row whose own ties it must keep apart from the spilled ones); then at
     the largest k one row of 2049 and one of 16385 ties; crowded rows of one coarse bin holding 2049, 4097
     and 16385 distinct values, full windows."""
     k = base.k
     straddle = base.replace(name="ties-straddle", values=TopkValues.TIED, ties=(k - 1, k, k + 1, 3 * k),
                             windows=WindowDist.FULL, width=5 * k)
-    out: list[TopkPlanned | TopkOmission] = [TopkPlanned(straddle, (TopkFamily.TIES_STRADDLE,))]
+    # Surpluses of k // 2 + 1, 1, k + 1 and 1 tie values: each row's k-th is a tie, and so is its neighbours'.
+    across = base.replace(name="ties-across-rows", values=TopkValues.TIED, above=k // 2,
+                          ties=(k + 1, k - k // 2 + 1, 2 * k - k // 2 + 1, k - k // 2 + 1), windows=WindowDist.FULL,
+                          width=3 * k)
+    out: list[TopkPlanned | TopkOmission] = [TopkPlanned(straddle, (TopkFamily.TIES_STRADDLE,)),
+                                             TopkPlanned(across, (TopkFamily.TIES_ACROSS_ROWS,))]
     for count, family in ((2049, TopkFamily.TIES_PAST_2048), (16385, TopkFamily.TIES_PAST_16384)):
         width = _round4(k_top // 2 + count + k_top)
         out.append(TopkPlanned(base.replace(name=f"ties-{count}", rows=1, k=k_top, width=width, ties=(count,),
@@ -361,18 +391,34 @@ def _ties(base: TopkSpec, k_top: int) -> list[TopkPlanned | TopkOmission]:
 
 
 def _counts(base: TopkSpec) -> list[TopkPlanned | TopkOmission]:
-    """FEW_CANDIDATES, SHORT_WINDOWS, SPECIAL_VALUES: k - 1, k, k + 1 candidates in windows of 2k of the 3k
-    columns (the rest of the window -inf, so a kernel padding past the window must pick -inf positions inside
-    it and not the -inf it masks outside); windows
-    of 0, 1, k - 1, k, k + 1 columns; rows with -inf, +inf and NaN inside their windows."""
+    """FEW_CANDIDATES, SHORT_WINDOWS, PADDING_ORDER, SPECIAL_VALUES: k - 1, k, k + 1 candidates in windows of 2k
+    of the 3k columns (the rest of the window -inf, so a kernel padding past the window must pick -inf positions
+    inside it and not the -inf it masks outside); windows of 0, 1, k - 1, k, k + 1 columns; rows of 0, 1 and
+    k - 1 candidates before three full rows, and after them (a count or a pad carried from one row to the next
+    shows whichever way it runs); rows with -inf, +inf and NaN inside their windows."""
     k = base.k
     few = base.replace(name="few-candidates", rows=3, starts=(0,) * 3, ends=(2 * k,) * 3, finite=(k - 1, k, k + 1))
     lengths = (0, 1, k - 1, k, k + 1)
     short = base.replace(name="short-windows", rows=len(lengths), starts=(0,) * len(lengths), ends=lengths)
+    poor, rich = (0, 1, k - 1), (3 * k,) * 3
     return [TopkPlanned(few, (TopkFamily.FEW_CANDIDATES,)), TopkPlanned(short, (TopkFamily.SHORT_WINDOWS,)),
-            TopkPlanned(base.replace(name="neg-inf-and-pos-inf", windows=WindowDist.FULL, finite=(2 * k,),
-                                     pos_infs=3), (TopkFamily.SPECIAL_VALUES,)),
-            TopkPlanned(base.replace(name="nan-inside", windows=WindowDist.FULL, nans=2), (TopkFamily.SPECIAL_VALUES,))]
+            TopkPlanned(base.replace(name="padding-rows-first", rows=6, windows=WindowDist.FULL, finite=poor + rich),
+                        (TopkFamily.PADDING_ORDER,)),
+            TopkPlanned(base.replace(name="padding-rows-last", rows=6, windows=WindowDist.FULL, finite=rich + poor),
+                        (TopkFamily.PADDING_ORDER,)),
+            *_special_values(base)]
+
+
+def _special_values(base: TopkSpec) -> list[TopkPlanned | TopkOmission]:
+    """SPECIAL_VALUES, full windows: -inf and 3 +inf; k + 1 +inf (the k-th value a tie of +inf); rows of all -inf
+    beside rich ones; 2 NaN; float32's extremes (denormals, -0.0, the largest finite)."""
+    k = base.k
+    specs = (base.replace(name="neg-inf-and-pos-inf", finite=(2 * k,), pos_infs=3),
+             base.replace(name="pos-inf-past-k", pos_infs=k + 1),
+             base.replace(name="all-neg-inf-rows", finite=(0, 3 * k)),
+             base.replace(name="nan-inside", nans=2),
+             base.replace(name="extreme-values", values=TopkValues.EXTREME))
+    return [TopkPlanned(spec.replace(windows=WindowDist.FULL), (TopkFamily.SPECIAL_VALUES,)) for spec in specs]
 
 
 def _shapes(base: TopkSpec, contract: TopkContract) -> list[TopkPlanned | TopkOmission]:

@@ -42,7 +42,8 @@ def envelope(contract: TopkContract, device: str) -> list[Planned]:
 
 
 def random_spec(rng: random.Random, device: str) -> TopkSpec:
-    """A small spec: k in {8, 64, 512}, rows of 1..3k columns, every value and window distribution, ties."""
+    """A small spec: k in {8, 64, 512}, rows of 1..3k columns, every value and window distribution, ties; in
+    about half the specs the values real kernels meet (_special_counts): +inf, NaN, rows of all -inf."""
     k = rng.choice((8, 64, 512))
     windows = rng.choice(list(WindowDist))
     next_n = rng.choice((1, 2)) if windows == WindowDist.DECODE else 1
@@ -50,7 +51,18 @@ def random_spec(rng: random.Random, device: str) -> TopkSpec:
     width = 4 * rng.randint(max(1, k // 8), k)
     values = rng.choice(list(TopkValues))
     return TopkSpec(name=f"fuzz-{values.value}-{windows.value}", rows=rows, width=width, k=k, windows=windows,
-                    next_n=next_n, values=values, ties=(rng.randint(0, k),), outside=rng.choice(list(Outside)))
+                    next_n=next_n, values=values, ties=(rng.randint(0, k),), outside=rng.choice(list(Outside)),
+                    **_special_counts(rng, k, width))
+
+
+def _special_counts(rng: random.Random, k: int, width: int) -> dict[str, Any]:
+    """+inf per row (none in half the specs; else 1, k - 1, k or k + 1: the k-th a tie of +inf), NaN per row
+    (none in three specs of four; else 1 or 2) and candidates per row (all in half the specs; else cycles with
+    rows of no candidate, one, k - 1, before and after full rows)."""
+    pos_infs = rng.choice((0, 0, 0, 0, 1, k - 1, k, k + 1))
+    nans = rng.choice((0, 0, 0, 0, 0, 0, 1, 2))
+    finite = rng.choice((None, None, None, (0, width), (width, 1, width, k - 1), (0, 0, width)))
+    return {"pos_infs": pos_infs, "nans": nans, "finite": finite}
 
 
 def reference(case: TopkCase, contract: TopkContract, oracle: OracleKind) -> TopkTruth:
@@ -91,7 +103,7 @@ def selection_of(judged: TopkComparison) -> Selection:
     """The selected-set record of a top-k comparison."""
     return Selection(rows=judged.rows, wrong_rows=judged.wrong_rows, wrong_tokens=sum(judged.wrong_tokens),
                      symptoms={kind.value: rows for kind, rows in judged.symptoms.items() if rows},
-                     first=judged.first_mismatch.describe() if judged.first_mismatch else None)
+                     first=judged.first_mismatch.describe() if judged.first_mismatch else None, pattern=judged.pattern)
 
 
 def judge(truth: TopkTruth, got: Any, case: TopkCase, contract: TopkContract) -> Judgement:

@@ -341,6 +341,8 @@ def relation_name(relation: Relation) -> str:
     if p == Pattern.TILE_TRUNCATED:
         way = "" if relation.rounding is None else f"{relation.rounding.value} "
         return f"tile-truncated ({way}to {relation.tile if relation.tile is not None else 'a tile'})"
+    if p == Pattern.ROTATED_DRAFT_ROWS:
+        return "rotated draft rows" + ("" if relation.shift is None else f" (j + {relation.shift})")
     if p == Pattern.SHIFTED_REQUEST:
         return "shifted request" + ("" if relation.shift is None else f" (b {'-' if relation.shift > 0 else '+'} "
                                                                         f"{abs(relation.shift)})")
@@ -349,7 +351,8 @@ def relation_name(relation: Relation) -> str:
 
 _NAMES = {Pattern.NO_WINDOW: "no window", Pattern.PER_SEQUENCE_LENGTH: "per-sequence length",
           Pattern.REVERSED_DRAFT_ROWS: "reversed draft rows", Pattern.MTP_MIRRORED: "AITER's mirrored MTP window",
-          Pattern.TAIL_NOT_CLEANED: "tail not cleaned", Pattern.UNKNOWN: "no known pattern fits"}
+          Pattern.TAIL_NOT_CLEANED: "tail not cleaned", Pattern.UNKNOWN: "no known pattern fits",
+          Pattern.AFTER_EMPTY_REQUEST: "the request after an empty one"}
 
 
 def describe(e: Explanation) -> str:
@@ -362,6 +365,8 @@ _MEANINGS = {
     Pattern.PER_SEQUENCE_LENGTH: "each row of a request sees L, the sequence's length, instead of L - next_n + j + 1 "
                                  "(the MTP offset forgotten)",
     Pattern.REVERSED_DRAFT_ROWS: "row j sees L - j positions, the window of row next_n - 1 - j",
+    Pattern.AFTER_EMPTY_REQUEST: "every wrong row is in a request right after an empty one (L = 0), its mask right and "
+                                 "its values not: scored with the empty request's q and weights (DeepGEMM 2.8.1)",
     Pattern.MTP_MIRRORED: "row j sees L - j + 1 positions (p <= L - j), the window of row next_n - j, instead of "
                           "L - next_n + j + 1",
 }
@@ -387,6 +392,9 @@ def _with_parameters(e: Explanation) -> str:
         return f"each window rounded to a multiple of the declared tile ({dropped})"
     if r.pattern == Pattern.SHIFTED_REQUEST:
         return _shift_meaning(r.shift)
+    if r.pattern == Pattern.ROTATED_DRAFT_ROWS:
+        return (f"row j sees the window of row (j + {r.shift}) mod next_n: a draft-row index off by one, wrapping "
+                f"within the request")
     if r.pattern == Pattern.TAIL_NOT_CLEANED:
         return f"finite values past the oracle's window on every wrong row ({e.holes} of them with -inf between values)"
     return "kernel - oracle limit is " + ", ".join(f"{'not a prefix (holes)' if d is None else _signed(d)} on {n}"

@@ -11,8 +11,10 @@ shrunk only so; a hang never (each probe would cost a timeout): its bundle is wr
 
 The budget bounds the whole campaign: drawing and running cases, then bundling and shrinking. Once a
 signature that can be shrunk is found, drawing stops `shrink_seconds` before the budget's end (a share of
-the budget by default), and the signatures share what is left, each in turn the remaining time over the
-signatures still to shrink; a probe that has started finishes, so the campaign may end that much late.
+the budget by default). That share is a reserve: it starts when drawing ends, so a case or batch still
+under way then (and its retries) makes the campaign end that much late, never shrink nothing. The
+signatures share it, each in turn the remaining time over the signatures still to shrink, or a few calls of
+its backend where that is more; a probe that has started finishes, so the campaign may end that much late.
 Drawing also ends at `until_failures` distinct signatures. Without a repro dir, the bundles go to a
 temporary folder (CampaignOutcome.repro_dir says which).
 
@@ -116,6 +118,9 @@ MAX_JOBS = 64
 # The share of the budget kept for bundling and shrinking what a campaign finds, when not given: shrinking a
 # case of the production envelope takes tens of probes, each a launch and an oracle of a smaller case.
 SHRINK_SHARE = 0.25
+# Calls of its backend a signature's shrink may take out of what is left before the others' even shares: a
+# share too short for a probe shrinks nothing (nine signatures in 30 s of 2-s calls), a few probes shrink much.
+SHRINK_CALLS = 8
 PROGRESS_SECONDS = 0.2  # a progress listener hears the campaign at most this often while cases run
 WAKE_SECONDS = 0.25  # how often the parent of jobs side by side looks at its clock between their messages
 
@@ -245,12 +250,16 @@ class CampaignOutcome:
         return self.cases / self.seconds if self.seconds > 0 else 0.0
 
 
-class _Clock:
-    """A campaign's time: its start (time.monotonic(), one clock for every process of the machine) and its
-    budget, when drawing stops, and the progress listener, told at most every PROGRESS_SECONDS."""
+Now = Callable[[], float]  # seconds on a clock that only goes forward: time.monotonic, or a test's
 
-    def __init__(self, start: float, campaign: Campaign, on_progress: ProgressListener | None = None) -> None:
-        self.start, self.campaign, self.on_progress = start, campaign, on_progress
+
+class _Clock:
+    """A campaign's time: its start on `now` (time.monotonic(), one clock for every process of the machine) and
+    its budget, when drawing stops, and the progress listener, told at most every PROGRESS_SECONDS."""
+
+    def __init__(self, start: float, campaign: Campaign, on_progress: ProgressListener | None = None,
+                 now: Now = time.monotonic) -> None:
+        self.start, self.campaign, self.on_progress, self.now = start, campaign, on_progress, now
         self.told = -float("inf")
 
     @property
@@ -266,7 +275,7 @@ class _Clock:
 
     def tell(self, cases: int | None, signatures: int, doing: str, now: bool = False) -> None:
         """The listener hears where the campaign is (`now`: whenever it last heard)."""
-        moment = time.monotonic()
+        moment = self.now()
         if self.on_progress is None or (not now and moment - self.told < PROGRESS_SECONDS):
             return
         self.told = moment
@@ -274,21 +283,24 @@ class _Clock:
 
 
 def fuzz(campaign: Campaign, on_progress: ProgressListener | None = None,
-         on_result: Callable[[CaseResult], None] | None = None) -> CampaignOutcome:
+         on_result: Callable[[CaseResult], None] | None = None, now: Now = time.monotonic) -> CampaignOutcome:
     """Run `campaign` within its budget: cases (drawn by `jobs` campaigns side by side, each its share of the
     plan, when jobs > 1) until its failure count or the time to shrink what it found, then a bundle per
     signature, shrunk in turn in what is left; last its report and JUnit XML where asked for. `on_progress`
     hears where it is (a few times a second at most); `on_result` each result as it comes (one job's campaign:
-    the outcome's results are the ones that count, a batch's failure tried again included)."""
-    start, started = time.monotonic(), time.time()
+    the outcome's results are the ones that count, a batch's failure tried again included). `now` is the
+    campaign's clock (jobs side by side keep time.monotonic, the one clock of every process)."""
+    require(campaign.jobs == 1 or now is time.monotonic, "jobs", campaign.jobs,
+            "1 when the campaign keeps a clock of its own (jobs side by side share time.monotonic)")
+    start, started = now(), time.time()
     hardware.require_device(campaign.config.device)  # this host's, not the campaign's: checked where it runs
     campaign = bounded(campaign)
     outputs = _outputs(campaign)
-    clock = _Clock(start, campaign, on_progress)
+    clock = _Clock(start, campaign, on_progress, now)
     backends = get_backends(list(campaign.backends) if campaign.backends else None)
     drawn = (_in_jobs(campaign, backends, clock) if campaign.jobs > 1
              else _drawn(campaign, backends, clock, on_result=on_result))
-    cases_done = time.monotonic()
+    cases_done = now()
     if drawn.interrupted:
         _keep_interrupted(campaign, drawn, outputs, started, cases_done - start)
     folder = _bundle_folder(campaign, drawn.found)
@@ -296,7 +308,7 @@ def fuzz(campaign: Campaign, on_progress: ProgressListener | None = None,
         found = _kept(drawn, backends, campaign, clock, folder)
     except KeyboardInterrupt:  # while bundling or shrinking: the cases' results are whole, and kept
         _keep_interrupted(campaign, drawn, outputs, started, cases_done - start)
-    end = time.monotonic()
+    end = now()
     outcome = dataclasses.replace(drawn, found=found, phases=Phases(cases_done - start, end - cases_done, end - start),
                                   budget=campaign.budget, config=campaign.config, bundles=folder,
                                   temporary=folder is not None and campaign.repro_dir is None)
@@ -531,7 +543,7 @@ def _gathered(jobs: list[tuple[Connection, BaseProcess]], stop: EventType, until
             answers[index] = f"raised {payload.splitlines()[0]}" if kind == "raised" else payload
             del waiting[receive]
         if clock is not None:
-            if time.monotonic() > clock.drawing_ends(signatures):
+            if clock.now() > clock.drawing_ends(signatures):
                 stop.set()
             clock.tell(None, len(signatures), "drawing cases")
     outcomes = [answer for _index, answer in sorted(answers.items()) if not isinstance(answer, str)]
@@ -725,7 +737,7 @@ class _State:
         return batch
 
     def _done(self) -> bool:
-        over = time.monotonic() > self.clock.drawing_ends(self.found)
+        over = self.clock.now() > self.clock.drawing_ends(self.found)
         enough = self.campaign.until_failures is not None and len(self.found) >= self.campaign.until_failures
         stopped = self.link is not None and self.link.stop.is_set()  # the jobs' failures together are enough
         return over or enough or stopped
@@ -836,14 +848,19 @@ def _bundle_folder(campaign: Campaign, found: list[Found]) -> Path | None:
 def _kept(drawn: CampaignOutcome, backends: list[Loaded], campaign: Campaign, clock: _Clock,
           folder: Path | None) -> list[Found]:
     """Each signature's bundle in `folder`, then, in turn, its shrunk case and bundle where it can be probed
-    safely, within the shrinking share and what is left of the budget; one entry per distinct shrunk case."""
+    safely, within the shrinking share; one entry per distinct shrunk case.
+
+    The share is a reserve: it starts when drawing ends, so a drawing phase that overran its part (a case or a
+    batch under way, its retries) moves the campaign's end later rather than leaving nothing to shrink with.
+    Each signature gets the time left over the signatures still to shrink, or, where that is less, up to
+    SHRINK_CALLS calls of its backend out of what is left: the first signatures are shrunk, not all left."""
     found = drawn.found
     if folder is None:
         return found
+    deadline = clock.now() + campaign.shrink_budget
     bundles = BundleOutput(folder, campaign.config, backends)
     for item in found:
         item.bundle = bundles.write(item.case, item.result)
-    deadline = min(clock.end, time.monotonic() + campaign.shrink_budget)
     shrinks = campaign.shrink_budget > 0  # 0: asked for no shrinking
     shrinkable = [item for item in found if shrinks and _shrinkable(item.result.verdict, campaign.config)]
     by_name = {backend.name: backend for backend in backends}
@@ -854,8 +871,9 @@ def _kept(drawn: CampaignOutcome, backends: list[Loaded], campaign: Campaign, cl
             quickest[result.backend] = min(result.seconds, quickest.get(result.backend, result.seconds))
     for index, item in enumerate(shrinkable):
         clock.tell(None, len(found), f"shrinking {index + 1} of {len(shrinkable)}", now=True)
-        share = (deadline - time.monotonic()) / (len(shrinkable) - index)  # time one shrink spares goes on
         call = quickest.get(item.signature.backend, item.result.seconds)
+        left = deadline - clock.now()
+        share = max(left / (len(shrinkable) - index), min(left, SHRINK_CALLS * call))  # what one spares goes on
         _shrunk(item, by_name[item.signature.backend], campaign, share, call, bundles)
     return _merged(found)
 
@@ -977,8 +995,9 @@ def campaign_info(campaign: Campaign, outcome: CampaignOutcome, started: float) 
 
 
 def _signature_info(sign: Signature) -> dict[str, Any]:
+    pattern = sign.relation.pattern if sign.relation is not None else sign.selection
     return {"backend": sign.backend, "verdict": sign.verdict.value,
-            "pattern": sign.relation.pattern.value if sign.relation is not None else None, "error": sign.error}
+            "pattern": pattern.value if pattern is not None else None, "error": sign.error}
 
 
 def _found_info(found: Found, config: RunConfig) -> dict[str, Any]:

@@ -22,7 +22,6 @@ from difftest.core import hardware, memory
 from difftest.core.errors import SpecError, first_line, require
 from difftest.core.kinds import CaseKind, ExitStatus, OperationKind
 from difftest.core.operation import Operation
-from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
 from difftest.engine.operation_run import Drawn, Named, operation_workers, relations_asked, run_one, run_operation
 from difftest.engine.plan import SuiteRequest, matching
@@ -47,6 +46,7 @@ from difftest.records.report import config_info, environment_info
 from difftest.workflows.fuzz import require_campaign
 from difftest.workflows.session import untested_backends
 from difftest.workflows.shrink import Failure, require_shrink_seconds
+from difftest.workflows.signatures import signature
 
 Listener = Callable[[CaseResult], None]
 
@@ -326,9 +326,9 @@ class OperationCampaign:
 def fuzz_operation(campaign: OperationCampaign, on_result: Listener | None = None) -> OperationOutcome:
     """Random specs of the operation (Operation.random_spec), each with a fresh seed, through every backend
     until the budget is spent (or `until_failures` failing results), every result handed to the campaign's
-    outputs (stream, bundles, report, JUnit); under repro_dir a bundle for the first failure of each backend
-    and verdict (a campaign repeats a failure thousands of times: one reproducer of each is what a reader
-    replays and shrinks)."""
+    outputs (stream, bundles, report, JUnit); under repro_dir a bundle for the first failure of each signature
+    (difftest.workflows.signatures: backend, verdict and the explained pattern; a campaign repeats a failure
+    thousands of times: one reproducer of each root cause is what a reader replays and shrinks)."""
     op = operation(campaign.operation)
     require(op.random_spec is not None, "operation", op.name, "an operation that draws random specs")
     hardware.require_device(campaign.config.device)  # this host's, not the campaign's: checked where it runs
@@ -344,7 +344,7 @@ def fuzz_operation(campaign: OperationCampaign, on_result: Listener | None = Non
     try:
         outputs = _outputs(f"difftest fuzz --op {op.name}", campaign.config, made(), report=campaign.report,
                            stream=campaign.stream, junit=campaign.junit, repro_dir=campaign.repro_dir,
-                           backends=backends, first_of=_backend_and_verdict, flush_seconds=CAMPAIGN_FLUSH_SECONDS)
+                           backends=backends, first_of=signature, flush_seconds=CAMPAIGN_FLUSH_SECONDS)
 
         def heard(result: CaseResult, case: Any) -> None:
             outputs.take(result, case)
@@ -360,11 +360,6 @@ def fuzz_operation(campaign: OperationCampaign, on_result: Listener | None = Non
         for lock in locks:
             lock.release()
     return OperationOutcome(results, info, bundles=_bundles(outputs), written=written)
-
-
-def _backend_and_verdict(result: CaseResult) -> tuple[str, Verdict]:
-    """What a campaign bundles once: a backend's failure of one verdict."""
-    return result.backend, result.verdict
 
 
 def _campaign(op: Operation, backends: list[Named], campaign: OperationCampaign, rng: random.Random,

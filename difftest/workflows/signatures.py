@@ -4,7 +4,9 @@ One bug shows in many ways: the first wrong row falls on another draft row, a ca
 beside its wrong mask, the shapes differ. A signature keeps only what names the cause: the backend,
 the verdict, and what explains it: for a wrong -inf mask the relation difftest.engine.explain fitted
 to the wrong windows (its Explanation's Relation, with its parameters, as the result's comparison
-records it), for an ERROR the exception's type. The rest are its variants, counted under it: which
+records it), for wrong values the pattern of the rows that hold them (the request after an empty one),
+for a top-k selection the pattern its comparison found (every index off by its row's start), for an
+ERROR the exception's type. The rest are its variants, counted under it: which
 draft row the first wrong row is, which kinds of wrong rows the case has (mask, nan, unwritten,
 value), and the shapes of the cases.
 """
@@ -18,6 +20,7 @@ from difftest.core.case import Case
 from difftest.core.verdict import Verdict
 from difftest.engine.explain import Relation
 from difftest.engine.result import CaseResult
+from difftest.engine.topk_comparison import TopkPattern
 from difftest.records.report import relation_name
 
 SHOWN = 4  # variants of each kind the campaign's end lists (the JSON report has them all)
@@ -31,10 +34,12 @@ class Signature:
     verdict: Verdict
     relation: Relation | None = None  # what the wrong -inf masks follow, with its parameters, where there are any
     error: str | None = None  # the exception's type, for an ERROR or CRASH that raised one
+    selection: TopkPattern | None = None  # what explains a top-k answer's wrong rows, where a known pattern does
 
     def describe(self) -> str:
         """'window-one-short: FAIL(mask), constant offset -1'."""
         cause = [relation_name(self.relation)] if self.relation is not None else []
+        cause += [self.selection.value] if self.selection is not None else []
         cause += [f"raised {self.error}"] if self.error is not None else []
         return f"{self.backend}: {self.verdict.value}" + (f", {', '.join(cause)}" if cause else "")
 
@@ -80,7 +85,9 @@ def signature(result: CaseResult) -> Signature:
     """The signature of a failing result."""
     explanation = result.comparison.explanation if result.comparison is not None else None
     error = result.error_type if result.verdict in (Verdict.ERROR, Verdict.CRASH) else None
-    return Signature(result.backend, result.verdict, explanation.relation if explanation is not None else None, error)
+    selection = result.selection.pattern if result.selection is not None else None
+    return Signature(result.backend, result.verdict, explanation.relation if explanation is not None else None, error,
+                     selection)
 
 
 def _counted(counter: Counter[object]) -> str:

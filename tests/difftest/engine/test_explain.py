@@ -33,6 +33,7 @@ from difftest.engine.runner import run
 from difftest.generators import build_case
 from difftest.records.report import explanation_lines, render_failures
 from tests import planted
+from tests import planted_patterns as pp
 from tests import user_backends as ub
 from tests.support import TINY
 
@@ -287,6 +288,8 @@ def _follows(relation: Relation, seq_lens: torch.Tensor, next_n: int, width: int
         shown = also = length
     elif p == Pattern.REVERSED_DRAFT_ROWS:
         shown = also = length - j
+    elif p == Pattern.ROTATED_DRAFT_ROWS:
+        shown = also = length - next_n + (j + relation.shift) % next_n + 1
     elif p == Pattern.MTP_MIRRORED:
         shown = length - j + 1
         whole = torch.tensor([any(int(n) % t == 0 for t in tiles) for n in length.tolist()], dtype=torch.bool)
@@ -318,12 +321,15 @@ def _drawn(draw: st.DrawFn, pattern: Pattern) -> tuple[Relation, torch.Tensor, i
         relation = Relation(pattern, tile=tile, rounding=rounding)
     elif pattern == Pattern.SHIFTED_REQUEST:
         relation = Relation(pattern, shift=draw(st.integers(1 - len(seq_lens), len(seq_lens) - 1).filter(bool)))
+    elif pattern == Pattern.ROTATED_DRAFT_ROWS:
+        relation = Relation(pattern, shift=draw(st.sampled_from(sorted({1, next_n - 1}))))
     shown, also, _ = _follows(relation, seq_lens, next_n, width, tiles)
     pick = torch.tensor(draw(st.lists(st.booleans(), min_size=len(shown), max_size=len(shown))))
     return relation, seq_lens, next_n, width, tiles, torch.where(pick, also, shown)
 
 
-_NEEDS_DRAFT_ROWS = (Pattern.PER_SEQUENCE_LENGTH, Pattern.REVERSED_DRAFT_ROWS, Pattern.MTP_MIRRORED)
+_NEEDS_DRAFT_ROWS = (Pattern.PER_SEQUENCE_LENGTH, Pattern.ROTATED_DRAFT_ROWS, Pattern.REVERSED_DRAFT_ROWS,
+                     Pattern.MTP_MIRRORED)
 FITTED = [Pattern.CONSTANT_OFFSET, *_NEEDS_DRAFT_ROWS, Pattern.TILE_TRUNCATED, Pattern.SHIFTED_REQUEST]
 
 
@@ -430,3 +436,40 @@ def test_the_cli_names_the_mirrored_window(capsys):
     out, err = capsys.readouterr()
     assert "FAIL(mask)" in out and "pattern: (" in out and "AITER's mirrored MTP window" in out, out + err
     assert "kernel behaved as" in out and "| where the oracle's window ends" in out, out
+
+
+# --------------------------------------------------------------------------- the field's patterns, planted
+
+AFTER_EMPTY_CASES = [build_case(TINY.replace(next_n=1, lengths=(5, 0, 20, 9, 0, 7)), 0),
+                     build_case(TINY.replace(next_n=2, lengths=(5, 9, 0, 20, 2, 1)), 1)]
+
+
+def test_the_request_after_an_empty_one_scored_with_its_q_is_named():
+    """DeepGEMM 2.8.1's zero-length bug was FAIL(value) with no pattern: its rows are those of each request right
+    after an empty one."""
+    results = run([FunctionBackend.from_function(pp.scored_with_the_empty_requests_q)], AFTER_EMPTY_CASES,
+                  RunConfig())
+    for result in results:
+        assert result.verdict == Verdict.FAIL_VALUE and not result.comparison.mask_rows, result.verdict
+        assert result.comparison.explanation.relation == Relation(Pattern.AFTER_EMPTY_REQUEST), result.comparison
+    assert "the request after an empty one: every wrong row is in a request right after an empty one" in \
+        render_failures(results)
+
+
+def test_wrong_values_elsewhere_have_no_pattern():
+    oracle = torch.tensor([5, 0, 7, 3])
+    assert explain([], 1, oracle, value_rows=[2, 3]) is None, "row 3 follows no empty request"
+    assert explain([], None, oracle, value_rows=[2]) is None, "no requests known: nothing to say"
+    assert explain([], 1, oracle, value_rows=[2]).relation == Relation(Pattern.AFTER_EMPTY_REQUEST)
+
+
+@pytest.mark.parametrize(("next_n", "alternatives"), [(2, (Relation(Pattern.REVERSED_DRAFT_ROWS),)), (3, ())])
+def test_a_draft_row_off_by_one_is_named_so_not_reversed_draft_rows(next_n, alternatives):
+    """At next_n 2 a draft index off by one (wrapping) gives the rows of the reversed ones: named as the off by
+    one, the reversal listed as also fitting; at next_n 3 they differ."""
+    case = build_case(TINY.replace(next_n=next_n, lengths=(5, 9, 0, 20, 2, 1)), 0)
+    [result] = run([FunctionBackend.from_function(pp.draft_row_off_by_one)], [case], RunConfig())
+    explanation = result.comparison.explanation
+    assert explanation.relation == Relation(Pattern.ROTATED_DRAFT_ROWS, shift=1), explanation
+    assert explanation.alternatives == alternatives
+    assert "rotated draft rows (j + 1): row j sees the window of row (j + 1) mod next_n" in render_failures([result])

@@ -12,11 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from difftest.core.kinds import IndexConvention, NanRanking, TopkPadding, WindowForm
-from difftest.core.topk import TopkCase, TopkContract
+from difftest.core.topk import TopkCase, TopkContract, encode_topk
 from difftest.core.verdict import Verdict
-from difftest.engine.topk_comparison import compare_topk
+from difftest.engine.topk_comparison import TopkPattern, compare_topk
 from difftest.generators.topk import Outside, TopkSpec, TopkValues, WindowDist, build_topk_case
 from difftest.oracles.topk import rank_values, reference
+from tests.planted_patterns import RelativeForAbsolute
+from tests.planted_topk import PLANTED
 
 CONVENTIONS = [(index, padding) for index in IndexConvention for padding in TopkPadding
                if not (padding == TopkPadding.OUTSIDE_COLUMNS and index == IndexConvention.ROW_RELATIVE)]
@@ -173,3 +175,25 @@ def test_nan_rows_under_undefined_ranking_are_judged_on_safety_alone():
     assert result.verdict == Verdict.PASS and result.safety_rows == (0, 1), result
     any_columns[1, 3] = 4
     assert compare_topk(reference(case, contract.nan), any_columns, case, contract).verdict == Verdict.FAIL_DUPLICATE
+
+
+def _prefill_case() -> TopkCase:
+    return build_topk_case(TopkSpec(rows=4, width=96, k=8, windows=WindowDist.RAGGED, outside=Outside.HOSTILE), 3)
+
+
+def test_row_relative_indices_for_an_absolute_contract_are_named():
+    planted = RelativeForAbsolute()
+    case = _prefill_case()
+    got = planted(encode_topk(case, planted.contract), None)
+    result = compare_topk(reference(case), got, case, planted.contract)
+    assert result.verdict.failed and result.pattern == TopkPattern.ROW_RELATIVE_FOR_ABSOLUTE, result.headline()
+    assert "pattern: every index lower by its row's start (row-relative indices for an absolute contract)" in \
+        result.headline()
+
+
+def test_absolute_indices_for_a_row_relative_contract_are_named_and_other_bugs_are_not():
+    case = _prefill_case()
+    for planted, pattern in ((PLANTED[1][0], TopkPattern.ABSOLUTE_FOR_ROW_RELATIVE), (PLANTED[3][0], None)):
+        got = planted(encode_topk(case, planted.contract), None)
+        result = compare_topk(reference(case), got, case, planted.contract)
+        assert result.verdict.failed and result.pattern == pattern, (planted.name, result.headline())

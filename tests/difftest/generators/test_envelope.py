@@ -23,6 +23,7 @@ from difftest.core.contract import Contract, WorkingMemory, WorkPartition
 from difftest.core.errors import SpecError
 from difftest.core.kinds import CacheLayout, Device, Fp8Flavour, LengthEncoding, MaskConvention, PartitionScope
 from difftest.core.spec import CaseSpec, LengthDist
+from difftest.generators import envelope
 from difftest.generators.cases import default_specs, edge_cases, suite
 from difftest.generators.envelope import (
     SMALL_MAX_CONTEXT,
@@ -708,3 +709,29 @@ def test_the_last_tile_spill_is_caught_on_the_cpu_by_the_unaligned_family_alone(
         assert verdict == ("FAIL(mask)" if spills else "PASS"), (name, kernel, verdict)
     assert any(line[0].startswith("unaligned") and line[-1] == "FAIL(mask)" for line in lines)
     assert all(line[-1] == "PASS" for line in lines if line[0].startswith("tile-")), "aligned cases cannot see it"
+
+
+def test_a_block_64_only_contract_plans_the_block_id_families_on_the_cpu():
+    """DeepGEMM's block 64 alone: high-block-ids and unaligned-pool were left out ('lengths=(129, 64, 1, 0):
+    expected every length in [0, max_model_len = 128]'); their max_model_len now holds their lengths."""
+    on_cpu = dataclasses.replace(DEEPGEMM_LIKE, devices=("cpu", "cuda"))
+    planned, omitted = _plan(on_cpu, SMALL)
+    for family in (EdgeFamily.HIGH_BLOCK_IDS, EdgeFamily.UNALIGNED_POOL):
+        [case] = _with(planned, family)
+        assert case.spec.block_size == 64 and max(case.spec.lengths) <= case.spec.max_model_len, case.spec
+        assert not [o for o in omitted if o.family == family], [o for o in omitted if o.family == family]
+
+
+def test_a_planner_bug_raises_instead_of_leaving_a_family_out(monkeypatch):
+    """A spec the planner builds that describes no case is the planner's bug: an error, never a 'left out'."""
+    def broken(plan):
+        return [PlannedSpec(plan.spec("broken", 1, lengths=(plan.base.max_model_len + 1,)), (EdgeFamily.RANDOM,))]
+
+    monkeypatch.setattr(envelope, "_BUILDERS", (broken,))
+    with pytest.raises(AssertionError, match="the planner built broken, which describes no case: lengths="):
+        _plan(OPEN, SMALL)
+
+
+def test_a_declared_head_dim_no_spec_takes_is_still_left_out_with_its_reason():
+    planned, omitted = _plan(contract(head_dims=(24,)), SMALL)
+    assert not planned and any("head_dim" in o.reason and "multiple of 16" in o.reason for o in omitted), omitted

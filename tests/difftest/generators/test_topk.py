@@ -28,6 +28,7 @@ from difftest.generators.topk import (
 from difftest.generators.topk_shrink import shrink_topk
 from difftest.oracles.topk import reference
 from tests.planted_topk import PLANTED
+from tests.planted_topk_values import DropsPosInf, SpillsTies
 
 ANY = TopkContract(IndexConvention.ROW_RELATIVE, TopkPadding.PAST_CANDIDATES, WindowForm.STARTS_ENDS)
 
@@ -145,3 +146,46 @@ def test_shrink_simplifies_values_to_ranks():
     small = shrink_topk(case, lambda c: not math.isnan(float(c.logits[0, 0])), budget_seconds=math.inf,
                         max_probes=SHRINK_PROBES)
     assert small.case.width == 1 and float(small.case.logits[0, 0]) == 0.0, small.case
+
+
+def _planned(name: str) -> TopkSpec:
+    return _names(topk_plan(ANY, Target.small_cpu()))[name].spec
+
+
+def test_extreme_values_hold_float32s_ends_of_both_signs():
+    logits = build_topk_case(TopkSpec(rows=4, width=400, k=8, values=TopkValues.EXTREME), 0).logits
+    inside = logits[logits > -math.inf]
+    denormal = (inside != 0) & (inside.abs() < 2.0 ** -126)
+    assert denormal.any() and (inside == torch.finfo(torch.float32).max).any() and (inside == -3.4028235e38).any()
+    assert (inside == 0).any() and torch.signbit(inside[inside == 0]).any(), "-0.0 and 0.0 both"
+
+
+def test_ties_across_rows_tie_every_row_at_its_kth_value_with_a_surplus():
+    case = build_topk_case(_planned("ties-across-rows"), 0)
+    truth = reference(case)
+    assert torch.all(truth.kth_values() == 1.0) and torch.all(truth.above + truth.equal > case.k), truth
+
+
+def test_padding_rows_come_before_rich_rows_and_after_them():
+    first = reference(build_topk_case(_planned("padding-rows-first"), 0)).candidates.tolist()
+    last = reference(build_topk_case(_planned("padding-rows-last"), 0)).candidates.tolist()
+    k = _planned("padding-rows-first").k
+    assert first[:3] == [0, 1, k - 1] and min(first[3:]) > k and last[3:] == first[:3] and min(last[:3]) > k
+
+
+def test_the_special_values_family_holds_pos_inf_ties_at_the_kth_and_rows_of_all_neg_inf():
+    past_k = reference(build_topk_case(_planned("pos-inf-past-k"), 0))
+    assert torch.all(past_k.kth_values() == math.inf) and torch.all(past_k.equal == past_k.k + 1)
+    assert reference(build_topk_case(_planned("all-neg-inf-rows"), 0)).candidates.tolist()[0::2] == [0, 0]
+
+
+VALUES_PLANTED = [(DropsPosInf(), "neg-inf-and-pos-inf"), (DropsPosInf(), "pos-inf-past-k"),
+                  (SpillsTies(), "ties-across-rows")]
+
+
+@pytest.mark.parametrize(("backend", "family"), VALUES_PLANTED, ids=[f"{b.name}-{f}" for b, f in VALUES_PLANTED])
+def test_the_values_planted_bugs_are_caught_on_their_families(backend, family):
+    case = build_topk_case(_names(topk_plan(backend.contract, Target.small_cpu()))[family].spec, 0)
+    got = backend(encode_topk(case, backend.contract), None)
+    result = compare_topk(reference(case, backend.contract.nan), got, case, backend.contract)
+    assert result.verdict.failed, (backend.name, family, result.headline())

@@ -87,3 +87,23 @@ def test_topk_within_ranks_the_candidates_near_the_kth_value_as_ties_and_no_othe
     assert truth.above.tolist() == [1] and truth.equal.tolist() == [2]  # 4.0, then either near-tie
     _, exact = topk_within(logits, starts, ends, 2, torch.tensor([0.0]))
     assert exact.equal.tolist() == [1]  # no tolerance: only 2.0 + 1e-7 is the second
+
+
+def _one_row(values: list[float], k: int) -> TopkCase:
+    logits = torch.tensor([values], dtype=torch.float32)
+    return TopkCase(name="row", storage=logits, width=len(values), starts=torch.tensor([0]),
+                    ends=torch.tensor([len(values)]), k=k).validate()
+
+
+def test_the_values_real_kernels_meet_each_have_one_right_answer():
+    """+inf above the largest finite float32, a denormal above 0.0 (no flush to zero), -0.0 equal to 0.0, +inf
+    tied at the k-th, a row of all -inf with no candidate."""
+    biggest, denormal = float(torch.finfo(torch.float32).max), 2.0 ** -140
+    truth = reference(_one_row([biggest, math.inf, 1.0], 1))
+    assert float(truth.kth_values()[0]) == math.inf and int(truth.equal[0]) == 1
+    truth = reference(_one_row([0.0, denormal, -0.0, -denormal], 2))
+    assert float(truth.kth_values()[0]) == 0.0 and (int(truth.above[0]), int(truth.equal[0])) == (1, 2)
+    truth = reference(_one_row([math.inf, 2.0, math.inf, math.inf], 2))
+    assert float(truth.kth_values()[0]) == math.inf and (int(truth.above[0]), int(truth.equal[0])) == (0, 3)
+    truth = reference(_one_row([-math.inf] * 4, 2))
+    assert (int(truth.candidates[0]), int(truth.need[0]), float(truth.kth_values()[0])) == (0, 0, -math.inf)

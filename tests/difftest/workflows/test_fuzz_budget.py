@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import time
 
 import pytest
 
@@ -17,7 +18,7 @@ from difftest.generators import build_case
 from difftest.generators.regime import Regime
 from difftest.records.run_info import Phases
 from difftest.records.serialize import load_results, load_run_info
-from difftest.workflows.fuzz import SHRINK_SHARE, Campaign, fuzz, render_campaign
+from difftest.workflows.fuzz import SHRINK_SHARE, Campaign, fuzz, render_campaign, repro_line
 from difftest.workflows.running import run_one
 from tests.planted import SLOW_CALL, slow_last_column
 from tests.support import TINY
@@ -102,3 +103,27 @@ def test_the_progress_line_is_drawn_on_a_terminal_only(capsys, monkeypatch):
     assert status == ExitStatus.OK and "fuzz " in err and " cases, 0 signatures, drawing cases" in err, err
     status, err = _fuzz_quietly(capsys, "--no-progress")
     assert "signatures" not in err
+
+
+def test_a_campaign_whose_drawing_spends_its_budget_still_shrinks_its_first_failure():
+    """Drawing past the budget's end (a case under way, a batch's retries: a 2-minute GPU campaign found 9 bugs
+    and shrank none, '0.0 s left') does not eat the shrinking share. The campaign's clock jumps a day at its
+    first failing result, as if that case had run that long; the share still starts when drawing ends."""
+    skew = [0.0]
+
+    def heard(result):
+        if result.verdict.failed:
+            skew[0] = 86400.0
+
+    outcome = fuzz(Campaign(budget=600.0, backends=("tests.user_backends:window_one_short",), shrink_seconds=300.0,
+                            regime=Regime(max_batch=4, max_context=64, block_size=16)),
+                   on_result=heard, now=lambda: time.monotonic() + skew[0])
+    try:
+        found = outcome.found[0]
+        assert found.unshrunk is None and found.shrunk is not None, render_campaign(outcome)
+        assert found.shrunk.probes > 1 and found.shrunk.finished, "probes made it smaller, to a case it keeps"
+        assert found.shrunk.case.rows < found.case.rows or found.shrunk.case.max_model_len < found.case.max_model_len
+        assert "repro: difftest run" in render_campaign(outcome) and "-min" in repro_line(found, outcome.config)
+    finally:
+        if outcome.bundles is not None:
+            shutil.rmtree(outcome.bundles)

@@ -8,12 +8,18 @@ import pytest
 from difftest.backends import as_loaded
 from difftest.core.verdict import Verdict
 from difftest.engine.config import RunConfig
+from difftest.engine.explain import Pattern, Relation
+from difftest.engine.operation_run import Drawn, Named, run_operation
+from difftest.engine.topk_comparison import TopkPattern
 from difftest.generators import build_case
 from difftest.generators.regime import Regime
+from difftest.generators.topk import TopkSpec, WindowDist
+from difftest.operations.topk import TOPK
 from difftest.workflows.fuzz import Campaign, fuzz, render_campaign
 from difftest.workflows.running import run_one
 from difftest.workflows.signatures import Signature, Variants, signature
-from tests import planted
+from tests import planted, planted_patterns
+from tests.planted_patterns import RelativeForAbsolute
 from tests.support import TINY
 from tests.user_backends import raises
 
@@ -68,3 +74,25 @@ def test_a_campaign_finds_one_signature_for_one_bug_with_its_variants_listed():
     [found] = outcome.found
     assert found.seen > 1 and len(found.variants.draft_rows) >= 2, text
     assert "    variants: draft rows " in text and "1 distinct failures" in text
+
+
+def test_the_request_after_an_empty_one_is_one_signature_apart_from_other_wrong_values():
+    """Its FAIL(value) results were one signature with every other wrong-value bug of the backend; now its
+    pattern signs them, on any case, and a value bug without a pattern keeps the plain signature."""
+    empty = as_loaded(planted_patterns.scored_with_the_empty_requests_q)
+    cases = [build_case(TINY.replace(next_n=next_n, lengths=lengths), 0)
+             for next_n, lengths in ((1, (5, 0, 20, 9)), (2, (9, 0, 7, 0, 12)))]
+    signs = {signature(run_one(empty, case, RunConfig())) for case in cases}
+    assert signs == {Signature(empty.name, Verdict.FAIL_VALUE, Relation(Pattern.AFTER_EMPTY_REQUEST))}, signs
+    other = signature(run_one(as_loaded(planted.weights_of_next_head), cases[0], RunConfig()))
+    assert other.verdict == Verdict.FAIL_VALUE and other.relation is None
+
+
+def test_a_top_k_signature_carries_the_pattern_of_its_selection():
+    backend = Named(RelativeForAbsolute.name, RelativeForAbsolute())
+    cases = [Drawn(TOPK.build(TopkSpec(rows=4, width=96, k=8, windows=WindowDist.RAGGED), seed, "cpu"))
+             for seed in (1, 2)]
+    results = run_operation(TOPK, [backend], cases, RunConfig())
+    assert {signature(r) for r in results} == {Signature(backend.name, Verdict.FAIL_OUT_OF_WINDOW,
+                                                         selection=TopkPattern.ROW_RELATIVE_FOR_ABSOLUTE)}
+    assert "row-relative-for-absolute" in signature(results[0]).describe()
