@@ -31,6 +31,7 @@ from difftest.core.contract import Contract
 from difftest.core.errors import first_line, require
 from difftest.core.kinds import Device
 from difftest.core.verdict import Verdict
+from difftest.engine import graph
 from difftest.engine.batch import Batch
 from difftest.engine.batch_policy import REBATCH_ROUNDS, RERUNS_IN_FLIGHT, started_batch
 from difftest.engine.call import (
@@ -47,6 +48,7 @@ from difftest.engine.call import (
 from difftest.engine.config import RunConfig
 from difftest.engine.isolate import CACHE_KEPT_BYTES, Executor, InProcess, WorkerPool, release_cache
 from difftest.engine.result import CallMemory, CaseResult, Reach
+from difftest.generators.graph_family import FAMILY, replay_name
 from difftest.oracles.reference import Reference, make_reference
 
 __all__ = ["REBATCH_ROUNDS", "RERUNS_IN_FLIGHT", "Amend", "Done", "NotDrawn", "Takes", "executors_for", "run",
@@ -175,7 +177,26 @@ def _run_case(backends: list[Loaded], executors: list[Executor], case: Case, con
             fresh[index] = amended(result, backends[index], case, executors[index], amend)
             if on_result:
                 on_result(fresh[index])
-    return [fresh[i] if i in fresh else done[(b.name, case.name)] for i, b in enumerate(backends)]
+    results = [fresh[i] if i in fresh else done[(b.name, case.name)] for i, b in enumerate(backends)]
+    return results + (_graph_replays(backends, case, config, on_result, done) if config.graph else [])
+
+
+def _graph_replays(backends: list[Loaded], case: Case, config: RunConfig,
+                   on_result: Callable[[CaseResult], None] | None, done: Done) -> list[CaseResult]:
+    """With config.graph: each backend's results on the replays of `case` (difftest.engine.graph), those
+    `done` keeps from an earlier run not made again."""
+    results = []
+    case = case.validate().to(config.device)
+    for backend in backends:
+        names = [replay_name(case.name, index) for index in range(len(FAMILY))]
+        if all((backend.name, name) in done for name in names):
+            results += [done[(backend.name, name)] for name in names]
+            continue
+        for result in graph.replayed(backend, case, config):
+            if on_result:
+                on_result(result)
+            results.append(result)
+    return results
 
 
 def _oracle_and_results(backends: list[Loaded], executors: list[Executor], case: Case, config: RunConfig,
