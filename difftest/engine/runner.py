@@ -15,7 +15,8 @@ together (difftest.core.memory.SideBySide): then one at a time. A call that runs
 others is tried again alone once they are done, and counts only then (a SKIP with the bytes it needs
 and those free, should it run out alone too); the cases as large as that one run their calls one at a
 time from then on. Each fresh result goes through the caller's `amend` step before it is reported
-(difftest.workflows.running attaches the compute-sanitizer replay there).
+(difftest.workflows.running attaches the compute-sanitizer replay there). With config.graph, each case's
+results are followed by every backend's results on the case's graph replays (difftest.engine.graph).
 """
 
 from __future__ import annotations
