@@ -1,7 +1,8 @@
 """Planted graph-replay bugs: backends right on every call made afresh, wrong once the per-layer call their
 `prepare` returned runs again after the lengths changed, as a serving engine replays a captured graph
 (`difftest run --graph`, difftest.engine.graph). A run without --graph calls prepare and its call on the
-same inputs, so it never sees them. Load one as `--backend-module tests.planted_graph:ReusedSchedule`.
+same inputs, so it never sees them. Load one as `--backend-module tests.planted_graph:ReusedSchedule`;
+CrashesOnReplay kills its process, so run it only under isolation.
 
 Each computes the oracle's formula from the bytes it is handed (DeepGEMM's calling convention: per-row
 lengths, block-split cache), reading the live lengths when it runs, and keeps one thing from `prepare`.
@@ -10,6 +11,8 @@ lengths, block-split cache), reading the live lengths when it runs, and keeps on
 from __future__ import annotations
 
 import math
+import os
+import signal
 from collections.abc import Callable
 
 import torch
@@ -85,3 +88,22 @@ class Prepared(_Planted):
     def prepare(self, inputs: KernelInputs, out: torch.Tensor | None) -> Callable[[], torch.Tensor]:
         """Nothing built; the call reads everything when it runs."""
         return lambda: _live_logits(inputs)
+
+
+class CrashesOnReplay(_Planted):
+    """Right on the lengths it was prepared with; dies of SIGSEGV when called again on others, as a kernel
+    reading through a pointer captured at prepare time into memory since freed does. Run it only under
+    isolation: it takes its process down."""
+
+    name = "planted-graph-crashes-on-replay"
+
+    def prepare(self, inputs: KernelInputs, out: torch.Tensor | None) -> Callable[[], torch.Tensor]:
+        """The lengths, kept; the call that dies when they changed."""
+        kept = inputs.context_lens.clone()
+
+        def call() -> torch.Tensor:
+            if not torch.equal(kept, inputs.context_lens):
+                os.kill(os.getpid(), signal.SIGSEGV)
+            return _live_logits(inputs)
+
+        return call

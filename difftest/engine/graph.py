@@ -15,25 +15,32 @@ What it catches: a schedule or metadata built in `prepare` from the captured len
 changed, and a pointer or size captured by value. A backend without `prepare` is its whole call: on the
 CPU, calling it again re-reads everything and so freezes nothing; on CUDA the graph freezes its kernels'
 arguments for real. A backend that raises while capturing or replaying is ERROR (each replay's result
-says which), and the run goes on. Replays run in the run's own process (a graph and the buffers it was
-captured on live in one process), not in an isolation worker.
+says which), and the run goes on. Under isolation each backend's capture and replays run in a worker process
+of their own (Replayers: a graph and the buffers it was captured on live in one process), so one that kills
+that process or hangs is CRASH or TIMEOUT on each replay of the case, and the run goes on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import torch
 
-from difftest.backends import Loaded
+from difftest.backends import Loaded, Origin, rebuild
 from difftest.backends.base import launcher
 from difftest.core.case import Case
 from difftest.core.contract import Contract
 from difftest.core.errors import SpecError, exception_text
 from difftest.core.kernel_inputs import KernelInputs, encode
-from difftest.core.kinds import LengthEncoding
+from difftest.core.kinds import Isolation, LengthEncoding
+from difftest.core.lifetime import run_folder
 from difftest.core.memory import ran_out
 from difftest.core.poison import poisoned
 from difftest.core.verdict import Verdict
@@ -49,7 +56,7 @@ from difftest.engine.guards import (
     fill_poison,
     formatted_traceback,
 )
-from difftest.engine.isolate import InProcess
+from difftest.engine.isolate import DEFAULT_TIMEOUT, Called, InProcess, OperationWorker
 from difftest.engine.result import CaseResult
 from difftest.generators.graph_family import captured, replay_family
 from difftest.oracles.reference import make_reference
@@ -90,6 +97,78 @@ class _ReplayCall:
             fill_poison(buffer)
         got = self.capture.again()
         return got.clone() if isinstance(got, torch.Tensor) else got
+
+
+class Replayers:
+    """Where each backend's graph replays run: under isolation (config.isolated) a worker process per backend
+    rebuilt from its origin (difftest.engine.isolate.OperationWorker: started on its first case, replaced after
+    it dies or hangs); in this process without isolation, or for a backend nothing rebuilds."""
+
+    def __init__(self, config: RunConfig, log_dir: Path | None) -> None:
+        self.config, self.log_dir = config, log_dir
+        self.workers: dict[str, OperationWorker] = {}
+
+    def results(self, backend: Loaded, case: Case) -> list[CaseResult]:
+        """`backend`'s results on the replays of `case` (on the run's device, validated), in order."""
+        if self.log_dir is None or backend.origin.target is None:
+            return list(replayed(backend, case, self.config))
+        worker = self.workers.get(backend.name) or OperationWorker(
+            _replayed_by_origin, backend.origin, self.config.device, self.config.timeout or DEFAULT_TIMEOUT,
+            self.log_dir / str(len(self.workers)), self.config.startup_timeout)
+        self.workers[backend.name] = worker
+        answer = worker(_Job(case, self.config))
+        if isinstance(answer, Called):
+            return [dataclasses.replace(result, isolation=Isolation.WORKER) for result in answer.output]
+        return [_described(CaseResult(verdict=answer.verdict, seconds=answer.seconds, reason=answer.reason,
+                                      error_type=answer.error_type, traceback=answer.traceback,
+                                      isolation=Isolation.WORKER, **identity(backend, replay, self.config)), replay)
+                for replay in replay_family(case)]
+
+
+@contextlib.contextmanager
+def replayers(config: RunConfig) -> Iterator[Replayers | None]:
+    """The Replayers of a run with config.graph (None without it), their workers stopped and their logs
+    removed when the context ends."""
+    if not config.graph:
+        yield None
+        return
+    log_dir = Path(tempfile.mkdtemp(prefix="difftest-graph-", dir=run_folder())) if config.isolated else None
+    made = Replayers(config, log_dir)
+    try:
+        yield made
+    except BaseException:  # interrupted (Ctrl-C, an error): a worker may be mid-call
+        for worker in made.workers.values():
+            worker.kill()
+        raise
+    else:
+        for worker in made.workers.values():
+            worker.stop()
+    finally:
+        if log_dir is not None:
+            shutil.rmtree(log_dir, ignore_errors=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """What a replay worker is handed per case: the case, and how the run feeds backends."""
+
+    case: Case
+    config: RunConfig
+
+    def to(self, device: str) -> _Job:
+        """The job with its case on `device` (how a worker takes a case)."""
+        return dataclasses.replace(self, case=self.case.to(device))
+
+
+def _replayed_by_origin(origin: Origin, job: _Job) -> list[CaseResult]:
+    """In a replay worker: the results of the backend `origin` names (built once per process) on `job`."""
+    return list(replayed(_rebuilt(origin), job.case, job.config))
+
+
+@functools.cache
+def _rebuilt(origin: Origin) -> Loaded:
+    """The backend `origin` names, built once in this process."""
+    return rebuild(origin)
 
 
 def replayed(backend: Loaded, case: Case, config: RunConfig) -> Iterator[CaseResult]:

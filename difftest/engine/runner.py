@@ -107,7 +107,7 @@ def run(backends: list[Backend], cases: Iterable[Item], config: RunConfig,
     results: list[CaseResult] = []
     items = iter(cases)
     rule = memory.SideBySide()
-    with executors_for(loaded, config) as where:
+    with executors_for(loaded, config) as where, graph.replayers(config) as replays:
         item = _next_item(items)
         while item is not None:
             whole = item.case if isinstance(item, Batch) else item
@@ -115,14 +115,14 @@ def run(backends: list[Backend], cases: Iterable[Item], config: RunConfig,
             picked = [loaded[i] for i in chosen], [where[i] for i in chosen]
             following = None  # a single case may be large: the next one is drawn after it, not beside it
             if isinstance(item, Batch):
-                one_case = _case_runner(*picked, config, on_result, amend, rule)
+                one_case = _case_runner(*picked, config, on_result, amend, rule, replays)
                 finish = started_batch(*picked, item, config, on_result, amend, one_case)
                 following = _next_item(items, finish)  # drawn while the workers compute
                 results += finish()
             elif isinstance(item, NotDrawn):
                 results += _not_drawn(picked[0], item, config, on_result)
             else:
-                results += _run_case(*picked, item, config, on_result, done or {}, amend, rule)
+                results += _run_case(*picked, item, config, on_result, done or {}, amend, rule, replays)
             if on_done:
                 on_done(item)
             item = following if isinstance(item, Batch) else _next_item(items)
@@ -163,14 +163,14 @@ def _not_drawn(backends: list[Loaded], item: NotDrawn, config: RunConfig,
 
 def _case_runner(backends: list[Loaded], executors: list[Executor], config: RunConfig,
                  on_result: Callable[[CaseResult], None] | None, amend: Amend | None,
-                 rule: memory.SideBySide) -> Callable[[Case], list[CaseResult]]:
+                 rule: memory.SideBySide, replays: graph.Replayers | None) -> Callable[[Case], list[CaseResult]]:
     """What runs one case on these backends as the loop does (a batch's members, when they go alone)."""
-    return lambda case: _run_case(backends, executors, case, config, on_result, {}, amend, rule)
+    return lambda case: _run_case(backends, executors, case, config, on_result, {}, amend, rule, replays)
 
 
 def _run_case(backends: list[Loaded], executors: list[Executor], case: Case, config: RunConfig,
               on_result: Callable[[CaseResult], None] | None, done: Done, amend: Amend | None,
-              rule: memory.SideBySide) -> list[CaseResult]:
+              rule: memory.SideBySide, replays: graph.Replayers | None) -> list[CaseResult]:
     todo = [i for i, b in enumerate(backends) if (b.name, case.name) not in done]
     fresh: dict[int, CaseResult] = {}
     if todo:
@@ -179,11 +179,12 @@ def _run_case(backends: list[Loaded], executors: list[Executor], case: Case, con
             if on_result:
                 on_result(fresh[index])
     results = [fresh[i] if i in fresh else done[(b.name, case.name)] for i, b in enumerate(backends)]
-    return results + (_graph_replays(backends, case, config, on_result, done) if config.graph else [])
+    return results + (_graph_replays(backends, case, config, on_result, done, replays) if replays is not None else [])
 
 
 def _graph_replays(backends: list[Loaded], case: Case, config: RunConfig,
-                   on_result: Callable[[CaseResult], None] | None, done: Done) -> list[CaseResult]:
+                   on_result: Callable[[CaseResult], None] | None, done: Done,
+                   replays: graph.Replayers) -> list[CaseResult]:
     """With config.graph: each backend's results on the replays of `case` (difftest.engine.graph), those
     `done` keeps from an earlier run not made again."""
     results = []
@@ -193,7 +194,7 @@ def _graph_replays(backends: list[Loaded], case: Case, config: RunConfig,
         if all((backend.name, name) in done for name in names):
             results += [done[(backend.name, name)] for name in names]
             continue
-        for result in graph.replayed(backend, case, config):
+        for result in replays.results(backend, case):
             if on_result:
                 on_result(result)
             results.append(result)

@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from difftest.backends.registry import load_backend
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend
-from difftest.core.kinds import LengthEncoding
+from difftest.core.kinds import Isolation, LengthEncoding
 from difftest.core.verdict import Verdict
 from difftest.engine import graph
 from difftest.engine.config import RunConfig
@@ -107,6 +108,18 @@ def test_a_replay_that_raises_is_error_and_the_run_goes_on():
     others = [r for (b, name), r in results.items() if b == "raises-on-empty-replay" and name != empty]
     assert [r.verdict for r in others] == [Verdict.PASS] * len(FAMILY), "the replays after it are judged"
     assert all(r.verdict == Verdict.PASS for (b, _), r in results.items() if b == pg.Prepared.name)
+
+
+def test_under_isolation_a_replay_that_kills_its_worker_is_crash_and_the_run_goes_on():
+    case = build_case(CAPTURED, 0)
+    crasher, right = (load_backend(f"tests.planted_graph:{name}") for name in ("CrashesOnReplay", "Prepared"))
+    results = run([crasher, right], [case], RunConfig(graph=True, isolate=True))
+    by_backend = {name: [r for r in results if r.backend == name] for name in (crasher.name, right.name)}
+    plain, *replays = by_backend[crasher.name]
+    assert plain.verdict == Verdict.PASS and [r.verdict for r in replays] == [Verdict.CRASH] * len(FAMILY), replays
+    assert "SIGSEGV" in replays[0].reason and replays[0].isolation == Isolation.WORKER, f"{replays[0]=}"
+    assert [r.verdict for r in by_backend[right.name]] == [Verdict.PASS] * (1 + len(FAMILY)), "the run went on"
+    assert all(r.isolation == Isolation.WORKER for r in by_backend[right.name])
 
 
 def test_a_capture_that_raises_makes_every_replay_an_error():
