@@ -58,7 +58,7 @@ from difftest.engine.guards import (
 )
 from difftest.engine.isolate import DEFAULT_TIMEOUT, Called, InProcess, OperationWorker
 from difftest.engine.result import CaseResult
-from difftest.generators.graph_family import captured, replay_family
+from difftest.generators.graph_family import FAMILY, captured, replay_family
 from difftest.oracles.reference import make_reference
 
 WARM_UP = 3  # launches on a side stream before a capture, as torch's CUDA-graph example makes
@@ -112,9 +112,11 @@ class Replayers:
         """`backend`'s results on the replays of `case` (on the run's device, validated), in order."""
         if self.log_dir is None or backend.origin.target is None:
             return list(replayed(backend, case, self.config))
+        # The capture and every replay of a case in one call: each replay may take what a case may.
+        limit = (self.config.timeout or DEFAULT_TIMEOUT) * len(FAMILY)
         worker = self.workers.get(backend.name) or OperationWorker(
-            _replayed_by_origin, backend.origin, self.config.device, self.config.timeout or DEFAULT_TIMEOUT,
-            self.log_dir / str(len(self.workers)), self.config.startup_timeout)
+            _replayed_by_origin, backend.origin, self.config.device, limit, self.log_dir / str(len(self.workers)),
+            self.config.startup_timeout)
         self.workers[backend.name] = worker
         answer = worker(_Job(case, self.config))
         if isinstance(answer, Called):
