@@ -11,13 +11,14 @@ import torch
 from difftest.backends.registry import load_backend
 from difftest.backends.torch_ref import TorchBackend
 from difftest.backends.user import FunctionBackend
+from difftest.core.kernel_inputs import encode
 from difftest.core.kinds import Isolation, LengthEncoding
 from difftest.core.verdict import Verdict
 from difftest.engine import graph
 from difftest.engine.config import RunConfig
 from difftest.engine.runner import run
 from difftest.generators import build_case
-from difftest.generators.graph_family import FAMILY, ReplayStep, replay_name
+from difftest.generators.graph_family import FAMILY, ReplayStep, captured, replay_name
 from tests import planted_graph as pg
 from tests import user_backends as ub
 from tests.support import TINY, TINY_SPECS
@@ -165,5 +166,6 @@ def test_a_cuda_graph_of_the_torch_backend_is_captured_and_replayed():
     results = run([TorchBackend()], [case], RunConfig(device="cuda", graph=True, isolate=False))
     assert [r.verdict for r in results] == [Verdict.PASS] * (1 + len(FAMILY)), [
         (r.case, r.verdict, r.reason) for r in results]
-    capture = graph.capture_call(TorchBackend(), graph._encoded(TorchBackend(), case, RunConfig(device="cuda")))
+    # The path taken was a graph's: its static output is what each replay overwrites (the CPU has none).
+    capture = graph.capture_call(TorchBackend(), encode(captured(case), TorchBackend.contract))
     assert isinstance(capture, graph.Captured) and capture.outputs, "a CUDA graph and the output it writes"
