@@ -2,7 +2,7 @@
 `prepare` returned runs again after the lengths changed, as a serving engine replays a captured graph
 (`difftest run --graph`, difftest.engine.graph). A run without --graph calls prepare and its call on the
 same inputs, so it never sees them. Load one as `--backend-module tests.planted_graph:ReusedSchedule`;
-CrashesOnReplay kills its process, so run it only under isolation.
+CrashesOnReplay kills its process and HangsOnReplay never returns: run them only under isolation.
 
 Each computes the oracle's formula from the bytes it is handed (DeepGEMM's calling convention: per-row
 lengths, block-split cache), reading the live lengths when it runs, and keeps one thing from `prepare`.
@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import time
 from collections.abc import Callable
 
 import torch
@@ -99,11 +100,27 @@ class CrashesOnReplay(_Planted):
 
     def prepare(self, inputs: KernelInputs, out: torch.Tensor | None) -> Callable[[], torch.Tensor]:
         """The lengths, kept; the call that dies when they changed."""
-        kept = inputs.context_lens.clone()
+        return _unless_changed(inputs, lambda: os.kill(os.getpid(), signal.SIGSEGV))
 
-        def call() -> torch.Tensor:
-            if not torch.equal(kept, inputs.context_lens):
-                os.kill(os.getpid(), signal.SIGSEGV)
-            return _live_logits(inputs)
 
-        return call
+class HangsOnReplay(_Planted):
+    """Right on the lengths it was prepared with; never returns when called again on others, as a kernel
+    spinning on a split count captured for other lengths does. Run it only under isolation with a timeout."""
+
+    name = "planted-graph-hangs-on-replay"
+
+    def prepare(self, inputs: KernelInputs, out: torch.Tensor | None) -> Callable[[], torch.Tensor]:
+        """The lengths, kept; the call that hangs when they changed."""
+        return _unless_changed(inputs, lambda: time.sleep(3600))
+
+
+def _unless_changed(inputs: KernelInputs, fault: Callable[[], object]) -> Callable[[], torch.Tensor]:
+    """The right call on `inputs`, which first runs `fault` when their lengths are no longer those of now."""
+    kept = inputs.context_lens.clone()
+
+    def call() -> torch.Tensor:
+        if not torch.equal(kept, inputs.context_lens):
+            fault()
+        return _live_logits(inputs)
+
+    return call

@@ -111,14 +111,17 @@ def test_a_replay_that_raises_is_error_and_the_run_goes_on():
     assert all(r.verdict == Verdict.PASS for (b, _), r in results.items() if b == pg.Prepared.name)
 
 
-def test_under_isolation_a_replay_that_kills_its_worker_is_crash_and_the_run_goes_on():
+@pytest.mark.parametrize(("planted", "verdict", "said"), [("CrashesOnReplay", Verdict.CRASH, "SIGSEGV"),
+                                                            ("HangsOnReplay", Verdict.TIMEOUT, "no answer within")])
+def test_under_isolation_a_replay_that_kills_its_worker_or_hangs_is_a_verdict_and_the_run_goes_on(planted, verdict,
+                                                                                                  said):
     case = build_case(CAPTURED, 0)
-    crasher, right = (load_backend(f"tests.planted_graph:{name}") for name in ("CrashesOnReplay", "Prepared"))
-    results = run([crasher, right], [case], RunConfig(graph=True, isolate=True))
-    by_backend = {name: [r for r in results if r.backend == name] for name in (crasher.name, right.name)}
-    plain, *replays = by_backend[crasher.name]
-    assert plain.verdict == Verdict.PASS and [r.verdict for r in replays] == [Verdict.CRASH] * len(FAMILY), replays
-    assert "SIGSEGV" in replays[0].reason and replays[0].isolation == Isolation.WORKER, f"{replays[0]=}"
+    broken, right = (load_backend(f"tests.planted_graph:{name}") for name in (planted, "Prepared"))
+    results = run([broken, right], [case], RunConfig(graph=True, isolate=True, timeout=2.0))
+    by_backend = {name: [r for r in results if r.backend == name] for name in (broken.name, right.name)}
+    plain, *replays = by_backend[broken.name]
+    assert plain.verdict == Verdict.PASS and [r.verdict for r in replays] == [verdict] * len(FAMILY), replays
+    assert said in replays[0].reason and replays[0].isolation == Isolation.WORKER, f"{replays[0]=}"
     assert [r.verdict for r in by_backend[right.name]] == [Verdict.PASS] * (1 + len(FAMILY)), "the run went on"
     assert all(r.isolation == Isolation.WORKER for r in by_backend[right.name])
 
