@@ -1,5 +1,6 @@
 """`difftest run --graph`: the planted graph-replay bugs fail the run with it and pass without it, a replay's
-repro line draws its captured case with --graph, the report records the mode, and only paged logits takes it."""
+repro line draws its captured case with --graph (and no bundle holds a replay), the report records the mode, and
+only paged logits takes it."""
 
 from __future__ import annotations
 
@@ -18,11 +19,13 @@ def test_a_planted_graph_replay_bug_fails_run_graph_and_passes_run(planted, tmp_
     chosen = [*ONE_CASE, "--backend-module", f"tests.planted_graph:{planted}"]
     code, out, _ = run_cli(chosen)
     assert code == ExitStatus.OK and "@replay" not in out, out
-    code, out, _ = run_cli([*chosen, "--graph", "--report", str(tmp_path / "r.json")])
+    bundles = tmp_path / "bundles"
+    code, out, _ = run_cli([*chosen, "--graph", "--report", str(tmp_path / "r.json"), "--repro-dir", str(bundles)])
     assert code == ExitStatus.FAILED and "on length-one-s1000@replay0 [graph replay (grow) of length-one-s1000" in out
     assert "--seed 1000 --device cpu --oracle exact --no-isolate --graph" in out, "the repro line replays the capture"
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["run"]["graph"] is True and len(report["results"]) == 5, "the case and its 4 replays"
+    assert not bundles.exists() or not any(bundles.iterdir()), "a replay's case is not the drawn one: no bundle"
 
 
 def test_graph_is_an_option_of_paged_logits_only():
