@@ -67,7 +67,8 @@ FLAGS = {"backends": "--backends", "cases": "--cases", "count": "--count", "seed
          "batching": "--batching", "junit": "--junit",
          "matrix_file": "--file", "cell": "CELL", "out": "--out", "reports": "REPORTS", "baseline": "--baseline",
          "ledger": "--ledger", "output": "--output", "budget_seconds": "--seconds",
-         "backend_template": "--backend-template", "mutants": "--mutants", "metamorphic": "--metamorphic"}
+         "backend_template": "--backend-template", "mutants": "--mutants", "metamorphic": "--metamorphic",
+         "graph": "--graph"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -199,6 +200,11 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
                           "median; siblings (DeepGEMM native/flattened/varlen, AITER stage1/fused) are compared "
                           "in a performance section")
     _add_metamorphic(run)
+    run.add_argument("--graph", action="store_true",
+                     help="also capture each backend's per-layer call once per case (its prepare, and a CUDA graph "
+                          "on cuda) and replay it on the case's replay family (lengths grown and shrunk, requests "
+                          "emptied, blocks moved, fresh values) written into the captured buffers in place; each "
+                          "replay is a result <case>@replay<i>")
     run.add_argument("--fail-slow", action="store_true",
                      help="with --time: exit 1 when a backend is slower than its fastest sibling on a case by "
                           "more than the factor its contract allows")
@@ -836,7 +842,7 @@ def _run_request(args: argparse.Namespace) -> RunRequest:
                          heads=args.heads, head_dim=args.head_dim, spec=spec,
                          case_filter=tuple(args.case_filter), shard=Shard.parse(args.shard) if args.shard else None)
     config = _run_config(args, sanitize=args.sanitize, sanitize_all=args.sanitize_all, time=args.time,
-                         metamorphic=_relations(args.op, args.metamorphic))
+                         metamorphic=_relations(args.op, args.metamorphic), graph=args.graph)
     return RunRequest(suite=suite, backends=_backend_names(args), config=config, report=args.report, stream=args.stream,
                       junit=args.junit, resume=args.resume, repro_dir=args.repro_dir, gpus=args.gpus,
                       budget=args.budget, argv=tuple(args.argv), overwrite=args.overwrite, fail_slow=args.fail_slow,

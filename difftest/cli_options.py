@@ -66,6 +66,8 @@ OPTIONS: dict[str, Applies] = {
     "metamorphic": Applies(frozenset(RELATIONS), "it has no metamorphic relations"),
     "shrink_seconds": Applies(PAGED, "the campaigns of the other operations bundle their failures without "
                                      "shrinking them (difftest shrink BUNDLE shrinks one)"),
+    "graph": Applies(PAGED, "graph replay captures a paged backend's per-layer call and rewrites its paged "
+                            "buffers in place; the other operations' cases are not replayed that way yet"),
     "batching": Applies(PAGED, "batches are paged cases of one shape in one launch; the other operations launch "
                                "each case alone"),
 }

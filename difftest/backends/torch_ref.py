@@ -35,17 +35,24 @@ class TorchBackend:
 
     def __call__(self, inputs: KernelInputs, out: torch.Tensor | None) -> torch.Tensor:
         """The oracle on the decoded inputs: float64 on the CPU, float32 on a GPU."""
+        return self.logits(inputs)
+
+    def logits(self, inputs: KernelInputs, positions: int | None = None) -> torch.Tensor:
+        """The call, over `positions` keys of every row (None: the longest row's, read on the host)."""
         dtype = torch.float64 if inputs.q.device.type == "cpu" else torch.float32
         batch, next_n, _, head_dim = inputs.q.shape
         k_pool, scales = unpack_cache(inputs.kv_cache, head_dim, inputs.layout)
         q = inputs.q.view(torch.uint8)
         return paged_mqa_logits(decode(q, inputs.fp8, dtype), decode(k_pool, inputs.fp8, dtype), scales,
                                 inputs.weights, _row_block_table(inputs),
-                                decode_row_lens(inputs, batch, next_n), inputs.max_model_len)
+                                decode_row_lens(inputs, batch, next_n), inputs.max_model_len, positions)
 
     def prepare(self, inputs: KernelInputs, out: torch.Tensor | None) -> Callable[[], torch.Tensor]:
-        """The whole call: nothing of it is per batch (Preparable)."""
-        return functools.partial(self, inputs, out)
+        """The whole call: nothing of it is per batch (Preparable). On a GPU it computes every position the
+        block table holds, so it reads no length on the host and a CUDA graph captures it (difftest run --graph)."""
+        if inputs.q.device.type != "cuda":
+            return functools.partial(self, inputs, out)
+        return functools.partial(self.logits, inputs, _row_block_table(inputs).shape[1] * inputs.block_size)
 
 
 def _row_block_table(inputs: KernelInputs) -> torch.Tensor:

@@ -34,6 +34,9 @@ class RunConfig:
     # difftest.engine.ragged_metamorphic): a violated one is FAIL(metamorphic), each check a launch of each related
     # case (paged logits: and one more of the case)
     metamorphic: tuple[AnyRelation, ...] = ()
+    # Each backend's call also captured once per case and replayed on the case's replay family, written into the
+    # captured buffers in place (a CUDA graph on cuda): difftest.engine.graph; paged logits only
+    graph: bool = False
 
     def __post_init__(self) -> None:
         require(self.device in DEVICES, "device", self.device, f"one of {list(DEVICES)}")
@@ -58,6 +61,7 @@ class RunConfig:
                 f"None or a difftest.OracleKind {[o.value for o in OracleKind]}")
         require(self.time is None or (type(self.time) is int and 1 <= self.time <= MAX_TIME), "time", self.time,
                 f"an integer in [1, {MAX_TIME}]: launches timed per case (None: no timing)")
+        require(type(self.graph) is bool, "graph", self.graph, "True or False")
         relations = self.metamorphic
         require(isinstance(relations, tuple) and all(isinstance(r, AnyRelation) for r in relations)
                 and len({type(r) for r in relations}) <= 1 and len(set(relations)) == len(relations), "metamorphic",

@@ -15,7 +15,8 @@ together (difftest.core.memory.SideBySide): then one at a time. A call that runs
 others is tried again alone once they are done, and counts only then (a SKIP with the bytes it needs
 and those free, should it run out alone too); the cases as large as that one run their calls one at a
 time from then on. Each fresh result goes through the caller's `amend` step before it is reported
-(difftest.workflows.running attaches the compute-sanitizer replay there).
+(difftest.workflows.running attaches the compute-sanitizer replay there). With config.graph, each case's
+results are followed by every backend's results on the case's graph replays (difftest.engine.graph).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from difftest.core.contract import Contract
 from difftest.core.errors import first_line, require
 from difftest.core.kinds import Device
 from difftest.core.verdict import Verdict
+from difftest.engine import graph
 from difftest.engine.batch import Batch
 from difftest.engine.batch_policy import REBATCH_ROUNDS, RERUNS_IN_FLIGHT, started_batch
 from difftest.engine.call import (
@@ -47,6 +49,7 @@ from difftest.engine.call import (
 from difftest.engine.config import RunConfig
 from difftest.engine.isolate import CACHE_KEPT_BYTES, Executor, InProcess, WorkerPool, release_cache
 from difftest.engine.result import CallMemory, CaseResult, Reach
+from difftest.generators.graph_family import FAMILY, replay_name
 from difftest.oracles.reference import Reference, make_reference
 
 __all__ = ["REBATCH_ROUNDS", "RERUNS_IN_FLIGHT", "Amend", "Done", "NotDrawn", "Takes", "executors_for", "run",
@@ -104,7 +107,7 @@ def run(backends: list[Backend], cases: Iterable[Item], config: RunConfig,
     results: list[CaseResult] = []
     items = iter(cases)
     rule = memory.SideBySide()
-    with executors_for(loaded, config) as where:
+    with executors_for(loaded, config) as where, graph.replayers(config) as replays:
         item = _next_item(items)
         while item is not None:
             whole = item.case if isinstance(item, Batch) else item
@@ -112,14 +115,14 @@ def run(backends: list[Backend], cases: Iterable[Item], config: RunConfig,
             picked = [loaded[i] for i in chosen], [where[i] for i in chosen]
             following = None  # a single case may be large: the next one is drawn after it, not beside it
             if isinstance(item, Batch):
-                one_case = _case_runner(*picked, config, on_result, amend, rule)
+                one_case = _case_runner(*picked, config, on_result, amend, rule, replays)
                 finish = started_batch(*picked, item, config, on_result, amend, one_case)
                 following = _next_item(items, finish)  # drawn while the workers compute
                 results += finish()
             elif isinstance(item, NotDrawn):
                 results += _not_drawn(picked[0], item, config, on_result)
             else:
-                results += _run_case(*picked, item, config, on_result, done or {}, amend, rule)
+                results += _run_case(*picked, item, config, on_result, done or {}, amend, rule, replays)
             if on_done:
                 on_done(item)
             item = following if isinstance(item, Batch) else _next_item(items)
@@ -160,14 +163,14 @@ def _not_drawn(backends: list[Loaded], item: NotDrawn, config: RunConfig,
 
 def _case_runner(backends: list[Loaded], executors: list[Executor], config: RunConfig,
                  on_result: Callable[[CaseResult], None] | None, amend: Amend | None,
-                 rule: memory.SideBySide) -> Callable[[Case], list[CaseResult]]:
+                 rule: memory.SideBySide, replays: graph.Replayers | None) -> Callable[[Case], list[CaseResult]]:
     """What runs one case on these backends as the loop does (a batch's members, when they go alone)."""
-    return lambda case: _run_case(backends, executors, case, config, on_result, {}, amend, rule)
+    return lambda case: _run_case(backends, executors, case, config, on_result, {}, amend, rule, replays)
 
 
 def _run_case(backends: list[Loaded], executors: list[Executor], case: Case, config: RunConfig,
               on_result: Callable[[CaseResult], None] | None, done: Done, amend: Amend | None,
-              rule: memory.SideBySide) -> list[CaseResult]:
+              rule: memory.SideBySide, replays: graph.Replayers | None) -> list[CaseResult]:
     todo = [i for i, b in enumerate(backends) if (b.name, case.name) not in done]
     fresh: dict[int, CaseResult] = {}
     if todo:
@@ -175,7 +178,27 @@ def _run_case(backends: list[Loaded], executors: list[Executor], case: Case, con
             fresh[index] = amended(result, backends[index], case, executors[index], amend)
             if on_result:
                 on_result(fresh[index])
-    return [fresh[i] if i in fresh else done[(b.name, case.name)] for i, b in enumerate(backends)]
+    results = [fresh[i] if i in fresh else done[(b.name, case.name)] for i, b in enumerate(backends)]
+    return results + (_graph_replays(backends, case, config, on_result, done, replays) if replays is not None else [])
+
+
+def _graph_replays(backends: list[Loaded], case: Case, config: RunConfig,
+                   on_result: Callable[[CaseResult], None] | None, done: Done,
+                   replays: graph.Replayers) -> list[CaseResult]:
+    """With config.graph: each backend's results on the replays of `case` (difftest.engine.graph), those
+    `done` keeps from an earlier run not made again."""
+    results = []
+    case = case.validate().to(config.device)
+    for backend in backends:
+        names = [replay_name(case.name, index) for index in range(len(FAMILY))]
+        if all((backend.name, name) in done for name in names):
+            results += [done[(backend.name, name)] for name in names]
+            continue
+        for result in replays.results(backend, case):
+            if on_result:
+                on_result(result)
+            results.append(result)
+    return results
 
 
 def _oracle_and_results(backends: list[Loaded], executors: list[Executor], case: Case, config: RunConfig,

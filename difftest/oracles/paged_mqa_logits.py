@@ -27,8 +27,11 @@ _GPU_CHUNK_ELEMENTS = 1 << 25
 
 def paged_mqa_logits(q: torch.Tensor, k_pool: torch.Tensor, scale_pool: torch.Tensor,
                      weights: torch.Tensor, block_table: torch.Tensor, row_lens: torch.Tensor,
-                     max_model_len: int) -> torch.Tensor:
+                     max_model_len: int, positions: int | None = None) -> torch.Tensor:
     """Logits [B * next_n, max_model_len] of decoded inputs, in q's dtype; -inf past each limit.
+
+    The positions computed are the longest row's (read on the host), or `positions` where the caller gives
+    them (no host read: what a CUDA graph can capture; at most what the block table holds).
 
     q (B, next_n, H, D) holds values; k_pool (num_blocks, block_size, D) values or fp8 keys (decoded
     after the gather, so only visible blocks are widened); scale_pool (num_blocks, block_size),
@@ -36,7 +39,8 @@ def paged_mqa_logits(q: torch.Tensor, k_pool: torch.Tensor, scale_pool: torch.Te
     """
     batch, next_n, heads, _ = q.shape
     out = torch.full((batch * next_n, max_model_len), -math.inf, dtype=q.dtype, device=q.device)
-    visible = min(int(row_lens.max()) if row_lens.numel() else 0, max_model_len)
+    longest = positions if positions is not None else int(row_lens.max()) if row_lens.numel() else 0
+    visible = min(longest, max_model_len)
     w = weights.to(q.dtype).reshape(batch, next_n, heads)
     for first, last in _sequence_chunks(batch, next_n * heads * max(visible, 1), q.device):
         keys, scales = _gather(k_pool, scale_pool, block_table[first:last], visible)  # (b, P, D), (b, P)

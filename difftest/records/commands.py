@@ -62,6 +62,8 @@ def config_words(config: RunConfig) -> list[str]:
         words += ["--repeat", str(config.repeat)]
     if config.metamorphic:
         words += ["--metamorphic", ",".join(relation.value for relation in config.metamorphic)]
+    if config.graph:
+        words.append("--graph")
     return words
 
 

@@ -446,7 +446,8 @@ def config_info(config: RunConfig) -> dict[str, Any]:
             "layout_override": config.layout.value if config.layout else None, "isolated": config.isolated,
             "timeout": config.timeout, "repeat": config.repeat,
             "sanitize": config.sanitize.value if config.sanitize else None, "sanitize_all": config.sanitize_all,
-            "oracle": config.oracle_kind.value, "startup_timeout": config.startup_timeout, "time": config.time}
+            "oracle": config.oracle_kind.value, "startup_timeout": config.startup_timeout, "time": config.time,
+            "graph": config.graph}
 
 
 def environment_info(started: float) -> dict[str, Any]:

@@ -186,5 +186,6 @@ class RunInfoModel(Model):
     startup_timeout: Number(0.0, math.inf) | None = None
     time: Int(1, MAX_TIME) | None = None  # timed launches per case
     fail_slow: Bool | None = None  # a sibling slower than allowed fails the run
+    graph: Bool | None = None  # each case replayed in its captured call (difftest.engine.graph)
     matrix: MatrixRunModel | None = None  # the matrix cell the run was (difftest matrix run)
     campaign: CampaignInfoModel | None = None  # what a fuzz campaign found (difftest fuzz --report)

@@ -30,6 +30,7 @@ from difftest.engine.plan import EnvelopePlan, PlannedCase, Shard, SuiteRequest,
 from difftest.engine.result import CaseResult, Reach
 from difftest.engine.runner import NotDrawn
 from difftest.generators.envelope import Target, estimate_bytes, spec_shape
+from difftest.generators.graph_family import captured_name
 from difftest.records.bundle import bundle_name
 from difftest.records.commands import backend_target, run_command
 from difftest.records.ledger import Ledger
@@ -166,8 +167,9 @@ def repro_lines(results: list[CaseResult], cases: list[PlannedCase], backends: l
     that backend, with every option of `config` (difftest.records.commands)."""
     planned = {c.name: c for c in cases}
     targets = {b.name: backend_target(b.origin, b.name) for b in backends}
-    return {(r.backend, r.case): run_command(targets[r.backend], planned[r.case].spec, planned[r.case].seed, config)
-            for r in results if r.verdict.failed and r.case in planned and r.backend in targets}
+    drawn = {r.case: planned.get(captured_name(r.case)) for r in results}  # a graph replay's: its captured case's
+    return {(r.backend, r.case): run_command(targets[r.backend], drawn[r.case].spec, drawn[r.case].seed, config)
+            for r in results if r.verdict.failed and drawn[r.case] is not None and r.backend in targets}
 
 
 def untested_backends(backends: Sequence[Loaded | Named], results: list[CaseResult],
@@ -288,7 +290,8 @@ def _here(request: RunRequest, backends: list[Loaded], cases: list[PlannedCase],
     finished: list[CaseResult] = [*done.values()]  # the whole run so far, in the order the stream holds it
 
     def heard(result: CaseResult) -> None:
-        outputs.take(result, current.case)
+        # A graph replay's case is not the drawn one: no bundle of it (its repro line replays the captured case)
+        outputs.take(result, current.case if current.case is None or current.case.name == result.case else None)
         finished.append(result)
         if on_result:
             on_result(result)
@@ -381,7 +384,7 @@ def _bundles_written(repro_dir: Path | None, results: list[CaseResult]) -> int:
 
 # Run-info keys a resumed run must share with the run it resumes -> the parameter that sets each.
 RESUMED_ALIKE = {"encoding_override": "encoding", "layout_override": "layout", "repeat": "repeat",
-                 "oracle": "oracle", "cases_kind": "cases"}
+                 "oracle": "oracle", "cases_kind": "cases", "graph": "graph"}
 
 
 def _resumed(request: RunRequest, cases: list[PlannedCase],
