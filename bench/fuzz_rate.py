@@ -149,7 +149,7 @@ def markdown(rows: dict[str, dict], header: str) -> str:
 
 def summary(folders: list[Path]) -> str:
     """The rows of earlier runs (each folder's fuzz_rate.json), in the order given, each campaign rate
-    also relative to the same regime's in the folder before it (scripts/h200_ab.sh alternates two engines)."""
+    also relative to the same regime's in the folder before it (an A/B run alternates two engines)."""
     lines = [f"| run | regime | {BASELINE} | difftest fuzz | ratio | fuzz / the run before |",
              "|---|---|---|---|---|---|"]
     before: dict[str, float] = {}

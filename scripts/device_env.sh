@@ -1,12 +1,14 @@
-# Sourced by the device scripts (scripts/h200_*.sh), from the repo root on the device:
-# unpacks the carried kernel libraries into /tmp/site and puts them and the repo on PYTHONPATH.
-# Once per machine: two scripts may run side by side, and must not unpack under each other's imports.
-# One script unpacks while any other waits for it: the flock (not the mkdir, which a second script would pass
-# while the first is still unpacking) keeps a script from importing a half-installed site.
+# Sourced by scripts/device_visit.sh (or by hand, before a bench or a difftest command), from the repo root on
+# the device: unpacks the carried kernel libraries into /tmp/site and puts them and the repo on PYTHONPATH.
+# What is not carried is skipped (a step that needs only the wheels carries .whl alone).
+# Once per machine: two visits may run side by side, and must not unpack under each other's imports.
+# One unpacks while any other waits for it: the flock (not the mkdir, which a second one would pass
+# while the first is still unpacking) keeps a visit from importing a half-installed site.
 exec 9>/tmp/device_env.lock
 flock 9
 if mkdir /tmp/site 2>/dev/null; then
-  tar xzf .device-deps/deep_gemm.tgz -C /tmp/site && cp -r .device-deps/aiter .device-deps/aiter-dist/* /tmp/site/
+  [ -f .device-deps/deep_gemm.tgz ] && tar xzf .device-deps/deep_gemm.tgz -C /tmp/site
+  [ -d .device-deps/aiter ] && cp -r .device-deps/aiter .device-deps/aiter-dist/* /tmp/site/
 fi
 # The version axis (scripts/prepare_versions.sh), once per machine like /tmp/site: each archive of
 # .device-deps/versions unpacked into /tmp/versions/<name>/, each directory copied there. A version
@@ -30,7 +32,7 @@ fi
 # point would, in every pytest process, pytester's inline runs and xdist workers included.
 # The device image sets PYTHONDONTWRITEBYTECODE: every process, the workers' fork server included, then
 # compiles torch's Python from source on import (about 9 s of a campaign's start there). An installed
-# torch comes with its bytecode; caching it under /tmp gives the scripts' processes the same start.
+# torch comes with its bytecode; caching it under /tmp gives the visit's processes the same start.
 flock -u 9
 exec 9>&-
 unset PYTHONDONTWRITEBYTECODE
@@ -38,4 +40,4 @@ export PYTHONPYCACHEPREFIX=/tmp/pycache
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTEST_PLUGINS=difftest_pytest.plugin
 dt="python3 -m difftest.cli"
 
-source scripts/device_steps.sh  # step, timed_step: what each device script records per step
+source scripts/device_steps.sh  # step, timed_step: what a visit records per step

@@ -1,4 +1,4 @@
-# Sourced by the device scripts (scripts/h200_*.sh; scripts/device_env.sh sources it): how a script records a
+# Sourced by scripts/device_env.sh (scripts/device_visit.sh sources that): how a visit records a
 # step in $out/NAME.txt (the command, what it printed, its exit status) and goes on whatever the step did.
 # ONLY=regex runs the steps whose names match (one device call is 10 minutes).
 

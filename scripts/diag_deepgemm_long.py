@@ -1,4 +1,4 @@
-"""Diagnose DeepGEMM value failures seen at B=64, 128K (reports/h200/04-long-context): which rows,
+"""Diagnose DeepGEMM value failures seen at B=64, 128K (reports/h200/deepgemm-zero-length/04-long-context): which rows,
 which lengths, whether repeated launches agree bitwise, whose inputs a wrong row was computed from,
 and whether the number of schedule slots changes which rows fail.
 

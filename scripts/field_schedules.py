@@ -4,7 +4,7 @@
     python3 scripts/field_schedules.py --classify OUTPUT.txt     (here, no GPU: reads a run's output)
 
 Needs DeepGEMM importable and flag_gems/ops/get_paged_mqa_logits_metadata.py on sys.path (the
-flag_gems-5.0.2 folder of .device-deps/field; scripts/h200_field.sh sets both up). For each length
+flag_gems-5.0.2 folder of .device-deps/field; `scripts/device_visit.sh field` sets both up). For each length
 vector and next_n it prints whether the two schedules are equal, and whether the kernel's logits in every
 row's window are bitwise equal under both: each 256-token split is computed by one CTA whichever SM
 holds it, so a schedule that is a valid partition changes which SM does the work and nothing else. A

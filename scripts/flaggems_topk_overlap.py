@@ -2,7 +2,7 @@
 (docs/findings/flaggems-bucket-topk-candidate-overflow.md), shown on the CPU and measured on the GPU.
 
     PYTHONPATH=.:FLAG_GEMS_TREE python3 scripts/flaggems_topk_overlap.py                  (CPU, about 30 s)
-    PYTHONPATH=.:FLAG_GEMS_TREE python3 scripts/flaggems_topk_overlap.py --device cuda   (h200_flaggems_topk.sh)
+    PYTHONPATH=.:FLAG_GEMS_TREE python3 scripts/flaggems_topk_overlap.py --device cuda   (device_visit.sh flaggems-topk)
 
 CPU: the H200's FAIL(duplicate) case (random-k2048-s0's windows) through the kernel under the interpreter, in
 the interpreter's order (one row after another) and with row 2's overflow landing after row 3 wrote its own

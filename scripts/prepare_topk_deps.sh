@@ -3,7 +3,7 @@
 # (git-ignored) from the release wheels in $DIFFTEST_WHEEL_CACHE (default ~/.cache/difftest-wheels; each
 # downloaded with `pip download --no-deps` when missing), in two carries of at most 64 MiB each:
 #
-#   carry-small/  (about 20 MB; carry with the first call of scripts/h200_topk.sh)
+#   carry-small/  (about 20 MB; carry with the first call of `scripts/device_visit.sh topk-setup`)
 #     flag_gems-5.0.2/                  flag_gems/fused/DSA/bin_topk.py and flag_gems/utils/triton_version_utils.py
 #                                       (no flag_gems/__init__.py: the adapter loads the file by path), VERSION
 #     sglang-0.5.23-topk/               sglang/kernels/jit/csrc/{elementwise/fast_topk.cuh,deepseek_v4/topk_v2.cuh}
@@ -21,7 +21,7 @@
 #   flashinfer-aot/topk/topk.so         flashinfer/jit/topk.py's JitSpec built by its own build() (FlashInfer's flags,
 #                                       FLASHINFER_CUDA_ARCH_LIST=9.0a: sm_90a cubins only) with nvcc 13 from $CUDA_HOME
 #                                       or PATH, MAX_JOBS=2 by default (1118 s on 2 cores; 15 MiB); build.ninja
-#                                       beside it records the commands. scripts/h200_topk.sh copies the folder into
+#                                       beside it records the commands. `scripts/device_visit.sh topk-setup` copies the folder into
 #                                       flashinfer/data/aot/, the first place FlashInfer looks before building
 # That step needs .venv (`make .venv/bin/difftest`: FlashInfer reads its build flags through torch) and fetches the
 # host Python's apache-tvm-ffi 0.1.11 (the carried wheel is for 3.12), nvidia-curand 10.4.0.35's curand headers when

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The version axis for the GPU device machine, from the project root (like prepare-deps.sh, and after
-# it: this adds, it replaces nothing there). Writes .device-deps/versions/ (git-ignored):
+# The version axis for the GPU device machine, from the project root (after scripts/prepare_device.sh:
+# this adds, it replaces nothing there). Writes .device-deps/versions/ (git-ignored):
 #   deep_gemm-<vllm>.tar.xz  DeepGEMM as vendored in each vllm release wheel (VLLM_VERSIONS, default
 #                            0.30.0 .. 0.34.0), one archive per distinct tree
 #   vllm-<vllm>/             the file holding vLLM's Triton decode indexer kernel, per release having it

@@ -5,7 +5,7 @@ crowded-bin cases. Each answer is judged by difftest's oracle (compare_topk) and
 (scripts/sglang_fast_topk_port.py): stock kernel against the port as written, patched kernel against the
 port with the limit lifted. `difftest run --spec` is a paged-logits option, hence this driver.
 
-Run by scripts/h200_sglang_fast_topk.sh from the project root on the device (it sets the environment);
+Run by scripts/device_visit.sh sglang-fast-topk from the project root on the device (it sets the environment);
 writes OUT/results.json. The three JIT builds (stock k 512 and 2048, the patched module with both) start
 together.
 """

@@ -11,7 +11,7 @@ next byte (:129-137). Rounds 0-3 then refine the list on the bytes of the exact 
 What the port models and what it cannot: the order in which a block's threads reach an atomicAdd is the
 GPU's. The port takes candidates in column order (thread t handles columns t, t + 1024, ...: pass after
 pass, that is ascending columns), so the 4096 kept are the bin's first 4096 columns. That is the order the
-H200 showed on difftest's crowded-bin cases (the port's set equals the GPU's: scripts/h200_sglang_fast_topk.sh
+H200 showed on difftest's crowded-bin cases (the port's set equals the GPU's: scripts/device_visit.sh sglang-fast-topk
 checks it on the device). Output slots follow the same order: `s_counter` slots from 0 upward, the last
 round's ties from k - remaining upward (:192-194).
 

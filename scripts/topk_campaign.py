@@ -1,6 +1,6 @@
 """Every top-k backend that loads here on every edge family of its contract, at the device's scale: the
 verdict, the headline and whether a second call selects the same set, one line per family (beside `difftest
-run --op topk`, which judges the same plan with guards and isolation). Run by scripts/h200_topk.sh on the GPU
+run --op topk`, which judges the same plan with guards and isolation). Run by `scripts/device_visit.sh topk` on the GPU
 machine (PYTHONPATH=.):
 
     python3 scripts/topk_campaign.py --out reports/h200/topk/all   (writes results.jsonl and README.md)
@@ -108,8 +108,8 @@ def campaign(out: Path, device: str, chosen: set[str] | None = None) -> None:
                          f"{record.get('headline') or record.get('reason') or record.get('error')} |")
     (out / "results.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     (out / "README.md").write_text(
-        f"# Top-k backends at {target.scale.value} scale\n\nCommand: `bash scripts/h200_topk.sh run` (TAG, BACKENDS) "
-        f"(scripts/topk_campaign.py), device {device}. Every case is seed 0 of its family "
+        f"# Top-k backends at {target.scale.value} scale\n\nCommand: `bash scripts/device_visit.sh topk OUTDIR` "
+        f"(TAG, BACKENDS; scripts/topk_campaign.py), device {device}. Every case is seed 0 of its family "
         "(difftest.generators.topk.topk_plan).\n\n"
         "| backend | case | verdict |\n|---|---|---|\n" + "\n".join(table) + "\n")
 

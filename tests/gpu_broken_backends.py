@@ -1,4 +1,4 @@
-"""Triton kernels written to break on the GPU, for scripts/h200_isolation.sh and the isolation tests.
+"""Triton kernels written to break on the GPU, for scripts/device_visit.sh isolation and the isolation tests.
 
 One paged MQA logits kernel (DeepGEMM's contract: per-row lengths, block-split e4m3fn cache, fp32
 output, -inf past each window), compiled in three variants by the BUG constexpr:
@@ -31,7 +31,7 @@ block of one query row: (H, D) x (D, block) in fp32 (e4m3 values and their produ
 fp32), then the head-weighted ReLU sum and the token scales. It also runs on the CPU under
 TRITON_INTERPRET=1, which is how the test suite checks the good variant against the oracle (and the
 last-tile spill on its unaligned cases). The contract is the production envelope's (H 64, D 128,
-block 64 on a GPU): scripts/h200_planted_edges.sh runs the last two there.
+block 64 on a GPU): scripts/device_visit.sh planted-edges runs the last two there.
 """
 
 from __future__ import annotations

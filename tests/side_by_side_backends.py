@@ -1,5 +1,5 @@
 """Eleven copies of one correct Triton paged MQA logits kernel, and one planted copy, for running many
-backends side by side at production sizes (scripts/h200_side_by_side.sh): the harness's memory, not
+backends side by side at production sizes (scripts/device_visit.sh side-by-side): the harness's memory, not
 the kernels, decides whether they fit the GPU together, and no copy may get a verdict from that.
 
 The copies differ only in their names (triton-copy-00 .. triton-copy-10); triton-copy-planted loses

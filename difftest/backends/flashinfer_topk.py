@@ -13,7 +13,7 @@ The module is JIT-built at first use (flashinfer/jit/topk.py:21-31: data/csrc/to
 bindings) with $CUDA_HOME/bin/nvcc through ninja and apache-tvm-ffi; it needs `curand.h` under
 $CUDA_HOME/include. Compile-only on a 2-core CPU machine (nvcc 13.0.88, sm_90a): topk.cu 271 s, cub_topk.cu
 671 s, the bindings 4 s and 26 s, more than a device call: `scripts/prepare_topk_deps.sh flashinfer-aot` builds
-it ahead with FlashInfer's own JitSpec and scripts/h200_topk.sh puts it in flashinfer/data/aot/, which FlashInfer
+it ahead with its own JitSpec and `scripts/device_visit.sh topk` puts it in flashinfer/data/aot/, which FlashInfer
 loads before building anything. The package's Python tree and its top-k sources travel in
 .device-deps/topk/flashinfer/ (scripts/prepare_topk_deps.sh).
 """
@@ -59,9 +59,9 @@ class FlashInferTopk:
             return "FlashInfer's top-k is CUDA only (JIT-built with nvcc at first use)"
         if importlib.util.find_spec("flashinfer") is None:
             return ("flashinfer is not on sys.path: scripts/prepare_topk_deps.sh extracts it into "
-                    ".device-deps/topk/flashinfer and scripts/h200_topk.sh puts it on PYTHONPATH")
+                    ".device-deps/topk/flashinfer and scripts/device_visit.sh topk puts it on PYTHONPATH")
         if importlib.util.find_spec("tvm_ffi") is None:
-            return "apache-tvm-ffi is not importable (scripts/h200_topk.sh installs the carried wheel)"
+            return "apache-tvm-ffi is not importable (scripts/device_visit.sh topk installs the carried wheel)"
         home = _cuda_home()
         if home is None or not (home / "bin" / "nvcc").exists():
             return "no nvcc (CUDA_HOME unset and none on PATH): FlashInfer builds its top-k at first use"

@@ -102,7 +102,7 @@ class SglangJitTopk:
         if not (sources_dir() / "csrc" / self.kernel.header).is_file():
             return f"{sources_dir() / 'csrc' / self.kernel.header} not found: scripts/prepare_topk_deps.sh extracts it"
         if importlib.util.find_spec("tvm_ffi") is None:
-            return "apache-tvm-ffi is not importable (scripts/h200_topk.sh installs the carried wheel)"
+            return "apache-tvm-ffi is not importable (scripts/device_visit.sh topk installs the carried wheel)"
         if shutil.which("nvcc") is None:
             return "no nvcc on PATH: the JIT kernels are compiled at first use"
         return hardware.cuda_unavailable_reason()

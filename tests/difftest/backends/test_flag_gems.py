@@ -10,7 +10,7 @@ under the Triton interpreter, against two other schedules of the same units:
   what they cover.
 
 Whether DeepGEMM's kernel computes every row right from FlagGems' schedule is the GPU's question
-(backend deepgemm-flaggems-schedule, scripts/h200_field.sh).
+(backend deepgemm-flaggems-schedule, scripts/device_visit.sh field).
 """
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ def test_without_the_file_a_reference_says_where_it_comes_from(monkeypatch):
 
 
 def test_the_campaign_driver_runs_a_plan_in_a_child_and_writes_its_summary(field_tree, tmp_path):
-    """scripts/ragged_campaign.py (what scripts/h200_ragged.sh runs with DeepGEMM on the GPU), here with sglang's
+    """scripts/ragged_campaign.py (what `device_visit.sh ragged` runs with DeepGEMM on the GPU), here with sglang's
     reference on the CPU over two specs of its small plan."""
     root = Path(__file__).resolve().parents[3]
     env = {**os.environ, "PYTHONPATH": f"{field_tree / 'sglang-0.5.23'}{os.pathsep}{root}"}

@@ -1,5 +1,5 @@
 """The compiled top-k backends (vLLM's _C ops, SGLang's JIT kernels, FlashInfer's): each says exactly why it
-cannot run here, and declares its kernel's conventions. They run on the GPU machine (scripts/h200_topk.sh)."""
+cannot run here, and declares its kernel's conventions. They run on the GPU machine (scripts/device_visit.sh topk)."""
 
 from __future__ import annotations
 

@@ -452,7 +452,7 @@ for kernel in (TritonGood(), TritonOobRead()):
 
 
 def test_gpu_script_kernels_compute_the_oracle_under_the_triton_interpreter():
-    """The kernels of scripts/h200_isolation.sh, on the CPU: the control and the out-of-bounds reader
+    """The kernels of scripts/device_visit.sh isolation, on the CPU: the control and the out-of-bounds reader
     (whose stray read is never used) match the oracle, so on the GPU only their bugs differ."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO_ROOT)}
     done = subprocess.run([sys.executable, "-c", INTERPRETED], cwd=REPO_ROOT, env=env, capture_output=True,

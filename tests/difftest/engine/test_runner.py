@@ -397,7 +397,7 @@ def test_the_engines_own_comparison_out_of_memory_is_no_verdict_on_the_backend(m
 
 
 def test_the_side_by_side_scripts_copies_compute_the_oracle_interpreted_and_the_planted_one_fails():
-    """scripts/h200_side_by_side.sh runs tests/side_by_side_backends.py's copies on the GPU; on the CPU the
+    """scripts/device_visit.sh side-by-side runs tests/side_by_side_backends.py's copies on the GPU; on the CPU the
     same kernel runs interpreted: two copies PASS, the planted one loses each window's last key."""
     from tests.side_by_side_backends import Copy00, Copy10, Planted
 

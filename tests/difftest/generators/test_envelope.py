@@ -660,7 +660,7 @@ def _planted(name: str) -> Contract:
 
 
 def test_the_planted_kernels_families_are_planned_in_the_production_envelope():
-    """scripts/h200_planted_edges.sh: the last-tile spill meets max_model_len ending inside a block (the
+    """scripts/device_visit.sh planted-edges: the last-tile spill meets max_model_len ending inside a block (the
     kernel's tile), the int32 block base a used block starting past 2^31 and past 2^32 bytes."""
     spill = _by_name(_plan(_planted("spill"), H200)[0])
     unaligned = [p.spec for p in spill.values() if EdgeFamily.UNALIGNED_MAX_MODEL_LEN in p.families]
