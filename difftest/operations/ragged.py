@@ -11,6 +11,7 @@ from typing import Any
 from difftest.backends.stages import ragged_backends
 from difftest.core.kinds import Device, Headline, OperationKind, OracleKind
 from difftest.core.operation import Expected, Operation, Planned
+from difftest.core.poison import poisoned
 from difftest.core.ragged import RaggedCase, RaggedContract, encode_ragged
 from difftest.engine.guards import logits_expected
 from difftest.engine.ragged_comparison import compare_ragged
@@ -52,8 +53,12 @@ def reference(case: RaggedCase, contract: RaggedContract, oracle: OracleKind) ->
 
 
 def call(backend: Any, case: RaggedCase) -> Any:
-    """The backend on the case as its contract's caller hands it (encode_ragged)."""
-    return backend(encode_ragged(case, backend.contract), None)
+    """The backend on the case as its contract's caller hands it (encode_ragged), into a poisoned buffer of its
+    output's shape when it writes into one (contract.writes_into_output), as a paged backend is."""
+    contract = backend.contract
+    out = poisoned((case.rows, contract.width(case)), contract.output_dtype, case.device) \
+        if contract.writes_into_output else None
+    return backend(encode_ragged(case, contract), out)
 
 
 def judge(ref: RaggedReference, got: Any, case: RaggedCase, contract: RaggedContract) -> Judgement:

@@ -208,3 +208,42 @@ def test_a_composition_whose_top_k_stage_returns_float_indices_is_an_error():
     floats = Composed("floats", get_backends(["torch"])[0], Returns("float-indices", lambda got: got.float()))
     result, = run_operation(indexer, [Named("floats", floats)], [Drawn(case)], RunConfig())
     assert result.verdict == Verdict.ERROR and result.reason.startswith("contract: expected indices")
+
+
+class IntoBuffer(OracleRagged):
+    """Writes its logits into the poisoned buffer it is handed, all of it or (`rows_left`) all but its last rows."""
+
+    contract = dataclasses.replace(OracleRagged.contract, writes_into_output=True)
+
+    def __init__(self, name, rows_left=0):
+        self.name, self.rows_left = name, rows_left
+
+    def __call__(self, inputs, out):
+        got = super().__call__(inputs, out)
+        kept = got.shape[0] - self.rows_left
+        out[:kept] = got[:kept]
+        return out
+
+
+def test_a_ragged_backend_that_writes_into_its_buffer_is_handed_poison_and_rows_it_leaves_are_unwritten():
+    backends = [Named("whole", IntoBuffer("whole")), Named("short", IntoBuffer("short", rows_left=1))]
+    whole, short = run_operation(RAGGED, backends, [Drawn(_ragged_case())], RunConfig())
+    assert whole.verdict == Verdict.PASS
+    assert short.verdict == Verdict.FAIL_UNWRITTEN and short.comparison.unwritten_rows == [short.rows - 1]
+
+
+class FreshShort(OracleRagged):
+    """Returns a fresh torch.empty_like tensor with every row but its last copied in."""
+
+    name = "fresh-short"
+
+    def __call__(self, inputs, out):
+        got = super().__call__(inputs, out)
+        fresh = torch.empty_like(got)
+        fresh[:-1] = got[:-1]
+        return fresh
+
+
+def test_a_fresh_tensor_a_ragged_backend_leaves_unwritten_starts_as_poison():
+    result, = run_operation(RAGGED, [Named("fresh-short", FreshShort())], [Drawn(_ragged_case())], RunConfig())
+    assert result.verdict == Verdict.FAIL_UNWRITTEN and result.comparison.unwritten_rows == [result.rows - 1]
