@@ -52,6 +52,14 @@ class Preparable(Protocol):
         ...
 
 
+def rebuilt_every_step(backend: Backend) -> str | None:
+    """Who rebuilds `backend`'s `prepare` set-up on every serving step, when its production caller does (a
+    backend says so in a `rebuilt_every_step` attribute: vLLM rebuilds DeepGEMM's schedule metadata each step
+    into the buffer its CUDA graph reads), else None: the set-up is made once, when the call is captured."""
+    own = backend.backend if isinstance(backend, Loaded) else backend
+    return getattr(own, "rebuilt_every_step", None)
+
+
 def timed_region(backend: Backend) -> TimedRegion:
     """What timing `backend` covers: the per-layer call when it declares `prepare`, else (a user's
     function, say) the whole call."""

@@ -189,6 +189,10 @@ def _logits_fn(module: ModuleType) -> Callable[..., torch.Tensor]:
 class DeepGemm:
     """One DeepGEMM variant (VARIANTS[name]): metadata, then the logits kernel, as vLLM calls them."""
 
+    # vLLM's indexer metadata builder recomputes the schedule at every step, captured graph or not
+    # (base.rebuilt_every_step): a graph replay must not reuse the capture's.
+    rebuilt_every_step = "vLLM's indexer metadata builder (get_paged_mqa_logits_metadata, every step)"
+
     def __init__(self, name: str) -> None:
         self.name = name
         self.variant = VARIANTS[name]

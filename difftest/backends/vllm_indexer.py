@@ -296,6 +296,7 @@ class IndexerPath:
     call: Callable[[KernelInputs, torch.Tensor | None], torch.Tensor]
     # its per-batch set-up done once, then the per-layer call (Preparable)
     prepare: Callable[[KernelInputs, torch.Tensor | None], Callable[[], torch.Tensor]]
+    rebuilt_every_step: str | None = None  # who rebuilds that set-up at every step (base.rebuilt_every_step)
 
 
 PATHS: dict[str, IndexerPath] = {
@@ -305,7 +306,8 @@ PATHS: dict[str, IndexerPath] = {
     "vllm-triton-decode": IndexerPath((), _triton_decode_contract,
                                       _triton_decode_reason, _triton_decode_call, _triton_decode_prepare),
     "vllm-deepgemm": IndexerPath((DEEP_GEMM, PLATFORM_UTILS), _deep_gemm_contract, _deep_gemm_reason,
-                                 _deep_gemm_call, _deep_gemm_prepare),
+                                 _deep_gemm_call, _deep_gemm_prepare,
+                                 rebuilt_every_step="vLLM's indexer metadata builder (every step)"),
 }
 
 
@@ -315,6 +317,7 @@ class VllmIndexer:
     def __init__(self, name: str) -> None:
         self.name = name
         self.path = PATHS[name]
+        self.rebuilt_every_step = self.path.rebuilt_every_step
 
     @property
     def contract(self) -> Contract:

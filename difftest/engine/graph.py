@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from difftest.backends import Loaded, Origin, rebuild
-from difftest.backends.base import launcher
+from difftest.backends.base import launcher, rebuilt_every_step
 from difftest.core.case import Case
 from difftest.core.contract import Contract
 from difftest.core.errors import SpecError, exception_text
@@ -267,6 +267,10 @@ def _capturable(backend: Loaded, base: Case, config: RunConfig) -> KernelInputs 
         return f"unavailable_reason raised {exception_text(exc)}"
     if reason:
         return reason
+    rebuilder = rebuilt_every_step(backend)
+    if rebuilder:  # a capture's schedule replayed at other lengths is the harness's bug, not the kernel's
+        return (f"graph replay: its set-up is rebuilt at every step by {rebuilder}, and --graph keeps the "
+                "capture's set-up for every replay (a stale schedule: no verdict the kernel earned)")
     if (config.encoding or backend.contract.length_encoding) == LengthEncoding.PREFIX_SUM:
         return ("graph replay: the prefix-sum encoding's flat token ids are as many as the lengths' sum, so no "
                 "buffer captured at one step's lengths holds another's")

@@ -141,6 +141,23 @@ def test_an_encoding_whose_shapes_follow_the_lengths_skips_its_replays():
     assert all(r.verdict == Verdict.SKIP and "prefix-sum" in r.reason for r in replays), replays
 
 
+class RebuiltEveryStep(pg.ReusedSchedule):
+    """The reused schedule of (a), declared as a set-up its production caller rebuilds at every step (as vLLM
+    rebuilds DeepGEMM's schedule): replaying the capture's would blame the kernel for the harness's staleness."""
+
+    name = "planted-graph-rebuilt-every-step"
+    rebuilt_every_step = "its caller's metadata builder"
+
+
+def test_a_backend_whose_set_up_is_rebuilt_every_step_skips_its_replays_with_who_rebuilds_it():
+    # On the H100 DeepGEMM's replays crashed on the capture's schedule (reports/h100/graph-replay): a false verdict.
+    case = build_case(CAPTURED, 0)
+    plain, *replays = run([RebuiltEveryStep()], [case], RunConfig(graph=True))
+    assert plain.verdict == Verdict.PASS, f"{plain=}"
+    assert replays and all(r.verdict == Verdict.SKIP and "its caller's metadata builder" in r.reason
+                           for r in replays), replays
+
+
 def test_a_backend_that_cannot_take_the_case_skips_its_replays_with_its_reason():
     case = build_case(CAPTURED, 0)
     results = run([ub.DeclaresCudaOnly()], [case], RunConfig(graph=True))
