@@ -24,9 +24,10 @@ Lengths: vLLM's metadata builder (vllm/v1/attention/backends/mla/indexer.py, _pr
 and build) hands all three the per-row table: (B, next_n) with len = max(L - next_n + j + 1, 0) on
 the native MTP path, and (B, 1) at next_n = 1 (it unsqueezes the 1-D lengths "so downstream kernels
 see the same (B, next_n) layout"). Cache: vLLM's indexer writers store each block's keys, then its
-fp32 scales (block-split); so do the three readers here, except that fp8_paged_mqa_logits_torch
+fp32 scales (block-split); so do the three readers here, except that 0.33.0's fp8_paged_mqa_logits_torch
 slices `kv_cache[..., :D]` and `kv_cache[..., D:]` (token-interleaved) whenever next_n > 1, which
-tests/difftest/backends/test_vllm.py pins down.
+tests/difftest/backends/test_vllm.py pins down; 0.34.0's reads block-split at every next_n
+(test_vllm_torch_ref.py).
 """
 
 from __future__ import annotations
