@@ -54,7 +54,8 @@ VLLM_33 = "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
 VLLM_34 = "vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl"
 RELEASES = (
     # difftest.backends.vllm_step5: the Step5 Hopper kernel's file and the release's version file;
-    # difftest.backends.vllm_ragged: the file of its torch reference for ragged (prefill) logits.
+    # difftest.backends.vllm_ragged: the file of its torch reference for ragged (prefill) logits;
+    # difftest.backends.vllm_torch_ref: the same file's paged torch reference.
     Release("vllm-0.33.0", "vllm", VLLM_33, {
         "vllm/_version.py": "83ac00973c429411aefd8e8f33cfb4a313b438b7c07e93d2fada81db86206f92",
         "vllm/models/step5/nvidia/ops/sparse_indexer_scores.py": STEP5,
@@ -62,7 +63,10 @@ RELEASES = (
             "efa28d9acb9a9cf0904454478f2fc39c7e1674c479462563691ba7453937fee1"}),
     Release("vllm-0.34.0", "vllm", VLLM_34, {
         "vllm/_version.py": "b5773f66069824a6796cc4b8ceb4894510c8cc3de202e8e2a9921cf1c81c5bb5",
-        "vllm/models/step5/common/ops/sparse_indexer_scores.py": STEP5}),
+        "vllm/models/step5/common/ops/sparse_indexer_scores.py": STEP5,
+        # difftest.backends.vllm_torch_ref: fp8_paged_mqa_logits_torch, whose next_n > 1 cache read changed.
+        "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py":
+            "eb88c468d78fbee494ca50912f2d5656c502f5d4d25cf3f96d8b9e7de256f9bb"}),
     # difftest.backends.sglang: the torch reference indexer and the TileLang kernel (any build tag of
     # the 0.5.23 wheel holds the same Python files; only its Rust extensions differ).
     Release("sglang-0.5.23", "sglang", "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl", {

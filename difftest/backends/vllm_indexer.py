@@ -1,12 +1,14 @@
 """vLLM 0.33's own paged MQA logits paths, called the way its sparse-attention indexer calls them.
 
 Three backends (the PATHS table; one class), all optional: they load only when `vllm` imports (the
-`vllm` extra), or, for vllm-triton-decode, from a copy of its kernel file.
+`vllm` extra), or, for vllm-torch-ref and vllm-triton-decode, from a copy of their file.
 
 * vllm-torch-ref      vllm/v1/attention/ops/rocm_aiter_mla_sparse.py:
                       fp8_paged_mqa_logits_torch(q, kv_cache, weights, context_lens, block_tables, max_model_len)
                       A per-sequence, per-block torch loop: ROCm's fallback when AITER is missing, and for
                       block-flat (C4A) caches whose block size is not a multiple of 64. A peer oracle (CPU, GPU).
+                      Without vllm, from a copy of the file first on sys.path (vllm_torch_ref), releases
+                      0.33.0 and 0.34.0 (0.34.0 reads the next_n > 1 cache block-split too).
 * vllm-triton-decode  same file: rocm_fp8_paged_mqa_logits_triton(q, kv_cache, weights, context_lens,
                       block_tables, max_model_len): vLLM's Triton decode kernel for block-flat caches (block
                       size a multiple of 64; production reaches it on gfx942/gfx950 for C4A caches), writing
@@ -22,9 +24,10 @@ Lengths: vLLM's metadata builder (vllm/v1/attention/backends/mla/indexer.py, _pr
 and build) hands all three the per-row table: (B, next_n) with len = max(L - next_n + j + 1, 0) on
 the native MTP path, and (B, 1) at next_n = 1 (it unsqueezes the 1-D lengths "so downstream kernels
 see the same (B, next_n) layout"). Cache: vLLM's indexer writers store each block's keys, then its
-fp32 scales (block-split); so do the three readers here, except that fp8_paged_mqa_logits_torch
+fp32 scales (block-split); so do the three readers here, except that 0.33.0's fp8_paged_mqa_logits_torch
 slices `kv_cache[..., :D]` and `kv_cache[..., D:]` (token-interleaved) whenever next_n > 1, which
-tests/difftest/backends/test_vllm.py pins down.
+tests/difftest/backends/test_vllm.py pins down; 0.34.0's reads block-split at every next_n
+(test_vllm_torch_ref.py).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from types import ModuleType
 
 import torch
 
-from difftest.backends import deep_gemm, vllm_triton_decode
+from difftest.backends import deep_gemm, vllm_torch_ref, vllm_triton_decode
 from difftest.backends.base import Backend
 from difftest.core import hardware
 from difftest.core.contract import Contract
@@ -126,22 +129,36 @@ def _gpu_reason(device: str, what: str) -> str | None:
 # --------------------------------------------------------------------------- vllm-torch-ref
 
 def _torch_ref_contract() -> Contract:
+    # A carried copy of the file (vllm_torch_ref) is read without vllm: its fp8 flavour is the platform's.
+    tree = vllm_triton_decode.carried_tree()
+    fp8 = _fp8_flavour() if tree is None else (
+        Fp8Flavour.E4M3FNUZ if vllm_torch_ref.fp8_dtype() == torch.float8_e4m3fnuz else Fp8Flavour.E4M3FN)
     return Contract(
         length_encoding=LengthEncoding.PER_ROW, cache_layout=CacheLayout.BLOCK_SPLIT,
         # It starts from a -inf buffer and writes -inf past each row's limit.
-        mask=MaskConvention.TAIL_NEG_INF, fp8=_fp8_flavour(), output_dtype=torch.float32,
+        mask=MaskConvention.TAIL_NEG_INF, fp8=fp8, output_dtype=torch.float32,
         # float32 dot products and head sums: at most 1.1e-6 of the row's largest logit over the
         # default suite and the edges, next_n 1-4, on the CPU (2026-12-02).
         rtol=1e-5, devices=("cpu", "cuda"),
         # Envelope: none. A torch loop over sequences and blocks takes any shape; no tiles, no workers.
-        library=vllm_library("fp8_paged_mqa_logits_torch"))
+        library=vllm_library(vllm_torch_ref.FUNCTION) if tree is None else vllm_torch_ref.describe(tree))
 
 
 def _torch_ref_reason(device: str) -> str | None:
-    return hardware.cuda_unavailable_reason() if device == "cuda" else None
+    """The carried file's reasons when sys.path offers a copy of it first, else vLLM's."""
+    tree = vllm_triton_decode.carried_tree()
+    if tree is None:
+        _, why = load(OPS)
+        if why:
+            return f"{why}; and no sys.path entry holds a copy of {vllm_triton_decode.FILE}"
+    why = hardware.cuda_unavailable_reason() if device == "cuda" else None
+    return why or (None if tree is None else vllm_torch_ref.reason(tree))
 
 
 def _torch_ref_call(inputs: KernelInputs, out: torch.Tensor | None) -> torch.Tensor:
+    tree = vllm_triton_decode.carried_tree()
+    if tree is not None:
+        return vllm_torch_ref.call(tree, inputs)
     return _module(OPS).fp8_paged_mqa_logits_torch(inputs.q, inputs.kv_cache, inputs.weights, inputs.context_lens,
                                                    inputs.block_table, inputs.max_model_len)
 
@@ -300,7 +317,8 @@ class IndexerPath:
 
 
 PATHS: dict[str, IndexerPath] = {
-    "vllm-torch-ref": IndexerPath((OPS,), _torch_ref_contract, _torch_ref_reason, _torch_ref_call,
+    # Its reason checks vLLM's module itself: a carried copy of the file (vllm_torch_ref) needs none.
+    "vllm-torch-ref": IndexerPath((), _torch_ref_contract, _torch_ref_reason, _torch_ref_call,
                                   _torch_ref_prepare),
     # Its reason checks vLLM's modules itself: a carried copy of the kernel file needs none of them.
     "vllm-triton-decode": IndexerPath((), _triton_decode_contract,

@@ -106,9 +106,10 @@ def test_a_carried_kernel_copy_is_no_vllm_package(tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", NAMES)
 def test_without_vllm_every_backend_skips_with_the_import_error(name):
     made = backend(name)
-    # The Triton decode kernel would also run from a copy of its file (vllm_triton_decode): none here.
+    # The Triton decode kernel and the torch reference would also run from a copy of their file
+    # (vllm_triton_decode, vllm_torch_ref): none here.
     why = NO_VLLM_REASON + (f"; and no sys.path entry holds a copy of {vi.vllm_triton_decode.FILE}"
-                            if name == "vllm-triton-decode" else "")
+                            if name in ("vllm-triton-decode", "vllm-torch-ref") else "")
     assert made.unavailable_reason("cpu") == why
     assert made.unavailable_reason("cuda") == why
     assert made.contract.library.startswith("vllm (not installed"), made.contract.library
