@@ -678,12 +678,19 @@ def entry() -> int:
     passed) exits 1 with a line saying so; one killed by a signal dies of that signal here too."""
     ended = lifetime.supervise(main)
     if not ended.finished and not ended.sent:  # a kill or a Ctrl-C the user sent needs no explaining
-        print(f"difftest: error: the command's process ended ({ended.how}) before the command did: code run in "
-              "it (a backend run in-process: --isolate runs each in a worker of its own) called os._exit(), "
-              "exit(), exec() or died; every result already in the stream is kept", file=sys.stderr)
+        print(f"difftest: error: {_ended_early(ended)}; every result already in the stream is kept", file=sys.stderr)
     if ended.signum is not None:
         lifetime.die_by(ended.signum)
     return ended.status if ended.finished and ended.status is not None else ExitStatus.FAILED
+
+
+def _ended_early(ended: lifetime.Ended) -> str:
+    """Why the command's process ended before the command did, for one line."""
+    if ended.signum == signal.SIGKILL:  # no code of its own can end a process so: the kernel or another process
+        return ("the command's process was killed by SIGKILL before the command ended: the out-of-memory killer "
+                "ends a process so (or a kill -9 of that process alone)")
+    return (f"the command's process ended ({ended.how}) before the command did: code run in it (a backend run "
+            "in-process: --isolate runs each in a worker of its own) called os._exit(), exit(), exec() or died")
 
 
 def _reader_left(status: int) -> int:

@@ -5,6 +5,7 @@ except for one way real kernels break, and each break has exactly one verdict:
 
     segfaults             CRASH (SIGSEGV)             hangs                  TIMEOUT
     aborts                CRASH (SIGABRT)             raises                 ERROR
+    killed                CRASH (SIGKILL, as the out-of-memory killer ends a process)
     raises_nested         ERROR, raised two calls down (its traceback names _launch_nested)
     writes_into_inputs    FAIL(mutated-input)         leaves_row_unwritten   FAIL(unwritten)
     reads_past_table      FAIL(nan)                   nondeterministic       FAIL(nondeterministic) with --repeat
@@ -18,7 +19,7 @@ and the faults the runner must survive, each ERROR: exits (SystemExit), interrup
 its own), complex_output / int_output / wide_output / meta_output (ERROR "contract: expected ..., got ..."),
 unavailable_raises (its unavailable_reason raises). slow is right, after SLOW_SECONDS: a run to interrupt.
 
-segfaults, aborts and hangs take the process down with them: run them only under isolation (or,
+segfaults, aborts, killed and hangs take the process down with them: run them only under isolation (or,
 segfaults_on_gpu_1, in a child of a spread run, to kill that child; hangs_on_gpu_1 keeps one shard of
 a spread run busy while its parent is interrupted or killed).
 """
@@ -55,6 +56,12 @@ def segfaults(q, kv_cache, weights, context_lens, block_table, max_model_len):
 def aborts(q, kv_cache, weights, context_lens, block_table, max_model_len):
     """Dies of SIGABRT, as a failed C++ assertion (TORCH_CHECK in a noexcept path) does."""
     os.abort()
+
+
+@backend(contract=CONTRACT, name="broken-killed")
+def killed(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Dies of SIGKILL, as a process the out-of-memory killer picks does: no handler runs, nothing is said."""
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 @backend(contract=CONTRACT, name="broken-hangs")

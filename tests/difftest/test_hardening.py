@@ -444,3 +444,17 @@ def test_a_sigkilled_isolated_run_leaves_no_process_and_no_temp_folder(tmp_path)
     left = {p: Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in below if _running(p)}
     assert not left, f"processes left behind: {left}"
     assert not list(temp.glob("difftest-run-*")) and not list(temp.glob("pymp-*")), list(temp.iterdir())
+
+
+def test_a_command_whose_process_the_out_of_memory_killer_ends_says_so_in_one_line(tmp_path):
+    """SIGKILL of the command's process (the out-of-memory killer's choice, here a backend run in-process that
+    kills it) was a traceback of the supervisor, which could not reinstall SIGKILL's handler to die of it."""
+    stream = tmp_path / "s.jsonl"
+    done = subprocess.run([sys.executable, "-m", "difftest", "run", *SMALL, "--backend-module",
+                           "tests.broken_backends:killed", "--stream", str(stream)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == -signal.SIGKILL, f"{done.returncode=} {done.stderr[-2000:]}"
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "killed by SIGKILL" in lines[0] and "out-of-memory killer" in lines[0], lines[0]
+    assert [r.backend for r in load_results(stream)] == ["torch"], "the result before it is kept"

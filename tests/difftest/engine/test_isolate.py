@@ -178,6 +178,20 @@ def test_worker_killed_by_a_signal_is_crash_and_is_replaced(tmp_path, name, sign
     assert worker.started == 2, "a new worker for the second call"
 
 
+def test_a_worker_the_out_of_memory_killer_ends_is_crash_and_is_replaced(tmp_path):
+    """SIGKILL leaves no stack (faulthandler never runs): the verdict says the signal, and the next call gets a
+    new worker."""
+    case = build_case(CASE_SPEC, 0)
+    worker, dying = _worker("killed", tmp_path), _fn(bb.killed)
+    try:
+        first, second = _call(worker, dying, case), _call(worker, dying, case)
+    finally:
+        worker.stop()
+    for fault in (first, second):
+        assert fault.verdict == Verdict.CRASH and "worker killed by SIGKILL during the call" in fault.reason, fault
+    assert worker.started == 2, "a new worker for the second call"
+
+
 def test_hung_worker_is_killed_at_the_timeout_and_replaced(tmp_path):
     case = build_case(CASE_SPEC, 0)
     worker = _worker("hangs", tmp_path, timeout=0.5)
