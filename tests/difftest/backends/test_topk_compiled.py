@@ -80,7 +80,7 @@ def test_a_planted_deps_folder_in_the_working_folder_is_never_loaded(monkeypatch
         reason = vllm_topk._load()
     finally:
         vllm_topk._load.cache_clear()
-    assert reason is None or str(tmp_path) not in reason and str(installed) in reason, reason
+    assert reason is None or (str(tmp_path) not in reason and str(installed) in reason), reason
 
 
 def test_the_deps_variable_names_the_folder(monkeypatch, tmp_path):
