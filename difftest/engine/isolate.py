@@ -118,12 +118,45 @@ def _context() -> multiprocessing.context.BaseContext:
     method = os.environ.get("DIFFTEST_WORKER_START", "forkserver")
     if method not in ("forkserver", "spawn"):
         raise SpecError("DIFFTEST_WORKER_START", method, "forkserver or spawn")
+    _start_helpers_isolated()
     if method == "spawn" or "forkserver" not in multiprocessing.get_all_start_methods() or not _forkserver_fits():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
     # torch._dynamo: entering the first dispatch mode (guards.PoisonFreshTensors) imports it, 1.5 s.
     context.set_forkserver_preload([__name__, "torch._dynamo"])
     return context
+
+
+def _start_helpers_isolated() -> None:
+    """From now on, every interpreter multiprocessing starts (the fork server, its resource tracker, a spawned
+    worker) starts isolated (helper_command). Installed once, in front of multiprocessing's one way to start
+    them: each builds `python FLAGS -c CODE`, and `-c` puts the working folder first on sys.path, so a
+    `multiprocessing/` or `selectors.py` in the folder a replay runs from ran before any code of difftest's."""
+    global _spawn_helper
+    if _spawn_helper is not None:
+        return
+    _spawn_helper = multiprocessing.util.spawnv_passfds
+
+    def spawn_isolated(path: str, args: list[str], passfds: Any) -> int:
+        assert _spawn_helper is not None
+        return _spawn_helper(path, helper_command(args, sys.path), passfds)
+
+    multiprocessing.util.spawnv_passfds = spawn_isolated
+
+
+_spawn_helper: Callable[[str, list[str], Any], int] | None = None  # multiprocessing's own, once replaced
+
+
+def helper_command(argv: list[str], path: list[str]) -> list[str]:
+    """A helper interpreter's command line `python FLAGS -c CODE ARGS` made isolated: -I (no working folder, no
+    PYTHONPATH, no user site on its sys.path), then CODE run with sys.path set to `path` (this process's own,
+    so it imports the same difftest and backends this process does, a PYTHONPATH checkout's included) before
+    any import. A command line without -c is returned as it is."""
+    if "-c" not in argv:
+        return list(argv)
+    at = argv.index("-c")
+    code = f"import sys; sys.path[:] = {list(path)!r}\n{argv[at + 1]}"
+    return [*argv[:at], "-I", "-c", code, *argv[at + 2:]]
 
 
 def _forkserver_fits() -> bool:

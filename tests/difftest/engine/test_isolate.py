@@ -36,6 +36,7 @@ from difftest.engine.isolate import (
     Worker,
     crash_summary,
     exit_description,
+    helper_command,
     transport_for,
 )
 from difftest.engine.runner import run
@@ -93,6 +94,18 @@ def test_backend_that_cannot_be_rebuilt_runs_in_process_and_says_why():
     assert results[0].isolation == Isolation.IN_PROCESS and "<locals>" in results[0].isolation_note, f"{results[0]=}"
     assert results[1].isolation == Isolation.WORKER and results[1].isolation_note is None
     assert run([TorchBackend()], [build_case(CASE_SPEC, 0)], RunConfig())[0].isolation is None
+
+
+def test_a_helper_interpreter_starts_isolated_with_this_processs_sys_path():
+    """The fork server's, the resource tracker's and a spawned worker's command lines (`python FLAGS -c CODE`):
+    -I keeps the working folder off sys.path, and CODE first sets this process's own (a PYTHONPATH checkout's
+    included), before its first import."""
+    argv = ["/usr/bin/python3", "-B", "-c", "from multiprocessing.forkserver import main; main(3, 4)", "--x"]
+    command = helper_command(argv, ["/checkout", "/site-packages"])
+    assert command[:3] == ["/usr/bin/python3", "-B", "-I"] and command[3] == "-c" and command[5:] == ["--x"]
+    first, rest = command[4].split("\n", 1)
+    assert first == "import sys; sys.path[:] = ['/checkout', '/site-packages']" and rest == argv[3]
+    assert helper_command(["python3", "-m", "x"], ["/p"]) == ["python3", "-m", "x"]
 
 
 # --------------------------------------------------------------------------- one worker
