@@ -17,7 +17,8 @@ except for one way real kernels break, and each break has exactly one verdict:
 
 and the faults the runner must survive, each ERROR: exits (SystemExit), interrupts (a KeyboardInterrupt of
 its own), complex_output / int_output / wide_output / meta_output (ERROR "contract: expected ..., got ..."),
-unavailable_raises (its unavailable_reason raises). slow is right, after SLOW_SECONDS: a run to interrupt.
+unavailable_raises (its unavailable_reason raises). slow is right, after SLOW_SECONDS: a run to interrupt;
+starts_then_hangs says it has started, then hangs: a call to interrupt.
 
 segfaults, aborts, killed and hangs take the process down with them: run them only under isolation (or,
 segfaults_on_gpu_1, in a child of a spread run, to kill that child; hangs_on_gpu_1 keeps one shard of
@@ -62,6 +63,18 @@ def aborts(q, kv_cache, weights, context_lens, block_table, max_model_len):
 def killed(q, kv_cache, weights, context_lens, block_table, max_model_len):
     """Dies of SIGKILL, as a process the out-of-memory killer picks does: no handler runs, nothing is said."""
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+STARTED = "DIFFTEST_TEST_STARTED"  # the file a backend that starts then hangs writes once its call has begun
+
+
+@backend(contract=CONTRACT, name="broken-starts-then-hangs")
+def starts_then_hangs(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Writes the file $DIFFTEST_TEST_STARTED once its call has begun (what a test waits on before it signals
+    the run), then never returns: the kernel a signal finds running."""
+    with open(os.environ[STARTED], "a") as started:
+        started.write(f"{os.getpid()}\n")
+    time.sleep(HANG_SECONDS)
 
 
 @backend(contract=CONTRACT, name="broken-hangs")

@@ -77,9 +77,11 @@ from difftest.engine.guards import (
     Launch,
     Outcome,
     PoisonFreshTensors,
+    called_here,
     device_failure,
     execute,
     formatted_traceback,
+    raised_by_backend,
 )
 
 DEFAULT_TIMEOUT = 600.0  # seconds one case may take in a worker when the run sets no --timeout
@@ -706,13 +708,15 @@ def serve_operation(conn: Connection, device: str, log_path: str, environ: Mappi
             return
         started = time.perf_counter()
         try:  # moving the case in runs out of memory as the call may: the same answer, and this worker goes on
-            answer: Called | Fault = Called(_tree_moved(call(backend, case.to(device)), "cpu", device), 0.0)
-            answer = dataclasses.replace(answer, seconds=time.perf_counter() - started)
+            # called_here, as in-process: a SystemExit is the backend's ERROR, a forked copy never answers
+            got = called_here(lambda: call(backend, case.to(device)))  # noqa: B023 (called at once)
+            answer: Called | Fault = Called(_tree_moved(got, "cpu", device), time.perf_counter() - started)
         except Exception as exc:  # the backend raised: sent back as in-process it would be judged
-            answer = Fault(Verdict.ERROR, first_line(exc), time.perf_counter() - started, error_type=type(exc).__name__,
-                           traceback=formatted_traceback(exc))
+            raised = raised_by_backend(exc)
+            answer = Fault(Verdict.ERROR, first_line(exc), time.perf_counter() - started,
+                           error_type=type(raised).__name__, traceback=formatted_traceback(raised))
             # A sticky CUDA error (as guards.execute): CRASH, and this process, unusable now, ends after answering
-            broken = None if ran_out(exc) else device_failure(torch.device(device))
+            broken = None if ran_out(raised) else device_failure(torch.device(device))
             if broken is not None:
                 answer = dataclasses.replace(answer, verdict=Verdict.CRASH,
                                              reason=f"{answer.reason} (device unusable afterwards: {broken})")
