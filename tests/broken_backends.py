@@ -6,6 +6,7 @@ except for one way real kernels break, and each break has exactly one verdict:
     segfaults             CRASH (SIGSEGV)             hangs                  TIMEOUT
     aborts                CRASH (SIGABRT)             raises                 ERROR
     killed                CRASH (SIGKILL, as the out-of-memory killer ends a process)
+    prints_then_aborts    CRASH (SIGABRT), the line it printed to stdout quoted
     raises_nested         ERROR, raised two calls down (its traceback names _launch_nested)
     writes_into_inputs    FAIL(mutated-input)         leaves_row_unwritten   FAIL(unwritten)
     reads_past_table      FAIL(nan)                   nondeterministic       FAIL(nondeterministic) with --repeat
@@ -56,6 +57,16 @@ def segfaults(q, kv_cache, weights, context_lens, block_table, max_model_len):
 @backend(contract=CONTRACT, name="broken-aborts")
 def aborts(q, kv_cache, weights, context_lens, block_table, max_model_len):
     """Dies of SIGABRT, as a failed C++ assertion (TORCH_CHECK in a noexcept path) does."""
+    os.abort()
+
+
+LAST_WORDS = "planted: the kernel's last words"
+
+
+@backend(contract=CONTRACT, name="broken-prints-then-aborts")
+def prints_then_aborts(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Prints why to stdout (as a library's error path does), then dies of SIGABRT: CRASH, its words quoted."""
+    print(LAST_WORDS)
     os.abort()
 
 

@@ -358,6 +358,11 @@ def _redirect_output(log_path: str) -> None:
     log = open(log_path, "ab", buffering=0)  # open for the life of the process
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
+    # Each line printed reaches the log at once, or a crash right after it loses it: a helper interpreter starts
+    # with -I, which ignores the PYTHONUNBUFFERED the device scripts set.
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):  # replaced by an object without reconfigure
+            stream.reconfigure(line_buffering=True)
     faulthandler.enable(file=log)
 
 

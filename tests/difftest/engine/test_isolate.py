@@ -493,3 +493,15 @@ def test_gpu_script_kernels_skip_on_the_cpu():
     results = run([TritonGood(), TritonIllegalWrite()], [build_case(CASE_SPEC, 0)], RunConfig())
     assert [r.verdict for r in results] == [Verdict.SKIP, Verdict.SKIP], f"{results=}"
     assert results[1].reason == "a Triton GPU kernel: needs --device cuda and a GPU torch can see"
+
+
+def test_what_a_backend_prints_before_its_worker_dies_is_in_the_crash(tmp_path):
+    """A print to stdout (block-buffered, not a terminal) just before a crash was lost from the log the CRASH
+    quotes, unless PYTHONUNBUFFERED was set, which a worker's interpreter (-I) now ignores."""
+    case = build_case(CASE_SPEC, 0)
+    worker, dying = _worker("prints_then_aborts", tmp_path), _fn(bb.prints_then_aborts)
+    try:
+        fault = _call(worker, dying, case)
+    finally:
+        worker.stop()
+    assert fault.verdict == Verdict.CRASH and bb.LAST_WORDS in fault.reason, fault
