@@ -554,23 +554,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 @contextlib.contextmanager
 def _termination_interrupts() -> Iterator[None]:
-    """While the block runs, SIGTERM ends the command as Ctrl-C does: `timeout`, a CI job's cancel and a
-    batch scheduler send it, and the results so far must reach the report (marked incomplete) rather
-    than die with the process."""
+    """While the block runs, SIGTERM stops the command as Ctrl-C does (_as_ctrl_c): `timeout`, a CI job's cancel
+    and a batch scheduler send it, and the results so far must reach the report (marked incomplete) rather than
+    die with the process. A SIGINT the command was started ignoring (a shell's `command &`) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    saved = signal.signal(signal.SIGTERM, _as_ctrl_c)
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGTERM, _as_ctrl_c)
+    if saved[signal.SIGINT] != signal.SIG_IGN:
+        signal.signal(signal.SIGINT, _as_ctrl_c)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, saved)
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
 
 
 def _as_ctrl_c(_signum: int, _frame: object) -> None:
-    # SIGINT's handler in place decides, as for a Ctrl-C (a backend call's guard tells it from a
-    # KeyboardInterrupt the backend raised itself).
-    signal.raise_signal(signal.SIGINT)
+    """SIGINT's and SIGTERM's handler: the first stops the command, as a KeyboardInterrupt (raised here, not as a
+    SIGINT, which a command started in the background ignores), which every layer lets through to the report
+    marked incomplete (a backend call's guard tells it from one the backend raised itself). Those after it are
+    ignored while the command stops: `timeout` and a Ctrl-C sent to the process group signal this process and
+    the watching one, which passes it on, and a second KeyboardInterrupt would cut the report short."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -667,12 +676,19 @@ def entry() -> int:
     passed) exits 1 with a line saying so; one killed by a signal dies of that signal here too."""
     ended = lifetime.supervise(main)
     if not ended.finished and not ended.sent:  # a kill or a Ctrl-C the user sent needs no explaining
-        print(f"difftest: error: the command's process ended ({ended.how}) before the command did: code run in "
-              "it (a backend run in-process: --isolate runs each in a worker of its own) called os._exit(), "
-              "exit(), exec() or died; every result already in the stream is kept", file=sys.stderr)
+        print(f"difftest: error: {_ended_early(ended)}; every result already in the stream is kept", file=sys.stderr)
     if ended.signum is not None:
         lifetime.die_by(ended.signum)
     return ended.status if ended.finished and ended.status is not None else ExitStatus.FAILED
+
+
+def _ended_early(ended: lifetime.Ended) -> str:
+    """Why the command's process ended before the command did, for one line."""
+    if ended.signum == signal.SIGKILL:  # no code of its own can end a process so: the kernel or another process
+        return ("the command's process was killed by SIGKILL before the command ended: the out-of-memory killer "
+                "ends a process so (or a kill -9 of that process alone)")
+    return (f"the command's process ended ({ended.how}) before the command did: code run in it (a backend run "
+            "in-process: --isolate runs each in a worker of its own) called os._exit(), exit(), exec() or died")
 
 
 def _reader_left(status: int) -> int:

@@ -5,6 +5,8 @@ except for one way real kernels break, and each break has exactly one verdict:
 
     segfaults             CRASH (SIGSEGV)             hangs                  TIMEOUT
     aborts                CRASH (SIGABRT)             raises                 ERROR
+    killed                CRASH (SIGKILL, as the out-of-memory killer ends a process)
+    prints_then_aborts    CRASH (SIGABRT), the line it printed to stdout quoted
     raises_nested         ERROR, raised two calls down (its traceback names _launch_nested)
     writes_into_inputs    FAIL(mutated-input)         leaves_row_unwritten   FAIL(unwritten)
     reads_past_table      FAIL(nan)                   nondeterministic       FAIL(nondeterministic) with --repeat
@@ -16,9 +18,10 @@ except for one way real kernels break, and each break has exactly one verdict:
 
 and the faults the runner must survive, each ERROR: exits (SystemExit), interrupts (a KeyboardInterrupt of
 its own), complex_output / int_output / wide_output / meta_output (ERROR "contract: expected ..., got ..."),
-unavailable_raises (its unavailable_reason raises). slow is right, after SLOW_SECONDS: a run to interrupt.
+unavailable_raises (its unavailable_reason raises). slow is right, after SLOW_SECONDS: a run to interrupt;
+starts_then_hangs says it has started, then hangs: a call to interrupt.
 
-segfaults, aborts and hangs take the process down with them: run them only under isolation (or,
+segfaults, aborts, killed and hangs take the process down with them: run them only under isolation (or,
 segfaults_on_gpu_1, in a child of a spread run, to kill that child; hangs_on_gpu_1 keeps one shard of
 a spread run busy while its parent is interrupted or killed).
 """
@@ -55,6 +58,34 @@ def segfaults(q, kv_cache, weights, context_lens, block_table, max_model_len):
 def aborts(q, kv_cache, weights, context_lens, block_table, max_model_len):
     """Dies of SIGABRT, as a failed C++ assertion (TORCH_CHECK in a noexcept path) does."""
     os.abort()
+
+
+LAST_WORDS = "planted: the kernel's last words"
+
+
+@backend(contract=CONTRACT, name="broken-prints-then-aborts")
+def prints_then_aborts(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Prints why to stdout (as a library's error path does), then dies of SIGABRT: CRASH, its words quoted."""
+    print(LAST_WORDS)
+    os.abort()
+
+
+@backend(contract=CONTRACT, name="broken-killed")
+def killed(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Dies of SIGKILL, as a process the out-of-memory killer picks does: no handler runs, nothing is said."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+STARTED = "DIFFTEST_TEST_STARTED"  # the file a backend that starts then hangs writes once its call has begun
+
+
+@backend(contract=CONTRACT, name="broken-starts-then-hangs")
+def starts_then_hangs(q, kv_cache, weights, context_lens, block_table, max_model_len):
+    """Writes the file $DIFFTEST_TEST_STARTED once its call has begun (what a test waits on before it signals
+    the run), then never returns: the kernel a signal finds running."""
+    with open(os.environ[STARTED], "a") as started:
+        started.write(f"{os.getpid()}\n")
+    time.sleep(HANG_SECONDS)
 
 
 @backend(contract=CONTRACT, name="broken-hangs")

@@ -37,9 +37,12 @@ class TopkBackend(Protocol):
 
 DEPS_VARIABLE = "DIFFTEST_TOPK_DEPS"
 DEFAULT_DEPS = ".device-deps/topk"  # relative to the project root, where scripts/prepare_topk_deps.sh writes
+# The folder holding the difftest package: the project checkout (or, installed, its site-packages).
+_INSTALLATION = Path(__file__).resolve().parents[2]
 
 
 def deps_dir() -> Path:
-    """Where the compiled top-k kernels' carried files are: $DIFFTEST_TOPK_DEPS, else .device-deps/topk under
-    the working directory (the project root, from which the scripts run)."""
-    return Path(os.environ.get(DEPS_VARIABLE) or DEFAULT_DEPS)
+    """Where the compiled top-k kernels' carried files are: $DIFFTEST_TOPK_DEPS, else .device-deps/topk of the
+    installation (the project checkout beside the difftest package). Never the working folder: a replay run
+    from a folder holding a planted .device-deps/topk/ would load its libraries."""
+    return Path(os.environ.get(DEPS_VARIABLE) or _INSTALLATION / DEFAULT_DEPS)

@@ -300,7 +300,8 @@ def _parent_of(pid: int) -> int | None:
 def die_by(signum: int) -> NoReturn:
     """End this process with signal `signum`, as the process it stands for ended (its parent sees that
     signal, a shell prints 'Segmentation fault'); exit 128 + signum where the signal does not end it."""
-    signal.signal(signum, signal.SIG_DFL)
+    if signum not in (signal.SIGKILL, signal.SIGSTOP):  # no handler to reset: setting one is an OSError
+        signal.signal(signum, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
     os.kill(os.getpid(), signum)
     os._exit(128 + signum)

@@ -591,6 +591,14 @@ def one_line(text: str) -> str:
 
 # --------------------------------------------------------------------------- reading documents
 
+def refuse_link(path: str | Path, field: str, what: str) -> None:
+    """SpecError(field, path, ...) when `path` is a symbolic link. A file read back as difftest's own record (a
+    bundle's, what --resume names) must be a file of its own: a link may point at anything its reader can read
+    (a secret), which an error would then quote, or a run would take for its record."""
+    if os.path.islink(path):
+        raise SpecError(field, str(path), f"a {what} in a file of its own, not a symbolic link")
+
+
 def read_text(path: str | Path, field: str, what: str, limit: int = MAX_DOCUMENT_BYTES) -> str:
     """The UTF-8 text of `path`; SpecError(field, path, ...) when it cannot be read, is not a regular
     file (a FIFO would block the read until a writer came, a device never end), is not UTF-8 or is

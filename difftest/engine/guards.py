@@ -38,7 +38,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -194,13 +194,13 @@ def execute(backend: Backend, inputs: KernelInputs, launch: Launch) -> Outcome:
     """
     start, caller = time.perf_counter(), os.getpid()
     try:
-        with _SigintWatch() as watch, TorchState.kept():
-            return _launches(backend, inputs, launch, watch)
+        with TorchState.kept():  # the timed launches too
+            return _launches(backend, inputs, launch)
     except ContractViolation as exc:
         return Fault(Verdict.ERROR, str(exc), time.perf_counter() - start, "contract")
     except Exception as exc:  # the backend's fault becomes its verdict, never the run's end
         seconds = time.perf_counter() - start
-        exc = exc.raised if isinstance(exc, BackendRaised) else exc
+        exc = raised_by_backend(exc)
         reason, trace = exception_text(exc), formatted_traceback(exc)
         broken = None if ran_out(exc) else device_failure(inputs.q.device)
         if broken is not None:
@@ -293,39 +293,80 @@ class BackendRaised(Exception):
         super().__init__(exception_text(raised))
 
 
-class _SigintWatch:
-    """Around a backend call in the main thread: remembers whether a SIGINT (Ctrl-C) arrived, so a
-    KeyboardInterrupt it caused is told apart from one the backend raised itself. The handler in
-    place (Python's default, or the caller's) still runs; an ignored SIGINT stays ignored."""
+def raised_by_backend(exc: BaseException) -> BaseException:
+    """The exception a backend's call raised: `exc`, or the one a BackendRaised carries."""
+    return exc.raised if isinstance(exc, BackendRaised) else exc
+
+
+# The signals that stop a run: Ctrl-C, and SIGTERM (`timeout`, a CI cancel), which the command turns into a stop.
+STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _StopWatch:
+    """Around a backend call in the main thread: remembers whether a stopping signal arrived, so a
+    KeyboardInterrupt it caused is told apart from one the backend raised itself, and a stop the backend
+    swallowed (a bare `except:`) is not lost. The handlers in place (Python's, the command's) still run; a
+    signal ignored or left to its default stays so."""
 
     def __init__(self) -> None:
         self.seen = False
-        self.previous: Any = None
+        self.replaced: dict[int, tuple[Callable[..., Any], Callable[..., Any]]] = {}  # signal -> (its, ours)
 
-    def __enter__(self) -> _SigintWatch:
+    def __enter__(self) -> _StopWatch:
         if threading.current_thread() is not threading.main_thread():
             return self
-        previous = signal.getsignal(signal.SIGINT)
-        if previous in (signal.SIG_IGN, None):
-            return self
-        self.previous = previous
-
-        def heard(signum: int, frame: Any) -> None:
-            self.seen = True
+        for signum in STOPPING_SIGNALS:
+            previous = signal.getsignal(signum)
             if callable(previous):
-                previous(signum, frame)
-            else:
-                raise KeyboardInterrupt
-
-        signal.signal(signal.SIGINT, heard)
+                self.replaced[signum] = (previous, self._heard(previous))
+                signal.signal(signum, self.replaced[signum][1])
         return self
 
+    def _heard(self, previous: Callable[..., Any]) -> Callable[..., Any]:
+        def heard(signum: int, frame: Any) -> None:
+            self.seen = True
+            previous(signum, frame)
+
+        return heard
+
     def __exit__(self, *exc: object) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
+        for signum, (previous, heard) in self.replaced.items():
+            if signal.getsignal(signum) is heard:  # one set meanwhile (the command's, as it stops) stays
+                signal.signal(signum, previous)
 
 
-def _launches(backend: Backend, inputs: KernelInputs, launch: Launch, watch: _SigintWatch) -> Execution:
+Returned = TypeVar("Returned")
+
+
+def called_here(call: Callable[[], Returned]) -> Returned:
+    """`call()`, a backend's call in this process, made as every such call is (the paged launches, an operation's
+    call, in the run's process or a worker's): torch's process-wide settings put back after it (TorchState); a
+    BaseException it raises that is no Exception (SystemExit, a KeyboardInterrupt of its own) raised as a
+    BackendRaised, for the caller to make that backend's ERROR; a stop signalled while it ran (Ctrl-C, SIGTERM)
+    raised as KeyboardInterrupt, even one the call swallowed or turned into another exception; and a forked copy
+    of this process that the call returns (or raises) into ended on the spot, before it can go on with the run."""
+    caller = os.getpid()
+    try:
+        with _StopWatch() as watch, TorchState.kept():
+            try:
+                returned = call()
+            except Exception as exc:
+                if watch.seen:
+                    raise KeyboardInterrupt from exc
+                raise
+            except BaseException as exc:
+                if isinstance(exc, KeyboardInterrupt) and watch.seen:
+                    raise  # a real stop: the run stops
+                raise BackendRaised(exc) from exc
+            if watch.seen:
+                raise KeyboardInterrupt
+            return returned
+    finally:
+        if os.getpid() != caller:
+            os._exit(FORKED_COPY)
+
+
+def _launches(backend: Backend, inputs: KernelInputs, launch: Launch) -> Execution:
     contract, device = backend.contract, inputs.q.device
     before = input_fingerprints(inputs)
     outputs, seconds, peaks = [], [], []
@@ -336,15 +377,8 @@ def _launches(backend: Backend, inputs: KernelInputs, launch: Launch, watch: _Si
         poison_cached_memory(nbytes, contract.output_dtype, device)
         held = _peak_reset(device) if watched else 0
         start = time.perf_counter()
-        try:
-            with PoisonFreshTensors(), TorchState.kept():  # the checks below run under the engine's settings
-                got = backend(inputs, out)
-        except Exception:
-            raise
-        except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt) and watch.seen:
-                raise  # a real Ctrl-C: the run stops
-            raise BackendRaised(exc) from exc
+        with PoisonFreshTensors():  # the checks below run under the engine's settings (called_here)
+            got = called_here(lambda: backend(inputs, out))  # noqa: B023 (called at once, in this iteration)
         synchronize(device)
         seconds.append(time.perf_counter() - start)
         if watched:

@@ -77,9 +77,11 @@ from difftest.engine.guards import (
     Launch,
     Outcome,
     PoisonFreshTensors,
+    called_here,
     device_failure,
     execute,
     formatted_traceback,
+    raised_by_backend,
 )
 
 DEFAULT_TIMEOUT = 600.0  # seconds one case may take in a worker when the run sets no --timeout
@@ -118,12 +120,45 @@ def _context() -> multiprocessing.context.BaseContext:
     method = os.environ.get("DIFFTEST_WORKER_START", "forkserver")
     if method not in ("forkserver", "spawn"):
         raise SpecError("DIFFTEST_WORKER_START", method, "forkserver or spawn")
+    _start_helpers_isolated()
     if method == "spawn" or "forkserver" not in multiprocessing.get_all_start_methods() or not _forkserver_fits():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
     # torch._dynamo: entering the first dispatch mode (guards.PoisonFreshTensors) imports it, 1.5 s.
     context.set_forkserver_preload([__name__, "torch._dynamo"])
     return context
+
+
+def _start_helpers_isolated() -> None:
+    """From now on, every interpreter multiprocessing starts (the fork server, its resource tracker, a spawned
+    worker) starts isolated (helper_command). Installed once, in front of multiprocessing's one way to start
+    them: each builds `python FLAGS -c CODE`, and `-c` puts the working folder first on sys.path, so a
+    `multiprocessing/` or `selectors.py` in the folder a replay runs from ran before any code of difftest's."""
+    global _spawn_helper
+    if _spawn_helper is not None:
+        return
+    _spawn_helper = multiprocessing.util.spawnv_passfds
+
+    def spawn_isolated(path: str, args: list[str], passfds: Any) -> int:
+        assert _spawn_helper is not None
+        return _spawn_helper(path, helper_command(args, sys.path), passfds)
+
+    multiprocessing.util.spawnv_passfds = spawn_isolated
+
+
+_spawn_helper: Callable[[str, list[str], Any], int] | None = None  # multiprocessing's own, once replaced
+
+
+def helper_command(argv: list[str], path: list[str]) -> list[str]:
+    """A helper interpreter's command line `python FLAGS -c CODE ARGS` made isolated: -I (no working folder, no
+    PYTHONPATH, no user site on its sys.path), then CODE run with sys.path set to `path` (this process's own,
+    so it imports the same difftest and backends this process does, a PYTHONPATH checkout's included) before
+    any import. A command line without -c is returned as it is."""
+    if "-c" not in argv:
+        return list(argv)
+    at = argv.index("-c")
+    code = f"import sys; sys.path[:] = {list(path)!r}\n{argv[at + 1]}"
+    return [*argv[:at], "-I", "-c", code, *argv[at + 2:]]
 
 
 def _forkserver_fits() -> bool:
@@ -323,6 +358,11 @@ def _redirect_output(log_path: str) -> None:
     log = open(log_path, "ab", buffering=0)  # open for the life of the process
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
+    # Each line printed reaches the log at once, or a crash right after it loses it: a helper interpreter starts
+    # with -I, which ignores the PYTHONUNBUFFERED the device scripts set.
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):  # replaced by an object without reconfigure
+            stream.reconfigure(line_buffering=True)
     faulthandler.enable(file=log)
 
 
@@ -673,13 +713,15 @@ def serve_operation(conn: Connection, device: str, log_path: str, environ: Mappi
             return
         started = time.perf_counter()
         try:  # moving the case in runs out of memory as the call may: the same answer, and this worker goes on
-            answer: Called | Fault = Called(_tree_moved(call(backend, case.to(device)), "cpu", device), 0.0)
-            answer = dataclasses.replace(answer, seconds=time.perf_counter() - started)
+            # called_here, as in-process: a SystemExit is the backend's ERROR, a forked copy never answers
+            got = called_here(lambda: call(backend, case.to(device)))  # noqa: B023 (called at once)
+            answer: Called | Fault = Called(_tree_moved(got, "cpu", device), time.perf_counter() - started)
         except Exception as exc:  # the backend raised: sent back as in-process it would be judged
-            answer = Fault(Verdict.ERROR, first_line(exc), time.perf_counter() - started, error_type=type(exc).__name__,
-                           traceback=formatted_traceback(exc))
+            raised = raised_by_backend(exc)
+            answer = Fault(Verdict.ERROR, first_line(exc), time.perf_counter() - started,
+                           error_type=type(raised).__name__, traceback=formatted_traceback(raised))
             # A sticky CUDA error (as guards.execute): CRASH, and this process, unusable now, ends after answering
-            broken = None if ran_out(exc) else device_failure(torch.device(device))
+            broken = None if ran_out(raised) else device_failure(torch.device(device))
             if broken is not None:
                 answer = dataclasses.replace(answer, verdict=Verdict.CRASH,
                                              reason=f"{answer.reason} (device unusable afterwards: {broken})")

@@ -51,7 +51,7 @@ from difftest.core.lifetime import run_folder
 from difftest.core.operation import Operation
 from difftest.core.verdict import Verdict, worst
 from difftest.engine.config import RunConfig
-from difftest.engine.guards import Fault, GuardedCall, Launches, formatted_traceback
+from difftest.engine.guards import Fault, GuardedCall, Launches, called_here, formatted_traceback, raised_by_backend
 from difftest.engine.isolate import DEFAULT_TIMEOUT, Called, OperationWorker, cannot_pickle
 from difftest.engine.result import CaseResult, Judgement
 from difftest.engine.runner import NotDrawn
@@ -140,11 +140,12 @@ class Workers:
                                             self.config.startup_timeout)
         return self.made[named.name]
 
-    def close(self) -> None:
-        """Let every worker exit, and remove their logs."""
+    def close(self, kill: bool = False) -> None:
+        """Let every worker exit (kill each, when the run was stopped: one may be mid-call), and remove their
+        logs."""
         for worker in self.made.values():
             if isinstance(worker, OperationWorker):
-                worker.stop()
+                worker.kill() if kill else worker.stop()
         shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
@@ -155,10 +156,12 @@ def operation_workers(op: Operation, config: RunConfig) -> Iterator[Workers | No
         yield None
         return
     workers = Workers(op, config, Path(tempfile.mkdtemp(prefix="difftest-operation-workers-", dir=run_folder())))
+    stopped = True  # until the block ends by itself: a stop (Ctrl-C, SIGTERM) must not wait on a kernel mid-call
     try:
         yield workers
+        stopped = False
     finally:
-        workers.close()
+        workers.close(kill=stopped)
 
 
 def run_one(op: Operation, named: Named, case: Any, config: RunConfig, spec: dict[str, object] | None = None,
@@ -283,14 +286,22 @@ def _reference(op: Operation, case: Any, contract: Any, config: RunConfig, refer
 
 
 def _called(op: Operation, named: Named, case: Any, device: str) -> Called | Fault:
-    """The backend's call in this process: its output, or the Fault (ERROR) of the exception it raised."""
+    """The backend's call in this process (guards.called_here: torch's settings kept, a forked copy ended, a stop
+    signalled during it a stop): its output, or the Fault (ERROR) of what it raised, SystemExit and a
+    KeyboardInterrupt of its own included."""
     started = time.perf_counter()
-    try:
+
+    def call() -> Any:
         got = op.call(named.backend, case)
         _synchronize(device)
+        return got
+
+    try:
+        got = called_here(call)
     except Exception as exc:  # the backend raised: its verdict, and the run goes on
-        return Fault(Verdict.ERROR, first_line(exc), time.perf_counter() - started, error_type=type(exc).__name__,
-                     traceback=formatted_traceback(exc))
+        raised = raised_by_backend(exc)
+        return Fault(Verdict.ERROR, first_line(exc), time.perf_counter() - started,
+                     error_type=type(raised).__name__, traceback=formatted_traceback(raised))
     return Called(got, time.perf_counter() - started)
 
 

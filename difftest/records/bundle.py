@@ -51,7 +51,7 @@ from difftest.core.schema import (
     one_line,
     parse_json,
     read_text,
-    shown,
+    refuse_link,
     validate,
 )
 from difftest.core.verdict import Verdict
@@ -240,14 +240,16 @@ def load_bundle(path: str | Path) -> Bundle:
     not fit is one SpecError naming the file and the field ('.../bundle.json origin.target').
     """
     folder = Path(path)
+    for name, what in ((INFO_FILE, "JSON object of bundle fields"), (CASE_FILE, "case archive")):
+        refuse_link(folder / name, one_line(str(folder / name)), what)
     require((folder / INFO_FILE).is_file() and (folder / CASE_FILE).is_file(), "bundle", str(folder),
             f"a folder holding {CASE_FILE} and {INFO_FILE}")
     info_path = folder / INFO_FILE
     text = read_text(info_path, one_line(str(info_path)), "JSON file", MAX_BUNDLE_INFO_BYTES)
     try:
         info = parse_json(text)
-    except ValueError as exc:
-        raise SpecError(one_line(str(info_path)), shown(text, 80), f"a JSON object of bundle fields ({exc})") from None
+    except ValueError as exc:  # named by its path, never quoted: what is no JSON may be anything
+        raise SpecError(one_line(str(info_path)), str(info_path), f"a JSON object of bundle fields ({exc})") from None
     bundle = validate(BundleInfo, info, f"{info_path} ")
     case = operation(bundle.operation).load_case(folder / CASE_FILE)
     require(case.name == bundle.case, one_line(f"{info_path} case"), bundle.case,

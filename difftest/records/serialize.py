@@ -16,9 +16,9 @@ from typing import Any, ClassVar
 
 from pydantic import model_validator
 
-from difftest.core.errors import OutputError, SpecError
+from difftest.core.errors import OutputError, SpecError, require
 from difftest.core.files import cannot_write, open_regular, regular_target
-from difftest.core.schema import Model, parse_json, read_text, shown, to_jsonable, validate
+from difftest.core.schema import Model, parse_json, read_text, to_jsonable, validate
 from difftest.engine.result import CaseResult
 from difftest.records.report import Report
 from difftest.records.run_info import RunInfoModel
@@ -52,14 +52,25 @@ def load_results(path: str | Path, field: str = "resume") -> list[CaseResult]:
     """
     path = Path(path)
     text = read_text(path, field, "report or stream")
+    document = _json_or_none(text)
+    # What is neither is refused by its path alone, never quoted: the file may be anything (a secret).
+    if isinstance(document, dict) and not _is_record(document):  # one JSON object, not one stream record
+        require("results" in document, field, str(path), f"{STREAM_TEXT} (a JSON object with no results is neither)")
+    else:  # a stream, unless empty or a first line torn as it was written (no JSON, no newline)
+        first = _json_or_none(text.partition("\n")[0])
+        require(not text.strip() or _is_record(first) or (first is None and "\n" not in text), field, str(path),
+                f"{STREAM_TEXT} (its first line is neither)")
     try:
-        document = _json_or_none(text)
-        # One JSON object that is not one stream record ({"run": ...} or {"result": ...}) is a report.
-        if isinstance(document, dict) and not (len(document) == 1 and {"run", "result"} & set(document)):
+        if isinstance(document, dict) and not _is_record(document):
             return validate(Report, document, f"{path} ").results
         return _stream_results(text, path)
     except SpecError as exc:  # named after `field` (the option that gave the file), the place in it after
         raise SpecError(field, exc.value, f"{exc.expected}, at {exc.field}") from None
+
+
+def _is_record(value: Any) -> bool:
+    """Whether `value` is one line of a stream: {"run": ...} or {"result": ...}."""
+    return isinstance(value, dict) and len(value) == 1 and bool({"run", "result"} & set(value))
 
 
 def load_run_info(path: str | Path, field: str = "resume") -> list[dict[str, Any]]:
@@ -68,7 +79,7 @@ def load_run_info(path: str | Path, field: str = "resume") -> list[dict[str, Any
     checked the file; SpecError naming `field` when it cannot be read."""
     text = read_text(path, field, "report or stream")
     document = _json_or_none(text)
-    if isinstance(document, dict) and not (len(document) == 1 and {"run", "result"} & set(document)):
+    if isinstance(document, dict) and not _is_record(document):
         return [document.get("run") or {}]
     records = (_json_or_none(line) for line in text.splitlines())
     return [record["run"] for record in records if isinstance(record, dict) and isinstance(record.get("run"), dict)]
@@ -94,7 +105,7 @@ def _stream_results(text: str, path: Path) -> list[CaseResult]:
             break  # torn by a kill mid-write
         where = f"{path}:{number} "
         if record is None:
-            raise SpecError(where.rstrip(), shown(line, 80), STREAM_TEXT)
+            raise SpecError(where.rstrip(), str(path), f"{STREAM_TEXT} (line {number} is not JSON)")
         result = validate(StreamLineModel, record, where).result
         if result is not None:
             results.append(result)

@@ -22,6 +22,7 @@ from difftest.core.case import Case
 from difftest.core.errors import Interrupted, first_line, require
 from difftest.core.files import OutputLock
 from difftest.core.kinds import CaseKind, Device, ExitStatus
+from difftest.core.schema import refuse_link
 from difftest.core.verdict import Verdict
 from difftest.engine import performance
 from difftest.engine.config import RunConfig
@@ -390,6 +391,7 @@ RESUMED_ALIKE = {"encoding_override": "encoding", "layout_override": "layout", "
 def _resumed(request: RunRequest, cases: list[PlannedCase],
              backends: list[Loaded]) -> dict[tuple[str, str], CaseResult]:
     assert request.resume is not None
+    refuse_link(request.resume, "resume", "report or stream")
     results = load_results(request.resume, "resume")
     _same_options(request, load_run_info(request.resume, "resume"))
     return kept_results(results, cases, [b.name for b in backends], request.config.device, str(request.resume))

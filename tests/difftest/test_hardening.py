@@ -377,6 +377,57 @@ def test_a_fuzz_campaign_stopped_by_sigterm_keeps_its_results_in_the_report_mark
     assert len(load_results(report)) >= 4
 
 
+# A top-k run of StartsThenHangs, which the CLI cannot name (--op runs take registered backends only): registered
+# first, then the command the installed one runs.
+TOPK_HANGS = ("import sys; from difftest.backends import torch_topk; from tests.broken_topk import StartsThenHangs; "
+              "torch_topk.TOPK_BACKENDS[StartsThenHangs.name] = StartsThenHangs; from difftest.cli import entry; "
+              "sys.exit(entry())")
+# How a shell starts `command &` in a script: SIGINT ignored, which the command inherits.
+SIGINT_IGNORED = ["sh", "-c", 'trap "" INT; exec "$@"', "sh"]
+
+
+def _stopped_mid_call(tmp_path: Path, op: str, isolate: bool, how: str) -> tuple[subprocess.Popen, str, Path]:
+    """A run stopped while its backend's call hangs, by SIGTERM (`how` 'sigterm': started as a background job
+    is, SIGINT ignored) or by SIGINT to its whole process group ('sigint-to-the-group': what `kill -INT -PGID`
+    does; the watching process passes it on too): the process, its stderr and its report."""
+    started, report = tmp_path / "started", tmp_path / "r.json"
+    outputs = ["--no-progress", "--report", str(report), "--junit", str(tmp_path / "r.xml")]
+    isolation = ["--isolate", "--timeout", "600"] if isolate else ["--no-isolate"]
+    if op == "paged":
+        argv = [sys.executable, "-m", "difftest", "run", "--cases", "edges", "--backends", "torch",
+                "--backend-module", "tests.broken_backends:starts_then_hangs", *isolation, *outputs]
+    else:
+        argv = [sys.executable, "-c", TOPK_HANGS, "run", "--op", "topk", "--cases", "random", "--backends",
+                "torch-topk,starts-then-hangs", *isolation, *outputs]
+    child = subprocess.Popen([*SIGINT_IGNORED, *argv] if how == "sigterm" else argv, cwd=REPO_ROOT,
+                             env={**os.environ, "DIFFTEST_TEST_STARTED": str(started)}, start_new_session=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(started.exists, child)
+        if how == "sigterm":
+            child.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(child.pid, signal.SIGINT)
+        _, err = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    return child, err, report
+
+
+@pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "isolated"])
+@pytest.mark.parametrize("op, how", [("paged", "sigterm"), ("topk", "sigterm"), ("topk", "sigint-to-the-group")])
+def test_a_signal_during_a_backends_call_stops_the_run_with_its_report_marked_incomplete(tmp_path, op, isolate,
+                                                                                         how):
+    """SIGTERM during an in-process call, in a command started with SIGINT ignored, was lost (it was passed on as
+    a SIGINT): the run went on to its end and exited 0. Stopped, a run exits 130 with one line, its report
+    written with what finished and marked incomplete, and no lock left behind."""
+    child, err, report = _stopped_mid_call(tmp_path, op, isolate, how)
+    assert child.returncode == ExitStatus.INTERRUPTED, f"{child.returncode=}\n{err[-3000:]}"
+    assert err.strip().startswith("difftest: interrupted after ") and err.strip().count("\n") == 0, err[-3000:]
+    assert json.loads(report.read_text())["run"]["incomplete"] is True
+    assert not list(tmp_path.glob("*.lock")), list(tmp_path.iterdir())
+
+
 def test_a_backend_raising_keyboard_interrupt_is_no_ctrl_c(tmp_path, capsys):
     report = tmp_path / "r.json"
     code = main(["run", *SMALL, "--backend-module", "tests.broken_backends:interrupts", "--report", str(report)])
@@ -444,3 +495,17 @@ def test_a_sigkilled_isolated_run_leaves_no_process_and_no_temp_folder(tmp_path)
     left = {p: Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in below if _running(p)}
     assert not left, f"processes left behind: {left}"
     assert not list(temp.glob("difftest-run-*")) and not list(temp.glob("pymp-*")), list(temp.iterdir())
+
+
+def test_a_command_whose_process_the_out_of_memory_killer_ends_says_so_in_one_line(tmp_path):
+    """SIGKILL of the command's process (the out-of-memory killer's choice, here a backend run in-process that
+    kills it) was a traceback of the supervisor, which could not reinstall SIGKILL's handler to die of it."""
+    stream = tmp_path / "s.jsonl"
+    done = subprocess.run([sys.executable, "-m", "difftest", "run", *SMALL, "--backend-module",
+                           "tests.broken_backends:killed", "--stream", str(stream)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == -signal.SIGKILL, f"{done.returncode=} {done.stderr[-2000:]}"
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "killed by SIGKILL" in lines[0] and "out-of-memory killer" in lines[0], lines[0]
+    assert [r.backend for r in load_results(stream)] == ["torch"], "the result before it is kept"

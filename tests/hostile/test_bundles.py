@@ -292,3 +292,44 @@ def test_a_prefill_indexer_k_is_read_through_the_archive_checks(tmp_path, k, say
     with pytest.raises(SpecError) as refused:
         PrefillIndexerCase.load(tmp_path / "case.npz")
     assert says in str(refused.value), refused.value
+
+
+# What a symbolic link in a bundle points at: a file the bundle's author cannot read, but its reader can.
+SECRET = "token=hunter2-what-the-link-points-at"
+
+
+def _linked(source: Path, where: Path, name: str, target: Path) -> Path:
+    """A copy of `source` whose file `name` is a symbolic link to `target`."""
+    folder = where / "linked"
+    shutil.copytree(source, folder)
+    (folder / name).unlink()
+    (folder / name).symlink_to(target)
+    return folder
+
+
+@pytest.mark.parametrize("name", [INFO_FILE, CASE_FILE])
+@pytest.mark.parametrize("target", ["a-secret", "a-bundles-own-file"])
+def test_a_bundle_file_that_is_a_symbolic_link_is_refused_without_quoting_what_it_points_at(failing, tmp_path, name,
+                                                                                            target):
+    """bundle.json linked to /etc/shadow was refused with the shadow file's first 80 characters in the error.
+    A link is refused whatever it points at, even a bundle's real file: a bundle holds files of its own."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text(SECRET + "\n")
+    pointed = secret if target == "a-secret" else failing / name
+    folder = _linked(failing, tmp_path, name, pointed)
+    for command in ("replay", "shrink"):
+        code, out, err = run_cli([command, str(folder), "--backends", MODULE])
+        line = _one_line(code, err, ExitStatus.USAGE)
+        assert f"{folder / name}" in line and "a file of its own, not a symbolic link" in line, line
+        assert "hunter2" not in out + err
+    with pytest.raises(SpecError):
+        load_bundle(folder)
+
+
+def test_a_bundle_json_that_is_no_json_is_refused_without_quoting_it(failing, tmp_path):
+    folder = tmp_path / "not-json"
+    shutil.copytree(failing, folder)
+    (folder / INFO_FILE).write_text(SECRET + "\n")
+    code, _, err = run_cli(["replay", str(folder)])
+    line = _one_line(code, err, ExitStatus.USAGE)
+    assert "a JSON object of bundle fields" in line and "hunter2" not in err, line

@@ -59,3 +59,42 @@ def test_replaying_in_the_bundles_folder_imports_nothing_it_ships(failing, tmp_p
                           timeout=120, env=env)
     assert not marker.exists(), f"a package in the bundle's folder was imported: {done.stderr[-2000:]}"
     assert done.returncode == ExitStatus.FAILED and "verdict: FAIL(mask) (the same as recorded" in done.stdout, done
+
+
+# Modules a helper interpreter imports before any code of difftest's runs: multiprocessing's fork server and
+# resource tracker start as `python -c 'from multiprocessing... import main'`, and `-c` puts the working folder
+# first on sys.path, so these, planted beside a bundle, ran (twice) in a replay that trusted nothing.
+PLANTED_HELPER_MODULES = ("selectors.py", "multiprocessing/__init__.py")
+# What the installed `difftest` command is (pip's console script): its own folder, not the working one, is first
+# on the command's sys.path, so the command itself imports nothing from the working folder.
+CONSOLE_SCRIPT = "import sys\nfrom difftest.cli import entry\nif __name__ == '__main__':\n    sys.exit(entry())\n"
+
+
+def _planted(folder: Path, marker: Path) -> None:
+    for name in PLANTED_HELPER_MODULES:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(f"open({str(marker)!r}, 'a').write(__name__ + '\\n')\n")
+
+
+@pytest.mark.parametrize("command, start", [("replay", "forkserver"), ("replay", "spawn"), ("run", "forkserver")])
+def test_no_helper_interpreter_imports_from_the_working_folder(failing, tmp_path, command, start):
+    """`difftest replay` of a bundle recorded with isolation (naming a registered backend, so nothing needs
+    trusting) and `difftest run --isolate`, run in a folder holding a `multiprocessing` package and a
+    `selectors.py`: neither is imported by the fork server, the resource tracker or a spawned worker."""
+    folder, marker = tmp_path / "bundle", tmp_path / "imported.txt"
+    shutil.copytree(failing, folder)
+    info = json.loads((folder / INFO_FILE).read_text())
+    info.update(backend="torch", origin={"target": "torch", "registered": True, "why_not": ""}, isolate=True)
+    (folder / INFO_FILE).write_text(json.dumps(info))
+    _planted(folder, marker)
+    script = tmp_path / "bin" / "difftest"
+    script.parent.mkdir()
+    script.write_text(CONSOLE_SCRIPT)
+    argv = ["replay", "."] if command == "replay" else ["run", "--isolate", "--no-progress", "--backends", "torch",
+                                                        "--cases", "edges", "--case-filter", "length-one-*"]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "DIFFTEST_WORKER_START": start}
+    done = subprocess.run([sys.executable, str(script), *argv], cwd=folder, capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert not marker.exists(), f"imported from the working folder: {marker.read_text()!r} {done.stderr[-2000:]}"
+    assert done.returncode == ExitStatus.OK, done
+    assert "verdict: PASS" in done.stdout if command == "replay" else "PASS" in done.stdout, done.stdout

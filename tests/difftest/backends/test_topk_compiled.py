@@ -3,6 +3,8 @@ cannot run here, and declares its kernel's conventions. They run on the GPU mach
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from difftest.backends import flashinfer_topk, sglang_topk, topk_base, vllm_topk
@@ -56,3 +58,31 @@ def test_a_vllm_call_loads_the_extension_itself(monkeypatch, tmp_path):
             backend(encode_topk(case, backend.contract), None)
     finally:
         vllm_topk._load.cache_clear()
+
+
+def test_a_planted_deps_folder_in_the_working_folder_is_never_loaded(monkeypatch, tmp_path):
+    """The carried files were looked for under the working folder: a replay run from a folder holding a planted
+    .device-deps/topk/vllm_C/*.so (a bundle's, say) loaded that library into the process. Without
+    DIFFTEST_TOPK_DEPS they are the installation's (beside the difftest package), wherever the command runs."""
+    planted = tmp_path / topk_base.DEFAULT_DEPS / vllm_topk.SO_NAME
+    planted.parent.mkdir(parents=True)
+    planted.write_bytes(b"\x7fELF planted")
+    (tmp_path / topk_base.DEFAULT_DEPS / sglang_topk.SOURCES).mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(topk_base.DEPS_VARIABLE, raising=False)
+    installed = Path(topk_base.__file__).resolve().parents[2] / topk_base.DEFAULT_DEPS
+    assert topk_base.deps_dir() == installed and topk_base.deps_dir().is_absolute()
+    assert str(tmp_path) not in vllm_topk.library_path() and str(tmp_path) not in str(sglang_topk.sources_dir())
+    backend = vllm_topk.VllmTopk("vllm-persistent-topk")
+    assert str(installed) in backend.contract.library, backend.contract.library
+    vllm_topk._load.cache_clear()
+    try:
+        reason = vllm_topk._load()
+    finally:
+        vllm_topk._load.cache_clear()
+    assert reason is None or (str(tmp_path) not in reason and str(installed) in reason), reason
+
+
+def test_the_deps_variable_names_the_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv(topk_base.DEPS_VARIABLE, str(tmp_path))
+    assert topk_base.deps_dir() == tmp_path

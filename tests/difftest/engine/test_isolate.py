@@ -36,6 +36,7 @@ from difftest.engine.isolate import (
     Worker,
     crash_summary,
     exit_description,
+    helper_command,
     transport_for,
 )
 from difftest.engine.runner import run
@@ -93,6 +94,18 @@ def test_backend_that_cannot_be_rebuilt_runs_in_process_and_says_why():
     assert results[0].isolation == Isolation.IN_PROCESS and "<locals>" in results[0].isolation_note, f"{results[0]=}"
     assert results[1].isolation == Isolation.WORKER and results[1].isolation_note is None
     assert run([TorchBackend()], [build_case(CASE_SPEC, 0)], RunConfig())[0].isolation is None
+
+
+def test_a_helper_interpreter_starts_isolated_with_this_processs_sys_path():
+    """The fork server's, the resource tracker's and a spawned worker's command lines (`python FLAGS -c CODE`):
+    -I keeps the working folder off sys.path, and CODE first sets this process's own (a PYTHONPATH checkout's
+    included), before its first import."""
+    argv = ["/usr/bin/python3", "-B", "-c", "from multiprocessing.forkserver import main; main(3, 4)", "--x"]
+    command = helper_command(argv, ["/checkout", "/site-packages"])
+    assert command[:3] == ["/usr/bin/python3", "-B", "-I"] and command[3] == "-c" and command[5:] == ["--x"]
+    first, rest = command[4].split("\n", 1)
+    assert first == "import sys; sys.path[:] = ['/checkout', '/site-packages']" and rest == argv[3]
+    assert helper_command(["python3", "-m", "x"], ["/p"]) == ["python3", "-m", "x"]
 
 
 # --------------------------------------------------------------------------- one worker
@@ -175,6 +188,20 @@ def test_worker_killed_by_a_signal_is_crash_and_is_replaced(tmp_path, name, sign
     for fault in (first, second):
         assert fault.verdict == Verdict.CRASH and f"worker killed by {signal_name}" in fault.reason, f"{fault=}"
         assert "innermost File" in fault.reason and f"in {name}" in fault.reason, f"{fault.reason=}"
+    assert worker.started == 2, "a new worker for the second call"
+
+
+def test_a_worker_the_out_of_memory_killer_ends_is_crash_and_is_replaced(tmp_path):
+    """SIGKILL leaves no stack (faulthandler never runs): the verdict says the signal, and the next call gets a
+    new worker."""
+    case = build_case(CASE_SPEC, 0)
+    worker, dying = _worker("killed", tmp_path), _fn(bb.killed)
+    try:
+        first, second = _call(worker, dying, case), _call(worker, dying, case)
+    finally:
+        worker.stop()
+    for fault in (first, second):
+        assert fault.verdict == Verdict.CRASH and "worker killed by SIGKILL during the call" in fault.reason, fault
     assert worker.started == 2, "a new worker for the second call"
 
 
@@ -466,3 +493,15 @@ def test_gpu_script_kernels_skip_on_the_cpu():
     results = run([TritonGood(), TritonIllegalWrite()], [build_case(CASE_SPEC, 0)], RunConfig())
     assert [r.verdict for r in results] == [Verdict.SKIP, Verdict.SKIP], f"{results=}"
     assert results[1].reason == "a Triton GPU kernel: needs --device cuda and a GPU torch can see"
+
+
+def test_what_a_backend_prints_before_its_worker_dies_is_in_the_crash(tmp_path):
+    """A print to stdout (block-buffered, not a terminal) just before a crash was lost from the log the CRASH
+    quotes, unless PYTHONUNBUFFERED was set, which a worker's interpreter (-I) now ignores."""
+    case = build_case(CASE_SPEC, 0)
+    worker, dying = _worker("prints_then_aborts", tmp_path), _fn(bb.prints_then_aborts)
+    try:
+        fault = _call(worker, dying, case)
+    finally:
+        worker.stop()
+    assert fault.verdict == Verdict.CRASH and bb.LAST_WORDS in fault.reason, fault

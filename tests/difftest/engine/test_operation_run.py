@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
+import pytest
 import torch
 
 from difftest.backends.torch_topk import TorchTopk
@@ -17,7 +19,16 @@ from difftest.engine.operation_run import Drawn, Named, run_operation
 from difftest.engine.result import Judgement
 from difftest.engine.runner import NotDrawn
 from difftest.operations import operation
-from tests.broken_topk import Aborts, RunsOutOfMemory, Sleeps
+from tests.broken_topk import (
+    Aborts,
+    Exits,
+    ForksInBoth,
+    InterruptsItself,
+    RunsOutOfMemory,
+    SetsFloat64,
+    Sleeps,
+    SwallowsTheInterrupt,
+)
 from tests.difftest.operations.planted import OracleRagged
 from tests.planted_topk import PLANTED
 
@@ -165,3 +176,49 @@ def test_the_oracle_is_made_once_per_equal_contract_and_each_contract_is_judged_
     assert judged == [(LogitsForm.WINDOW_RELATIVE, True), (LogitsForm.ABSOLUTE, True),
                       (LogitsForm.WINDOW_RELATIVE, True)]
     assert case.keys != case.seqlen_k, "the two widths differ on this case"
+
+
+@pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "worker"])
+def test_a_backend_that_exits_or_interrupts_itself_is_its_error_and_the_run_goes_on(isolate):
+    """In-process, sys.exit(0) ended the run as a silent green with no report, and a KeyboardInterrupt the
+    backend raised itself (no signal came) stopped it: each is that backend's ERROR, as for paged logits."""
+    backends = [Named("exits", Exits()), Named("interrupts-itself", InterruptsItself()),
+                Named("torch-topk", TorchTopk())]
+    results = run_operation(TOPK, backends, [Drawn(_case()), Drawn(_case())], RunConfig(isolate=isolate))
+    assert [r.verdict for r in results] == [Verdict.ERROR, Verdict.ERROR, Verdict.PASS] * 2, results
+    assert results[0].error_type == "SystemExit" and results[0].reason == "SystemExit: 0", results[0]
+    assert results[1].error_type == "KeyboardInterrupt" and "raised by the backend" in results[1].reason
+
+
+def test_a_backend_that_changes_the_default_dtype_leaves_the_run_its_own():
+    try:
+        results = run_operation(TOPK, [Named("sets-float64", SetsFloat64()), Named("torch-topk", TorchTopk())],
+                                [Drawn(_case()), Drawn(_case())], RunConfig())
+        assert torch.get_default_dtype() == torch.float32, "the backend's default dtype outlived its call"
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert [r.verdict for r in results] == [Verdict.PASS] * 4, results
+
+
+@pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "worker"])
+def test_a_backend_that_forks_and_returns_in_both_processes_adds_no_result(isolate, tmp_path):
+    """The forked copy returned into difftest and went on with the run (in a worker: answered the parent too)."""
+    made = tmp_path / "results"
+
+    def record(result):
+        with made.open("a") as file:
+            file.write(f"{os.getpid()} {result.backend} {result.verdict.value}\n")
+
+    cases = [Drawn(TOPK.build(spec, 0, "cpu")) for spec in TOPK.suite()[:2]]
+    results = run_operation(TOPK, [Named("forks-in-both", ForksInBoth()), Named("torch-topk", TorchTopk())], cases,
+                            RunConfig(isolate=isolate), on_result=record)
+    assert [r.verdict for r in results] == [Verdict.PASS] * 4, results
+    assert made.read_text().split("\n")[:-1] == [f"{os.getpid()} {r.backend} PASS" for r in results], \
+        "every result made once, by this process"
+
+
+def test_a_signal_the_backend_swallows_still_stops_the_run():
+    """A SIGINT during the call whose KeyboardInterrupt the backend caught went unnoticed: the run went on."""
+    with pytest.raises(KeyboardInterrupt):
+        run_operation(TOPK, [Named("swallows", SwallowsTheInterrupt()), Named("torch-topk", TorchTopk())],
+                      [Drawn(_case())], RunConfig())
