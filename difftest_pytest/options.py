@@ -175,8 +175,8 @@ def _writable(option: str, text: str, path: Path, folder: bool) -> None:
     """End the run before any test (one line, exit status 3 as `difftest run` gives an output it cannot write)
     unless a file can be written at `path` (in the folder `path` when `folder`): a report lost at the session's
     end would be a traceback after every test ran."""
-    from difftest.core.errors import OutputError
-    from difftest.core.files import check_writable
+    from difftest.core.errors import OutputError  # deferred: the plugin loads without the library
+    from difftest.core.files import check_writable  # deferred: the plugin loads without the library
 
     try:
         check_writable(path, option, folder=folder)

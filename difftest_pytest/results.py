@@ -99,8 +99,8 @@ def summary_headline(summary: BackendSummary) -> str:
     """The number a kernel engineer reads first of a backend's results: the rows with the wrong -inf mask of a
     logits stage, the rows selecting a wrong set of a top-k stage (an indexer's: that, its logits stage's
     after)."""
-    from difftest.core.kinds import Headline
-    from difftest.records.report import headline, headlines
+    from difftest.core.kinds import Headline  # deferred: the plugin loads without the library
+    from difftest.records.report import headline, headlines  # deferred: the plugin loads without the library
 
     if Headline.SELECTION not in headlines(summary.operation):
         return headline(summary)

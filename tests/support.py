@@ -168,7 +168,7 @@ CPU_OPERATION_BACKENDS = {"topk": ("torch-topk", "vllm-top-k-per-row-decode"),
 
 def operation_rows(command: str, rows: list[tuple[list[str], str]]) -> list:
     """(argv, what the line says) of each row for every operation other than paged logits, its backend in `{b}`."""
-    return [pytest.param([command, "--op", op, "--no-progress", *(a.format(b=backends[0]) for a in argv)],
+    return [pytest.param([command, "--op", op, *(a.format(b=backends[0]) for a in argv)],
                          says.format(b=backends[0]), id=f"{op}-{' '.join(argv)}")
             for op, backends in CPU_OPERATION_BACKENDS.items() for argv, says in rows]
 

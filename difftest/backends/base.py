@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from difftest.core.errors import SpecError
 from difftest.core.kinds import TimedRegion
@@ -131,14 +130,3 @@ class Loaded:
     def __call__(self, inputs: KernelInputs, out: torch.Tensor | None) -> torch.Tensor:
         """The backend's call."""
         return self.backend(inputs, out)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled for a worker process (difftest.engine.isolate.OperationWorker): a backend imported from a
-        module path travels as that path, imported afresh in the worker from the folder this process works in
-        (the module need not be importable from the fork server's), as a paged worker rebuilds from its Origin;
-        any other as itself."""
-        if self.origin.target is None or self.origin.registered:
-            return (Loaded, (self.backend, self.origin))
-        from difftest.backends.registry import rebuilt_in  # deferred: the registry imports this module
-
-        return (rebuilt_in, (os.getcwd(), self.backend.contract.operation, self.origin))

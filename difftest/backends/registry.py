@@ -11,6 +11,7 @@ so a worker or a replay rebuilds the same backend in a fresh process (`rebuild`,
 
 from __future__ import annotations
 
+import copyreg
 import functools
 import importlib
 import importlib.metadata
@@ -315,6 +316,16 @@ def rebuild(origin: Origin, field: str = "backend") -> Loaded:
     return load_backend(origin.target, field)
 
 
+def _reduced(loaded: Loaded) -> tuple[Any, ...]:
+    """How a Loaded is pickled for a worker process (difftest.engine.isolate.OperationWorker): one imported from a
+    module path travels as that path, imported afresh in the worker from the folder this process works in (the
+    module need not be importable from the fork server's), as a paged worker rebuilds from its Origin; any other
+    as itself. Registered with copyreg here, not as Loaded.__reduce__, so base.py never imports the registry."""
+    if loaded.origin.target is None or loaded.origin.registered:
+        return (Loaded, (loaded.backend, loaded.origin))
+    return (rebuilt_in, (os.getcwd(), loaded.backend.contract.operation, loaded.origin))
+
+
 def rebuilt_in(folder: str, kind: OperationKind, origin: Origin) -> Loaded:
     """In a fresh process (a worker): work in `folder` (the run's), then load the backend of operation `kind`
     that `origin` names, as the run loaded it."""
@@ -430,3 +441,6 @@ def _takes_no_arguments(obj: object) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+copyreg.pickle(Loaded, _reduced)

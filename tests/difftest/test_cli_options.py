@@ -33,7 +33,7 @@ SAMPLES = {
     "time": ["--time", "3"], "fail_slow": ["--fail-slow"], "resume": ["--resume", "r.json"],
     "sanitize": ["--sanitize", "memcheck"], "sanitize_all": ["--sanitize-all"], "shard": ["--shard", "0/2"],
     "gpus": ["--gpus", "2"], "jobs": ["--jobs", "2"], "metamorphic": ["--metamorphic"],
-    "shrink_seconds": ["--shrink-seconds", "1"], "batching": ["--no-batching"],
+    "shrink_seconds": ["--shrink-seconds", "1"], "batching": ["--no-batching"], "graph": ["--graph"],
 }
 
 

@@ -391,10 +391,10 @@ def _stopped_mid_call(tmp_path: Path, op: str, isolate: bool, how: str) -> tuple
     is, SIGINT ignored) or by SIGINT to its whole process group ('sigint-to-the-group': what `kill -INT -PGID`
     does; the watching process passes it on too): the process, its stderr and its report."""
     started, report = tmp_path / "started", tmp_path / "r.json"
-    outputs = ["--no-progress", "--report", str(report), "--junit", str(tmp_path / "r.xml")]
+    outputs = ["--report", str(report), "--junit", str(tmp_path / "r.xml")]
     isolation = ["--isolate", "--timeout", "600"] if isolate else ["--no-isolate"]
     if op == "paged":
-        argv = [sys.executable, "-m", "difftest", "run", "--cases", "edges", "--backends", "torch",
+        argv = [sys.executable, "-m", "difftest", "run", "--no-progress", "--cases", "edges", "--backends", "torch",
                 "--backend-module", "tests.broken_backends:starts_then_hangs", *isolation, *outputs]
     else:
         argv = [sys.executable, "-c", TOPK_HANGS, "run", "--op", "topk", "--cases", "random", "--backends",

@@ -120,7 +120,7 @@ def test_a_hostile_operation_argument_is_one_line(argv, says):
 @pytest.mark.parametrize("op", list(CPU_OPERATION_BACKENDS))
 def test_an_operation_on_cuda_without_a_gpu_is_refused_as_paged_logits_is(op):
     """--device cuda on a host without one ran every case as a SKIP (or a traceback) and exited 0."""
-    line = _one_line(*run_cli(["run", "--op", op, "--device", "cuda", "--no-progress"])[::2])
+    line = _one_line(*run_cli(["run", "--op", op, "--device", "cuda"])[::2])
     assert line == _one_line(*run_cli(["run", "--backends", "torch", "--device", "cuda"])[::2]), line
     assert line.startswith("difftest: error: --device='cuda': expected a device torch can see"), line
 
@@ -129,7 +129,7 @@ def test_an_operation_on_cuda_without_a_gpu_is_refused_as_paged_logits_is(op):
 def test_a_named_operation_backend_that_only_skips_fails_the_run_as_paged_logits_does(op):
     """It exited 0: a backend asked for by name that tested nothing passed as green."""
     idle = CPU_OPERATION_BACKENDS[op][1]
-    code, _, err = run_cli(["run", "--op", op, "--backends", idle, "--device", "cpu", "--no-progress"])
+    code, _, err = run_cli(["run", "--op", op, "--backends", idle, "--device", "cpu"])
     line = _one_line(code, err, ExitStatus.FAILED)
     assert line.startswith(f"difftest: error: backend {idle!r}, asked for by name, tested nothing: "), line
 

@@ -104,13 +104,13 @@ def test_an_operation_campaign_refuses_a_file_another_campaign_is_writing(tmp_pa
     path = tmp_path / "campaign.jsonl"
     holder = OutputLock(path, option[2:]).acquire()  # the first campaign, still running
     try:
-        code, _, err = run_cli(["fuzz", "--op", "topk", "--budget", "1s", "--backends", "torch-topk", "--no-progress",
+        code, _, err = run_cli(["fuzz", "--op", "topk", "--budget", "1s", "--backends", "torch-topk",
                                 option, str(path)])
     finally:
         holder.release()
     assert code == ExitStatus.IO and err.strip() == f"difftest: error: {option}='{path}': another run (pid " \
                                                     f"{os.getpid()}) is writing it: lock {path}.lock", err
     assert not path.exists()
-    code, _, err = run_cli(["fuzz", "--op", "topk", "--budget", "1s", "--backends", "torch-topk", "--no-progress",
+    code, _, err = run_cli(["fuzz", "--op", "topk", "--budget", "1s", "--backends", "torch-topk",
                             option, str(path)])
     assert code == ExitStatus.OK and path.stat().st_size > 0 and not Path(f"{path}.lock").exists(), err
