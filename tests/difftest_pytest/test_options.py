@@ -69,6 +69,29 @@ def test_bad_values_are_usage_errors(pytester: pytest.Pytester, args: list[str],
     result.stderr.fnmatch_lines([f"ERROR: {message}"])
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--difftest-op=bogus"], "--difftest-op='bogus': expected one of paged-logits, ragged-logits, topk, indexer, "
+                              "prefill-indexer"),
+    (["--difftest-op=topk", "--difftest-backends=torch-topk,nope"],
+     "--difftest-backends='nope': expected a backend of the topk operation: a registered name among [[]*'torch-topk'*"),
+    (["--difftest-op=ragged-logits", "--difftest-backends=torch"],
+     "--difftest-backends='torch': expected a backend of the ragged-logits operation: a registered name among *"),
+    (["--difftest-op=indexer", "--difftest-backends=torch+nope"],
+     "--difftest-backends='torch+nope': expected a backend of the topk operation: *"),
+    (["--difftest-op=prefill-indexer", "--difftest-backends=,"],
+     "--difftest-backends=',': expected comma-separated backend names or package.module:object, none empty"),
+    (["--difftest-op=topk", "--difftest-backends=no_such_module:fn"],
+     "--difftest-backends='no_such_module:fn': expected an importable module (No module named 'no_such_module'*"),
+], ids=["unknown-op", "topk-unknown-name", "ragged-given-a-paged-name", "indexer-unknown-half", "prefill-empty",
+        "topk-no-module"])
+def test_bad_operation_values_are_usage_errors(pytester: pytest.Pytester, args: list[str], message: str) -> None:
+    """The operation options a kernel engineer mistypes, one line each, as the paged ones are."""
+    pytester.makepyfile(test_k=ONE_TEST)
+    result = pytester.runpytest_inprocess(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {message}"])
+
+
 LONG_NAME = "r" * 300  # past NAME_MAX (255): the filesystem refuses the name
 
 
