@@ -173,7 +173,7 @@ def test_a_fuzz_round_alone_is_scored_by_any_family(capsys, monkeypatch):
     any family counts; a production-only mutant is out of reach at small scale, by name of the scale. The round's
     clock ticks per reading (ticking), so what it draws does not depend on the machine's load."""
     campaign = selftest.fuzz.fuzz
-    monkeypatch.setattr(selftest.fuzz, "fuzz", lambda *a, **k: campaign(*a, **k, now=ticking(0.01)))
+    monkeypatch.setattr(selftest.fuzz, "fuzz", lambda *a, **k: campaign(*a, **k, now=ticking(0.5)))
     done = selftest.selftest(SelftestRequest(plan=False, budget=8, mutants=("correct", "fp8_fnuz", "positions_int16")))
     rows = {s.mutant: s for s in done.scores}
     seed = lambda case: int(case.rsplit("-s", 1)[1])  # noqa: E731
